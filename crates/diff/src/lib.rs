@@ -2,3 +2,13 @@
 //! operations that takes an observed table there.
 //!
 //! Pure: no tokio, no kube client, no sockets, no clock.
+
+pub mod error;
+pub mod model;
+
+pub use error::{Error, Result};
+pub use model::{
+    Changes, Cidr, Endpoint, EndpointPort, Inputs, NodeContext, Options, Protocol, Scheduler,
+    SchedulerKind, ServiceInfo, ServiceKind, ServiceName, ServicePort, ServicePortName,
+    SessionAffinity, TrafficDistribution, TrafficPolicy,
+};
