@@ -1,0 +1,511 @@
+//! The incremental engine: remembers what each Service last asked for, recomputes only the
+//! Services that changed, and turns the difference into [`Op`]s. It also runs graceful
+//! termination of TCP real servers, with time passed in by the caller.
+//!
+//! **Invariant**: the incremental path ([`Engine::sync`]) does work proportional to the changed
+//! Services and the pending terminations, never to the cluster. Whole-table walks happen only
+//! in [`Engine::resync`] (startup, drift repair) and [`Engine::desired_table`] (plan/check), or
+//! when the node context changes.
+//!
+//! The engine assumes the executor applies every op it returns. If an op fails, the caller
+//! should run [`Engine::resync`] against a fresh dump.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use crate::desired::{ServiceTable, drains, service_table};
+use crate::model::{Inputs, ServiceName};
+use crate::table::{
+    DestKey, Op, RealServer, ServiceEntry, Table, VirtualKey, full_diff, order_ops,
+};
+
+/// Connection counts (active + inactive) of real servers, as the kernel reports them. The
+/// daemon answers from a dump of the virtual server in question, so a lookup costs O(that
+/// virtual server). `None` means unknown, which the engine treats as "may have connections".
+pub trait ConnectionCounts {
+    /// Active plus inactive connections of `dest` in `service`.
+    fn connections(&self, service: &VirtualKey, dest: &DestKey) -> Option<u64>;
+}
+
+impl ConnectionCounts for HashMap<(VirtualKey, DestKey), u64> {
+    fn connections(&self, service: &VirtualKey, dest: &DestKey) -> Option<u64> {
+        self.get(&(*service, *dest)).copied()
+    }
+}
+
+/// No counts known: every removed TCP real server drains until the timeout.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UnknownCounts;
+
+impl ConnectionCounts for UnknownCounts {
+    fn connections(&self, _: &VirtualKey, _: &DestKey) -> Option<u64> {
+        None
+    }
+}
+
+/// A real server kept at weight 0 until it drains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Draining {
+    /// When it was set to weight 0 (caller's clock).
+    pub since: Duration,
+    /// It as the kernel now holds it (weight 0).
+    pub dest: RealServer,
+}
+
+/// A virtual server two Services both asked for. The first keeps it; the other waits and gets
+/// it if the first lets go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    /// The contested virtual server.
+    pub key: VirtualKey,
+    /// The Service that has it.
+    pub owner: ServiceName,
+    /// The Services waiting for it.
+    pub waiting: Vec<ServiceName>,
+}
+
+/// The incremental diff engine.
+#[derive(Debug, Default)]
+pub struct Engine {
+    /// What each Service last got (only virtual servers it owns).
+    applied: HashMap<ServiceName, ServiceTable>,
+    /// Who owns each virtual server.
+    owners: HashMap<VirtualKey, ServiceName>,
+    /// Services waiting for a virtual server another Service owns.
+    waiting: HashMap<VirtualKey, BTreeSet<ServiceName>>,
+    /// How many Services need each `kube-ipvs0` address.
+    addr_refs: HashMap<IpAddr, u32>,
+    /// Real servers at weight 0, waiting to drain. Ordered so a virtual server's entries are a
+    /// range.
+    draining: BTreeMap<(VirtualKey, DestKey), Draining>,
+}
+
+impl Engine {
+    /// An engine that believes the kernel is empty; call [`Engine::resync`] first against a
+    /// real dump to adopt what is there.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Recomputes the Services that changed since the last call and returns the ops that take
+    /// the kernel from what the engine last asked for to what they need now, plus the deletes of
+    /// drained or timed-out real servers. `now` is the caller's monotonic clock.
+    pub fn sync(
+        &mut self,
+        inputs: &mut Inputs,
+        now: Duration,
+        counts: &dyn ConnectionCounts,
+    ) -> Vec<Op> {
+        let changes = inputs.take_changes();
+        let mut work: BTreeSet<ServiceName> = changes.services.into_iter().collect();
+        if changes.node {
+            work.extend(inputs.service_names().cloned());
+            work.extend(self.applied.keys().cloned());
+        }
+        let mut ops = Vec::new();
+        let mut addr_touched: HashMap<IpAddr, bool> = HashMap::new();
+        self.expire(inputs, now, counts, &mut ops);
+        while let Some(name) = work.pop_first() {
+            let new = service_table(
+                inputs.service(&name),
+                inputs.endpoints(&name),
+                inputs.node(),
+            );
+            self.replace(
+                &name,
+                new,
+                now,
+                counts,
+                &mut ops,
+                &mut work,
+                &mut addr_touched,
+            );
+        }
+        self.address_ops(addr_touched, &mut ops);
+        order_ops(&mut ops);
+        ops
+    }
+
+    /// Deletes draining real servers that have no connections left or whose time is up.
+    fn expire(
+        &mut self,
+        inputs: &Inputs,
+        now: Duration,
+        counts: &dyn ConnectionCounts,
+        ops: &mut Vec<Op>,
+    ) {
+        let timeout = inputs.node().options.graceful_termination_timeout;
+        self.draining.retain(|(service, dest), d| {
+            let done = counts.connections(service, dest) == Some(0)
+                || now.saturating_sub(d.since) >= timeout;
+            if done {
+                ops.push(Op::DeleteDest {
+                    service: *service,
+                    dest: *dest,
+                });
+            }
+            !done
+        });
+    }
+
+    /// The earliest time a draining real server times out, so the caller can wake up then.
+    pub fn next_deadline(&self, inputs: &Inputs) -> Option<Duration> {
+        let timeout = inputs.node().options.graceful_termination_timeout;
+        self.draining.values().map(|d| d.since + timeout).min()
+    }
+
+    /// The real servers currently draining.
+    pub fn draining(&self) -> impl Iterator<Item = (&VirtualKey, &DestKey, &Draining)> {
+        self.draining.iter().map(|((s, d), v)| (s, d, v))
+    }
+
+    /// Virtual servers asked for by more than one Service.
+    pub fn conflicts(&self) -> Vec<Conflict> {
+        let mut out: Vec<Conflict> = self
+            .waiting
+            .iter()
+            .filter_map(|(key, w)| {
+                Some(Conflict {
+                    key: *key,
+                    owner: self.owners.get(key)?.clone(),
+                    waiting: w.iter().cloned().collect(),
+                })
+            })
+            .collect();
+        out.sort_by_key(|c| c.key);
+        out
+    }
+
+    /// Replaces what one Service has with `new`, emitting the ops in between.
+    #[allow(clippy::too_many_arguments)]
+    fn replace(
+        &mut self,
+        name: &ServiceName,
+        mut new: ServiceTable,
+        now: Duration,
+        counts: &dyn ConnectionCounts,
+        ops: &mut Vec<Op>,
+        work: &mut BTreeSet<ServiceName>,
+        addr_touched: &mut HashMap<IpAddr, bool>,
+    ) {
+        let old = self.applied.remove(name).unwrap_or_default();
+        // Forget earlier waits of this Service; they are re-registered below if still wanted.
+        // (Its stored table holds only keys it owns, so it waits on none of those.)
+        self.waiting.retain(|_, w| {
+            w.remove(name);
+            !w.is_empty()
+        });
+        new.servers.retain(|(s, _)| match self.owners.get(&s.key) {
+            Some(owner) if owner != name => {
+                self.waiting.entry(s.key).or_default().insert(name.clone());
+                false
+            }
+            _ => true,
+        });
+
+        let mut old_it = old.servers.iter().peekable();
+        let mut new_it = new.servers.iter().peekable();
+        loop {
+            let ord = match (old_it.peek(), new_it.peek()) {
+                (None, None) => break,
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (Some((o, _)), Some((n, _))) => o.key.cmp(&n.key),
+            };
+            match ord {
+                std::cmp::Ordering::Less => {
+                    if let Some((o, _)) = old_it.next() {
+                        self.release(name, o.key, ops, work);
+                    }
+                }
+                std::cmp::Ordering::Greater => {
+                    if let Some((n, dests)) = new_it.next() {
+                        self.owners.insert(n.key, name.clone());
+                        ops.push(Op::AddService(*n));
+                        for d in dests {
+                            ops.push(Op::AddDest {
+                                service: n.key,
+                                dest: *d,
+                            });
+                        }
+                    }
+                }
+                std::cmp::Ordering::Equal => {
+                    if let (Some((o, od)), Some((n, nd))) = (old_it.next(), new_it.next()) {
+                        if o != n {
+                            ops.push(Op::UpdateService(*n));
+                        }
+                        self.diff_dests(n.key, od, nd, now, counts, ops);
+                    }
+                }
+            }
+        }
+
+        // Addresses are reference-counted over Services; the net change is decided at the end
+        // of the sync so one Service dropping an address another adds costs nothing.
+        let old_addrs: BTreeSet<&IpAddr> = old.addresses.iter().collect();
+        let new_addrs: BTreeSet<&IpAddr> = new.addresses.iter().collect();
+        for a in old_addrs.difference(&new_addrs) {
+            let present = self.addr_refs.get(a).is_some_and(|n| *n > 0);
+            addr_touched.entry(**a).or_insert(present);
+            if let Some(n) = self.addr_refs.get_mut(a) {
+                *n -= 1;
+                if *n == 0 {
+                    self.addr_refs.remove(a);
+                }
+            }
+        }
+        for a in new_addrs.difference(&old_addrs) {
+            let present = self.addr_refs.get(a).is_some_and(|n| *n > 0);
+            addr_touched.entry(**a).or_insert(present);
+            *self.addr_refs.entry(**a).or_insert(0) += 1;
+        }
+
+        if !new.servers.is_empty() || !new.addresses.is_empty() {
+            self.applied.insert(name.clone(), new);
+        }
+    }
+
+    /// Gives up a virtual server: deletes it, forgets its draining real servers, and queues any
+    /// Service that was waiting for it.
+    fn release(
+        &mut self,
+        name: &ServiceName,
+        key: VirtualKey,
+        ops: &mut Vec<Op>,
+        work: &mut BTreeSet<ServiceName>,
+    ) {
+        if self.owners.get(&key) == Some(name) {
+            self.owners.remove(&key);
+        }
+        ops.push(Op::DeleteService(key));
+        let range: Vec<(VirtualKey, DestKey)> = self
+            .draining
+            .range((key, DestKey::MIN)..=(key, DestKey::MAX))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in range {
+            self.draining.remove(&k);
+        }
+        if let Some(waiters) = self.waiting.remove(&key) {
+            work.extend(waiters);
+        }
+    }
+
+    /// Real-server ops within a virtual server that stays, with graceful termination.
+    fn diff_dests(
+        &mut self,
+        service: VirtualKey,
+        old: &[RealServer],
+        new: &[RealServer],
+        now: Duration,
+        counts: &dyn ConnectionCounts,
+        ops: &mut Vec<Op>,
+    ) {
+        let mut o = old.iter().peekable();
+        let mut n = new.iter().peekable();
+        loop {
+            let ord = match (o.peek(), n.peek()) {
+                (None, None) => break,
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (Some(a), Some(b)) => a.key.cmp(&b.key),
+            };
+            match ord {
+                std::cmp::Ordering::Less => {
+                    if let Some(d) = o.next() {
+                        self.remove_dest(service, d, now, counts, ops);
+                    }
+                }
+                std::cmp::Ordering::Greater => {
+                    if let Some(d) = n.next() {
+                        // An endpoint that comes back while draining is restored in place.
+                        if self.draining.remove(&(service, d.key)).is_some() {
+                            ops.push(Op::UpdateDest { service, dest: *d });
+                        } else {
+                            ops.push(Op::AddDest { service, dest: *d });
+                        }
+                    }
+                }
+                std::cmp::Ordering::Equal => {
+                    if let (Some(a), Some(b)) = (o.next(), n.next())
+                        && a != b
+                    {
+                        ops.push(Op::UpdateDest { service, dest: *b });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Removes a real server: UDP and SCTP at once; TCP at once only if it is known to have no
+    /// connections, else it goes to weight 0 and drains.
+    fn remove_dest(
+        &mut self,
+        service: VirtualKey,
+        dest: &RealServer,
+        now: Duration,
+        counts: &dyn ConnectionCounts,
+        ops: &mut Vec<Op>,
+    ) {
+        if !drains(service.protocol()) || counts.connections(&service, &dest.key) == Some(0) {
+            ops.push(Op::DeleteDest {
+                service,
+                dest: dest.key,
+            });
+            return;
+        }
+        let zero = RealServer { weight: 0, ..*dest };
+        ops.push(Op::UpdateDest {
+            service,
+            dest: zero,
+        });
+        self.draining.insert(
+            (service, dest.key),
+            Draining {
+                since: now,
+                dest: zero,
+            },
+        );
+    }
+
+    /// Emits the net address ops for addresses whose presence changed during a sync.
+    fn address_ops(&self, touched: HashMap<IpAddr, bool>, ops: &mut Vec<Op>) {
+        let mut changed: Vec<(IpAddr, bool)> = touched
+            .into_iter()
+            .filter_map(|(a, before)| {
+                let now = self.addr_refs.contains_key(&a);
+                (now != before).then_some((a, now))
+            })
+            .collect();
+        changed.sort();
+        for (a, present) in changed {
+            ops.push(if present {
+                Op::AddAddress(a)
+            } else {
+                Op::RemoveAddress(a)
+            });
+        }
+    }
+
+    /// The whole desired table: every virtual server the engine has asked for, plus draining
+    /// real servers at weight 0. Walks everything; for plan/check, not for the sync path.
+    pub fn desired_table(&self) -> Table {
+        let mut t = Table::default();
+        for st in self.applied.values() {
+            for (s, dests) in &st.servers {
+                t.services.insert(
+                    s.key,
+                    ServiceEntry {
+                        server: *s,
+                        dests: dests.iter().map(|d| (d.key, *d)).collect(),
+                    },
+                );
+            }
+        }
+        for ((s, d), dr) in &self.draining {
+            if let Some(e) = t.services.get_mut(s) {
+                e.dests.insert(*d, dr.dest);
+            }
+        }
+        t.addresses = self.addr_refs.keys().copied().collect();
+        t
+    }
+
+    /// Full resync against what the kernel holds: recomputes every Service, then diffs the whole
+    /// desired table against `observed`, managing only what the engine owns (exclude CIDRs from
+    /// the node options; fwmark services are never touched). Real servers the kernel has and
+    /// the desired table lacks drain gracefully as in [`Engine::sync`]; ones already at weight 0
+    /// keep draining. Use at startup (adopting an existing table) and for drift repair.
+    pub fn resync(
+        &mut self,
+        inputs: &mut Inputs,
+        observed: &Table,
+        now: Duration,
+        counts: &dyn ConnectionCounts,
+    ) -> Vec<Op> {
+        inputs.take_changes();
+        let previous_draining = std::mem::take(&mut self.draining);
+        self.applied.clear();
+        self.owners.clear();
+        self.waiting.clear();
+        self.addr_refs.clear();
+        let mut names: Vec<ServiceName> = inputs.service_names().cloned().collect();
+        names.sort();
+        let mut scratch_ops = Vec::new();
+        let mut work = BTreeSet::new();
+        let mut touched = HashMap::new();
+        for name in names {
+            let new = service_table(
+                inputs.service(&name),
+                inputs.endpoints(&name),
+                inputs.node(),
+            );
+            self.replace(
+                &name,
+                new,
+                now,
+                counts,
+                &mut scratch_ops,
+                &mut work,
+                &mut touched,
+            );
+        }
+        let desired = self.desired_table();
+        let options = &inputs.node().options;
+        let mut ops = Vec::new();
+        for op in full_diff(&desired, observed, &options.exclude_cidrs) {
+            let Op::DeleteDest { service, dest } = op else {
+                ops.push(op);
+                continue;
+            };
+            let weight = observed
+                .services
+                .get(&service)
+                .and_then(|e| e.dests.get(&dest));
+            let Some(current) = weight.copied() else {
+                continue;
+            };
+            let since = previous_draining
+                .get(&(service, dest))
+                .map(|d| d.since)
+                .unwrap_or(now);
+            let expired = now.saturating_sub(since) >= options.graceful_termination_timeout;
+            if !drains(service.protocol())
+                || counts.connections(&service, &dest) == Some(0)
+                || expired
+            {
+                ops.push(Op::DeleteDest { service, dest });
+                continue;
+            }
+            let zero = RealServer {
+                weight: 0,
+                ..current
+            };
+            if current != zero {
+                ops.push(Op::UpdateDest {
+                    service,
+                    dest: zero,
+                });
+            }
+            self.draining
+                .insert((service, dest), Draining { since, dest: zero });
+        }
+        order_ops(&mut ops);
+        ops
+    }
+}
+
+impl DestKey {
+    const MIN: DestKey = DestKey {
+        addr: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        port: 0,
+    };
+    const MAX: DestKey = DestKey {
+        addr: IpAddr::V6(std::net::Ipv6Addr::new(
+            0xffff, 0xffff, 0xffff, 0xffff, 0xffff, 0xffff, 0xffff, 0xffff,
+        )),
+        port: u16::MAX,
+    };
+}

@@ -1,0 +1,650 @@
+//! The IPVS table as data: virtual servers, real servers and the addresses on `kube-ipvs0`,
+//! the operations that change it, and the full diff between two tables.
+//!
+//! The same [`Table`] type holds what the engine wants (desired) and what the kernel reports
+//! (observed, converted by the caller from netlink dumps). [`Op`] is the only way the engine
+//! asks for a change; one executor applies it, and `kube-ipvs plan` prints it with `Display`.
+//! [`Table::apply`] is a model of the kernel's rules for these operations, used by tests and
+//! by anything that needs an in-memory kernel. Nothing here talks to the kernel.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+
+use crate::model::{Cidr, Protocol, Scheduler};
+
+/// `IP_VS_SVC_F_PERSISTENT`.
+pub const FLAG_PERSISTENT: u32 = 0x1;
+/// `IP_VS_SVC_F_SCHED1`: sh-fallback / mh-fallback.
+pub const FLAG_SCHED1: u32 = 0x8;
+/// `IP_VS_SVC_F_SCHED2`: sh-port / mh-port.
+pub const FLAG_SCHED2: u32 = 0x10;
+
+/// What identifies a virtual server in the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum VirtualKey {
+    /// Protocol, address and port; the address family is the address's.
+    Inet {
+        /// The transport protocol.
+        protocol: Protocol,
+        /// The virtual address.
+        addr: IpAddr,
+        /// The virtual port.
+        port: u16,
+    },
+    /// A firewall-mark service. The engine never creates these; they appear only in observed
+    /// tables and are never touched.
+    Fwmark {
+        /// Whether the service is IPv6 (`AF_INET6`).
+        ipv6: bool,
+        /// The mark.
+        mark: u32,
+    },
+}
+
+impl VirtualKey {
+    /// A protocol/address/port key.
+    pub fn inet(protocol: Protocol, addr: IpAddr, port: u16) -> Self {
+        VirtualKey::Inet {
+            protocol,
+            addr,
+            port,
+        }
+    }
+
+    /// The protocol of an inet key; fwmark services are TCP in the kernel's books.
+    pub fn protocol(&self) -> Protocol {
+        match self {
+            VirtualKey::Inet { protocol, .. } => *protocol,
+            VirtualKey::Fwmark { .. } => Protocol::Tcp,
+        }
+    }
+
+    /// The address of an inet key.
+    pub fn addr(&self) -> Option<IpAddr> {
+        match self {
+            VirtualKey::Inet { addr, .. } => Some(*addr),
+            VirtualKey::Fwmark { .. } => None,
+        }
+    }
+}
+
+/// `1.2.3.4:80` or `[fd00::1]:80`, as ipvsadm writes them.
+struct HostPort(IpAddr, u16);
+
+impl fmt::Display for HostPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            IpAddr::V4(a) => write!(f, "{a}:{}", self.1),
+            IpAddr::V6(a) => write!(f, "[{a}]:{}", self.1),
+        }
+    }
+}
+
+impl fmt::Display for VirtualKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            VirtualKey::Inet {
+                protocol,
+                addr,
+                port,
+            } => write!(f, "{protocol} {}", HostPort(*addr, *port)),
+            VirtualKey::Fwmark { ipv6, mark } => {
+                write!(f, "FWM {mark}{}", if *ipv6 { " IPv6" } else { "" })
+            }
+        }
+    }
+}
+
+/// A virtual server with the attributes the engine sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct VirtualServer {
+    /// Its identity.
+    pub key: VirtualKey,
+    /// The scheduler and its sh/mh flags.
+    pub scheduler: Scheduler,
+    /// The persistence timeout in seconds (ClientIP session affinity), or `None` for no persistence.
+    pub persistence: Option<u32>,
+    /// The persistence netmask as a prefix length: 32 for IPv4, 128 for IPv6 (one client
+    /// address each). The netlink layer encodes IPv4 as a mask.
+    pub netmask: u8,
+}
+
+impl VirtualServer {
+    /// The `IP_VS_SVC_F_*` flags this server needs (without the kernel-internal HASHED bit).
+    pub fn flags(&self) -> u32 {
+        let mut flags = 0;
+        if self.persistence.is_some() {
+            flags |= FLAG_PERSISTENT;
+        }
+        if self.scheduler.fallback() {
+            flags |= FLAG_SCHED1;
+        }
+        if self.scheduler.port() {
+            flags |= FLAG_SCHED2;
+        }
+        flags
+    }
+
+    /// The persistence timeout as the kernel stores it (0 when not persistent).
+    pub fn timeout(&self) -> u32 {
+        self.persistence.unwrap_or(0)
+    }
+}
+
+impl fmt::Display for VirtualServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.key, self.scheduler)?;
+        if let Some(t) = self.persistence {
+            write!(f, " persistent {t}")?;
+            let full = match self.key.addr() {
+                Some(IpAddr::V4(_)) | None => 32,
+                Some(IpAddr::V6(_)) => 128,
+            };
+            if self.netmask != full {
+                write!(f, " mask /{}", self.netmask)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The forwarding method of a real server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Forward {
+    /// NAT (`IP_VS_CONN_F_MASQ`): the only method the engine uses.
+    Masq,
+    /// Local node.
+    Local,
+    /// IP-in-IP tunnel.
+    Tunnel,
+    /// Direct routing.
+    Route,
+    /// Bypass.
+    Bypass,
+}
+
+impl fmt::Display for Forward {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Forward::Masq => "masq",
+            Forward::Local => "local",
+            Forward::Tunnel => "tunnel",
+            Forward::Route => "route",
+            Forward::Bypass => "bypass",
+        })
+    }
+}
+
+/// What identifies a real server within its virtual server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DestKey {
+    /// The backend address.
+    pub addr: IpAddr,
+    /// The backend port.
+    pub port: u16,
+}
+
+impl fmt::Display for DestKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        HostPort(self.addr, self.port).fmt(f)
+    }
+}
+
+/// A real server (IPVS destination).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RealServer {
+    /// The backend address and port.
+    pub key: DestKey,
+    /// The weight; 0 means no new connections (graceful termination).
+    pub weight: u32,
+    /// The forwarding method.
+    pub forward: Forward,
+}
+
+impl RealServer {
+    /// A masqueraded backend with the given weight.
+    pub fn masq(addr: IpAddr, port: u16, weight: u32) -> Self {
+        Self {
+            key: DestKey { addr, port },
+            weight,
+            forward: Forward::Masq,
+        }
+    }
+}
+
+impl fmt::Display for RealServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {} weight {}", self.key, self.forward, self.weight)
+    }
+}
+
+/// One virtual server and its real servers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceEntry {
+    /// The virtual server.
+    pub server: VirtualServer,
+    /// Its real servers by key.
+    pub dests: BTreeMap<DestKey, RealServer>,
+}
+
+/// A whole IPVS table plus the addresses on `kube-ipvs0`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Table {
+    /// Virtual servers by key.
+    pub services: BTreeMap<VirtualKey, ServiceEntry>,
+    /// Addresses bound to the dummy interface (ClusterIPs, externalIPs, LB IPs; no node IPs).
+    pub addresses: BTreeSet<IpAddr>,
+}
+
+/// One change to the kernel, as data.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Bind an address to `kube-ipvs0`.
+    AddAddress(IpAddr),
+    /// Create a virtual server (`IPVS_CMD_NEW_SERVICE`).
+    AddService(VirtualServer),
+    /// Change a virtual server's scheduler, flags, timeout or netmask (`IPVS_CMD_SET_SERVICE`).
+    UpdateService(VirtualServer),
+    /// Add a real server (`IPVS_CMD_NEW_DEST`).
+    AddDest {
+        /// The virtual server it belongs to.
+        service: VirtualKey,
+        /// The real server.
+        dest: RealServer,
+    },
+    /// Change a real server's weight or forwarding (`IPVS_CMD_SET_DEST`).
+    UpdateDest {
+        /// The virtual server it belongs to.
+        service: VirtualKey,
+        /// The real server as it should be.
+        dest: RealServer,
+    },
+    /// Remove a real server (`IPVS_CMD_DEL_DEST`).
+    DeleteDest {
+        /// The virtual server it belongs to.
+        service: VirtualKey,
+        /// Which real server.
+        dest: DestKey,
+    },
+    /// Remove a virtual server and, implicitly, all its real servers (`IPVS_CMD_DEL_SERVICE`).
+    DeleteService(VirtualKey),
+    /// Unbind an address from `kube-ipvs0`.
+    RemoveAddress(IpAddr),
+}
+
+impl Op {
+    /// The phase the op runs in; ops are executed in phase order, which is an order the kernel
+    /// accepts: a virtual server exists before its real servers are added, deletes of real
+    /// servers come before deletes of servers, and addresses are bound before traffic can be
+    /// sent to them and unbound last.
+    pub fn phase(&self) -> u8 {
+        match self {
+            Op::AddAddress(_) => 0,
+            Op::AddService(_) => 2,
+            Op::UpdateService(_) => 3,
+            Op::AddDest { .. } => 4,
+            Op::UpdateDest { .. } => 5,
+            Op::DeleteDest { .. } => 6,
+            Op::DeleteService(_) => 7,
+            Op::RemoveAddress(_) => 8,
+        }
+    }
+
+    /// The virtual server this op touches, if any.
+    pub fn service(&self) -> Option<&VirtualKey> {
+        match self {
+            Op::AddService(vs) | Op::UpdateService(vs) => Some(&vs.key),
+            Op::AddDest { service, .. }
+            | Op::UpdateDest { service, .. }
+            | Op::DeleteDest { service, .. }
+            | Op::DeleteService(service) => Some(service),
+            Op::AddAddress(_) | Op::RemoveAddress(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Op::AddAddress(a) => write!(f, "add address {a} to kube-ipvs0"),
+            Op::AddService(vs) => write!(f, "add service {vs}"),
+            Op::UpdateService(vs) => write!(f, "update service {vs}"),
+            Op::AddDest { service, dest } => write!(f, "add dest {service} -> {dest}"),
+            Op::UpdateDest { service, dest } => write!(f, "update dest {service} -> {dest}"),
+            Op::DeleteDest { service, dest } => write!(f, "delete dest {service} -> {dest}"),
+            Op::DeleteService(k) => write!(f, "delete service {k} and its dests"),
+            Op::RemoveAddress(a) => write!(f, "remove address {a} from kube-ipvs0"),
+        }
+    }
+}
+
+/// Puts ops in an order the kernel accepts (see [`Op::phase`]). The sort is stable, so ops of
+/// one phase keep the order the engine produced them in. A virtual server that is deleted and
+/// created again in the same batch (its owner changed) is deleted first.
+pub fn order_ops(ops: &mut [Op]) {
+    let recreated: BTreeSet<VirtualKey> = ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::AddService(vs) => Some(vs.key),
+            _ => None,
+        })
+        .collect();
+    let phase = |op: &Op| match op {
+        Op::DeleteService(k) if recreated.contains(k) => 1,
+        other => other.phase(),
+    };
+    ops.sort_by_key(phase);
+}
+
+/// Why the kernel model refused an op; the kernel would answer with the errno in brackets.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{op}: {reason}")]
+pub struct ApplyError {
+    /// The op, as printed.
+    pub op: String,
+    /// Why (with the kernel's errno).
+    pub reason: &'static str,
+}
+
+impl Table {
+    /// Applies one op by the kernel's rules: adding what exists is `EEXIST`, changing or
+    /// deleting what does not exist is `ESRCH`/`ENOENT`, and a destination needs its service.
+    pub fn apply(&mut self, op: &Op) -> Result<(), ApplyError> {
+        let fail = |reason| ApplyError {
+            op: op.to_string(),
+            reason,
+        };
+        match op {
+            Op::AddAddress(a) => {
+                if !self.addresses.insert(*a) {
+                    return Err(fail("address already bound (EEXIST)"));
+                }
+            }
+            Op::RemoveAddress(a) => {
+                if !self.addresses.remove(a) {
+                    return Err(fail("address not bound (EADDRNOTAVAIL)"));
+                }
+            }
+            Op::AddService(vs) => {
+                if self.services.contains_key(&vs.key) {
+                    return Err(fail("service exists (EEXIST)"));
+                }
+                self.services.insert(
+                    vs.key,
+                    ServiceEntry {
+                        server: *vs,
+                        dests: BTreeMap::new(),
+                    },
+                );
+            }
+            Op::UpdateService(vs) => match self.services.get_mut(&vs.key) {
+                Some(e) => e.server = *vs,
+                None => return Err(fail("no such service (ESRCH)")),
+            },
+            Op::DeleteService(k) => {
+                if self.services.remove(k).is_none() {
+                    return Err(fail("no such service (ESRCH)"));
+                }
+            }
+            Op::AddDest { service, dest } => {
+                let e = self
+                    .services
+                    .get_mut(service)
+                    .ok_or_else(|| fail("no such service (ESRCH)"))?;
+                if e.dests.insert(dest.key, *dest).is_some() {
+                    return Err(fail("destination exists (EEXIST)"));
+                }
+            }
+            Op::UpdateDest { service, dest } => {
+                let e = self
+                    .services
+                    .get_mut(service)
+                    .ok_or_else(|| fail("no such service (ESRCH)"))?;
+                match e.dests.get_mut(&dest.key) {
+                    Some(d) => *d = *dest,
+                    None => return Err(fail("no such destination (ENOENT)")),
+                }
+            }
+            Op::DeleteDest { service, dest } => {
+                let e = self
+                    .services
+                    .get_mut(service)
+                    .ok_or_else(|| fail("no such service (ESRCH)"))?;
+                if e.dests.remove(dest).is_none() {
+                    return Err(fail("no such destination (ENOENT)"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies ops in order, stopping at the first the kernel would refuse.
+    pub fn apply_all<'a>(
+        &mut self,
+        ops: impl IntoIterator<Item = &'a Op>,
+    ) -> Result<(), ApplyError> {
+        ops.into_iter().try_for_each(|op| self.apply(op))
+    }
+
+    /// The number of real servers in the table.
+    pub fn dest_count(&self) -> usize {
+        self.services.values().map(|e| e.dests.len()).sum()
+    }
+}
+
+/// Whether an observed virtual server or address is the engine's to manage: inet virtual
+/// servers and addresses outside the excluded networks. Fwmark services are never ours.
+pub fn owned_key(key: &VirtualKey, exclude: &[Cidr]) -> bool {
+    key.addr().is_some_and(|a| owned_addr(a, exclude))
+}
+
+/// Whether an observed address on `kube-ipvs0` is the engine's to manage.
+pub fn owned_addr(addr: IpAddr, exclude: &[Cidr]) -> bool {
+    !exclude.iter().any(|c| c.contains(addr))
+}
+
+/// Merge-joins two sorted maps, calling `f` with each key's left and right values.
+fn merge_join<'a, K, A, B>(
+    left: impl IntoIterator<Item = (&'a K, &'a A)>,
+    right: impl IntoIterator<Item = (&'a K, &'a B)>,
+    mut f: impl FnMut(&'a K, Option<&'a A>, Option<&'a B>),
+) where
+    K: Ord + 'a,
+    A: 'a,
+    B: 'a,
+{
+    let mut l = left.into_iter().peekable();
+    let mut r = right.into_iter().peekable();
+    loop {
+        let ord = match (l.peek(), r.peek()) {
+            (None, None) => break,
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (Some((a, _)), Some((b, _))) => a.cmp(b),
+        };
+        match ord {
+            Ordering::Less => {
+                if let Some((k, a)) = l.next() {
+                    f(k, Some(a), None);
+                }
+            }
+            Ordering::Greater => {
+                if let Some((k, b)) = r.next() {
+                    f(k, None, Some(b));
+                }
+            }
+            Ordering::Equal => {
+                if let (Some((k, a)), Some((_, b))) = (l.next(), r.next()) {
+                    f(k, Some(a), Some(b));
+                }
+            }
+        }
+    }
+}
+
+/// The ops that take the real servers `old` to `new` within one existing virtual server.
+pub(crate) fn diff_dests<'a>(
+    service: VirtualKey,
+    old: impl IntoIterator<Item = (&'a DestKey, &'a RealServer)>,
+    new: impl IntoIterator<Item = (&'a DestKey, &'a RealServer)>,
+    ops: &mut Vec<Op>,
+) {
+    merge_join(old, new, |k, o, n| match (o, n) {
+        (Some(_), None) => ops.push(Op::DeleteDest { service, dest: *k }),
+        (None, Some(n)) => ops.push(Op::AddDest { service, dest: *n }),
+        (Some(o), Some(n)) if o != n => ops.push(Op::UpdateDest { service, dest: *n }),
+        _ => {}
+    });
+}
+
+/// The full diff: the minimal ops that take `observed` to `desired`, touching only what the
+/// engine owns (see [`owned_key`]). One op per differing entry: an address, a virtual server
+/// or a real server; deleting a virtual server covers its real servers. The result is ordered
+/// with [`order_ops`]. Graceful termination is not applied here (the engine does that).
+pub fn full_diff(desired: &Table, observed: &Table, exclude: &[Cidr]) -> Vec<Op> {
+    let mut ops = Vec::new();
+    merge_join(
+        observed.addresses.iter().map(|a| (a, &())),
+        desired.addresses.iter().map(|a| (a, &())),
+        |a, o, d| match (o, d) {
+            (None, Some(_)) => ops.push(Op::AddAddress(*a)),
+            (Some(_), None) if owned_addr(*a, exclude) => ops.push(Op::RemoveAddress(*a)),
+            _ => {}
+        },
+    );
+    merge_join(&observed.services, &desired.services, |k, o, d| {
+        match (o, d) {
+            (None, Some(d)) => {
+                ops.push(Op::AddService(d.server));
+                ops.extend(d.dests.values().map(|dest| Op::AddDest {
+                    service: *k,
+                    dest: *dest,
+                }));
+            }
+            (Some(_), None) => {
+                if owned_key(k, exclude) {
+                    ops.push(Op::DeleteService(*k));
+                }
+            }
+            (Some(o), Some(d)) => {
+                if o.server != d.server {
+                    ops.push(Op::UpdateService(d.server));
+                }
+                diff_dests(*k, &o.dests, &d.dests, &mut ops);
+            }
+            (None, None) => {}
+        }
+    });
+    order_ops(&mut ops);
+    ops
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("literal")
+    }
+
+    fn vs(addr: &str, port: u16) -> VirtualServer {
+        VirtualServer {
+            key: VirtualKey::inet(Protocol::Tcp, ip(addr), port),
+            scheduler: Scheduler::RR,
+            persistence: None,
+            netmask: 32,
+        }
+    }
+
+    #[test]
+    fn display_reads_like_a_plan() {
+        let v = vs("10.96.0.10", 80);
+        assert_eq!(
+            Op::AddService(v).to_string(),
+            "add service TCP 10.96.0.10:80 rr"
+        );
+        let d = RealServer::masq(ip("fd00::5"), 8080, 1);
+        let k6 = VirtualKey::inet(Protocol::Udp, ip("fd00::a"), 53);
+        assert_eq!(
+            Op::AddDest {
+                service: k6,
+                dest: d
+            }
+            .to_string(),
+            "add dest UDP [fd00::a]:53 -> [fd00::5]:8080 masq weight 1"
+        );
+        let mut p = v;
+        p.persistence = Some(10_800);
+        p.scheduler = "mh:fallback,port".parse().expect("valid");
+        assert_eq!(
+            Op::UpdateService(p).to_string(),
+            "update service TCP 10.96.0.10:80 mh:fallback,port persistent 10800"
+        );
+        assert_eq!(p.flags(), FLAG_PERSISTENT | FLAG_SCHED1 | FLAG_SCHED2);
+    }
+
+    #[test]
+    fn kernel_model_refuses_what_the_kernel_refuses() {
+        let mut t = Table::default();
+        let v = vs("10.96.0.10", 80);
+        let d = RealServer::masq(ip("10.0.0.1"), 8080, 1);
+        let add_dest = Op::AddDest {
+            service: v.key,
+            dest: d,
+        };
+        assert!(t.apply(&add_dest).is_err(), "a dest needs its service");
+        t.apply(&Op::AddService(v)).expect("new service");
+        assert!(t.apply(&Op::AddService(v)).is_err(), "EEXIST");
+        t.apply(&add_dest).expect("new dest");
+        assert!(t.apply(&add_dest).is_err(), "EEXIST");
+        t.apply(&Op::DeleteService(v.key)).expect("delete");
+        assert_eq!(t, Table::default(), "deleting a service drops its dests");
+    }
+
+    #[test]
+    fn full_diff_leaves_excluded_and_fwmark_services_alone() {
+        let mut observed = Table::default();
+        for key in [
+            VirtualKey::inet(Protocol::Tcp, ip("192.168.1.1"), 80),
+            VirtualKey::Fwmark {
+                ipv6: false,
+                mark: 7,
+            },
+            VirtualKey::inet(Protocol::Tcp, ip("10.96.0.99"), 80),
+        ] {
+            let mut server = vs("10.96.0.99", 80);
+            server.key = key;
+            observed.services.insert(
+                key,
+                ServiceEntry {
+                    server,
+                    dests: BTreeMap::new(),
+                },
+            );
+        }
+        observed.addresses.insert(ip("192.168.1.1"));
+        observed.addresses.insert(ip("10.96.0.99"));
+        let exclude = ["192.168.0.0/16".parse().expect("valid")];
+        let ops = full_diff(&Table::default(), &observed, &exclude);
+        assert_eq!(
+            ops,
+            vec![
+                Op::DeleteService(VirtualKey::inet(Protocol::Tcp, ip("10.96.0.99"), 80)),
+                Op::RemoveAddress(ip("10.96.0.99")),
+            ]
+        );
+    }
+
+    #[test]
+    fn order_puts_a_recreated_service_delete_before_its_add() {
+        let v = vs("10.96.0.10", 80);
+        let mut ops = vec![Op::AddService(v), Op::DeleteService(v.key)];
+        order_ops(&mut ops);
+        assert_eq!(ops, vec![Op::DeleteService(v.key), Op::AddService(v)]);
+        let mut t = Table::default();
+        t.apply(&Op::AddService(v)).expect("setup");
+        t.apply_all(&ops).expect("kernel accepts the order");
+    }
+}
