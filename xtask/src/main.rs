@@ -1,40 +1,41 @@
-//! `cargo xtask`: everything `cargo test` cannot do on its own.
+//! `cargo xtask`: everything `cargo test` cannot do on its own. See `xtask/README.md`.
+//!
+//! This file only dispatches; each command lives in its own module.
 
-use std::process::Command;
+mod bench;
+mod ci;
+mod host;
+mod initramfs;
+mod kernel;
+mod util;
+mod vm;
+mod vmtest;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
+
+const USAGE: &str = "usage: cargo xtask <command>
+  ci [--no-vm]                      fmt, clippy, tests, kernel-test clippy, vm-test (timed)
+  vm-test [FILTER] [--timeout S] [--test-timeout S] [--no-daemon]
+                                    run the kernel tests in a QEMU guest
+  vm-run [--mem MIB] [--timeout S] [--forward PORT]... 'SCRIPT'
+                                    run a shell snippet in the guest
+  bench netlink [-- ARGS]           ipvs-bench in the guest (default --services 10000 --dests 10)
+  bench diff|watch [ARGS]           cargo bench of kube-ipvs-diff / kube-ipvs-watch";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("ci") => ci(),
-        Some(other) => bail!("unknown xtask command {other:?}; try: ci"),
-        None => bail!("usage: cargo xtask <ci>"),
+    let Some((command, rest)) = args.split_first() else {
+        bail!("{USAGE}");
+    };
+    match command.as_str() {
+        "ci" => ci::command(rest),
+        "vm-test" => vmtest::command(rest),
+        "vm-run" => vm::vm_run_command(rest),
+        "bench" => bench::command(rest),
+        "help" | "--help" | "-h" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => bail!("unknown xtask command {other:?}\n{USAGE}"),
     }
-}
-
-fn cargo(args: &[&str]) -> Result<()> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(&cargo)
-        .args(args)
-        .status()
-        .with_context(|| format!("running cargo {}", args.join(" ")))?;
-    if !status.success() {
-        bail!("cargo {} failed: {status}", args.join(" "));
-    }
-    Ok(())
-}
-
-fn ci() -> Result<()> {
-    cargo(&["fmt", "--all", "--", "--check"])?;
-    cargo(&[
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ])?;
-    cargo(&["test", "--workspace"])?;
-    Ok(())
 }

@@ -1,0 +1,93 @@
+//! `cargo xtask ci`: every check CI runs, in order, timed. `.ci/run` calls this.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+
+use crate::util::{self, secs};
+use crate::vmtest;
+
+pub(crate) fn command(args: &[String]) -> Result<()> {
+    let mut vm = true;
+    for arg in args {
+        match arg.as_str() {
+            "--no-vm" => vm = false,
+            other => bail!("ci: unknown argument {other:?}; usage: cargo xtask ci [--no-vm]"),
+        }
+    }
+    let mut timings: Vec<(String, Duration)> = Vec::new();
+    let result = steps(vm, &mut timings);
+    println!();
+    println!("---- ci timings ----");
+    for (step, took) in &timings {
+        println!("{:>8}  {step}", secs(*took));
+    }
+    let total: Duration = timings.iter().map(|(_, t)| *t).sum();
+    println!("{:>8}  total", secs(total));
+    result
+}
+
+fn timed(
+    timings: &mut Vec<(String, Duration)>,
+    name: &str,
+    f: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    eprintln!("xtask ci: {name}");
+    let started = Instant::now();
+    let result = f();
+    let status = if result.is_ok() { "" } else { " (FAILED)" };
+    timings.push((format!("{name}{status}"), started.elapsed()));
+    result
+}
+
+fn cargo(args: &[&str]) -> Result<()> {
+    util::run(util::cargo_cmd().args(args))
+}
+
+fn steps(vm: bool, timings: &mut Vec<(String, Duration)>) -> Result<()> {
+    timed(timings, "cargo fmt --all -- --check", || {
+        cargo(&["fmt", "--all", "--", "--check"])
+    })?;
+    timed(
+        timings,
+        "cargo clippy --workspace --all-targets -- -D warnings",
+        || {
+            cargo(&[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ])
+        },
+    )?;
+    timed(timings, "cargo test --workspace", || {
+        cargo(&["test", "--workspace"])
+    })?;
+    // The kernel tests only compile with their feature on; lint them here so VM-only code is
+    // held to the same standard without booting anything.
+    for pkg in vmtest::discover()? {
+        let name = format!(
+            "cargo clippy -p {} --all-targets --features kernel-tests",
+            pkg.name
+        );
+        timed(timings, &name, || {
+            cargo(&[
+                "clippy",
+                "-p",
+                &pkg.name,
+                "--all-targets",
+                "--features",
+                "kernel-tests",
+                "--",
+                "-D",
+                "warnings",
+            ])
+        })?;
+    }
+    if vm {
+        timed(timings, "cargo xtask vm-test", || vmtest::command(&[]))?;
+    }
+    Ok(())
+}
