@@ -1,0 +1,512 @@
+//! Translation of Kubernetes objects (k8s-openapi types) into the engine's model.
+//!
+//! Pure functions, no I/O: both sources (the API server and manifests) and the tests call them.
+//! This module owns the rules that decide what a Service or an EndpointSlice means to the proxy:
+//! which objects are skipped (headless, ExternalName, another proxy's), defaults the API leaves
+//! implicit (an absent `ready` condition is ready), and how endpoints that appear in several
+//! slices are merged. It must not decide what to program into the kernel; that is the engine's.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube_ipvs_diff::model::{SCHEDULER_ANNOTATION, validate_endpoints, validate_service};
+use kube_ipvs_diff::{
+    Cidr, Endpoint, EndpointPort, Protocol, Scheduler, ServiceInfo, ServiceKind, ServiceName,
+    ServicePort, SessionAffinity, TrafficDistribution, TrafficPolicy,
+};
+
+use crate::error::{Error, Result};
+
+/// Label that hands a Service to a specific proxy implementation.
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+/// Label the control plane puts on headless Services' EndpointSlices.
+pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
+/// Label that ties an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// The Node label carrying its zone.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// What translation needs to know about this proxy.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TranslateOptions {
+    /// `--service-proxy-name`: Services labelled with [`SERVICE_PROXY_NAME_LABEL`] are ours only
+    /// if the label names this. `None` means we take only unlabelled Services, as kube-proxy.
+    pub service_proxy_name: Option<String>,
+}
+
+impl TranslateOptions {
+    /// The label selector the API server can apply for us. The proxy-name rule "absent, or equal
+    /// to ours" cannot be written as one selector, so with a proxy name only headless Services
+    /// are filtered on the server and [`skip_reason`] does the rest.
+    pub fn label_selector(&self) -> String {
+        match self.service_proxy_name {
+            None => format!("!{SERVICE_PROXY_NAME_LABEL},!{HEADLESS_LABEL}"),
+            Some(_) => format!("!{HEADLESS_LABEL}"),
+        }
+    }
+}
+
+/// Why an object is not for this proxy; `None` if it is. Applies to Services and slices alike,
+/// from their labels.
+pub fn skip_reason(
+    labels: Option<&BTreeMap<String, String>>,
+    opts: &TranslateOptions,
+) -> Option<String> {
+    let labels = labels?;
+    if labels.contains_key(HEADLESS_LABEL) {
+        return Some(format!("labelled {HEADLESS_LABEL}"));
+    }
+    match (
+        labels.get(SERVICE_PROXY_NAME_LABEL),
+        &opts.service_proxy_name,
+    ) {
+        (None, _) => None,
+        (Some(theirs), Some(ours)) if theirs == ours => None,
+        (Some(theirs), _) => Some(format!(
+            "{SERVICE_PROXY_NAME_LABEL}={theirs} is not this proxy"
+        )),
+    }
+}
+
+/// A Service translated into the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TranslatedService {
+    /// Its namespace and name.
+    pub name: ServiceName,
+    /// What the engine needs.
+    pub info: ServiceInfo,
+    /// Problems that did not stop translation (an invalid scheduler annotation: the node
+    /// default is used). The sources log these with the object's name.
+    pub warnings: Vec<String>,
+}
+
+fn bad(kind: &'static str, ns: &str, name: &str, reason: String) -> Error {
+    Error::BadObject {
+        kind,
+        namespace: ns.to_owned(),
+        name: name.to_owned(),
+        reason,
+    }
+}
+
+/// The namespace/name of a Service, or of the Service an EndpointSlice belongs to.
+pub fn service_name(svc: &Service) -> ServiceName {
+    ServiceName::new(
+        svc.metadata.namespace.as_deref().unwrap_or("default"),
+        svc.metadata.name.as_deref().unwrap_or_default(),
+    )
+}
+
+fn parse_protocol(p: Option<&str>) -> std::result::Result<Protocol, String> {
+    // The API defaults an absent protocol to TCP.
+    match p.unwrap_or("TCP") {
+        "TCP" => Ok(Protocol::Tcp),
+        "UDP" => Ok(Protocol::Udp),
+        "SCTP" => Ok(Protocol::Sctp),
+        other => Err(format!("unknown protocol {other:?}")),
+    }
+}
+
+fn parse_port(what: &str, p: i32) -> std::result::Result<u16, String> {
+    u16::try_from(p)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| format!("{what} {p} is out of range 1..=65535"))
+}
+
+fn parse_ip(what: &str, s: &str) -> std::result::Result<IpAddr, String> {
+    s.trim()
+        .parse()
+        .map_err(|_| format!("{what} {s:?} is not an IP address"))
+}
+
+/// Translates a Service. `Ok(None)` means the Service is not programmed by this proxy
+/// (headless, ExternalName, another proxy's); `Err` means it is malformed and must be skipped.
+pub fn translate_service(
+    svc: &Service,
+    opts: &TranslateOptions,
+) -> Result<Option<TranslatedService>> {
+    let name = service_name(svc);
+    let err = |reason: String| bad("Service", &name.namespace, &name.name, reason);
+    if name.name.is_empty() {
+        return Err(err("metadata.name is empty".into()));
+    }
+    if skip_reason(svc.metadata.labels.as_ref(), opts).is_some() {
+        return Ok(None);
+    }
+    let Some(spec) = &svc.spec else {
+        return Err(err("spec is missing".into()));
+    };
+    let kind = match spec.type_.as_deref().unwrap_or("ClusterIP") {
+        "ClusterIP" => ServiceKind::ClusterIp,
+        "NodePort" => ServiceKind::NodePort,
+        "LoadBalancer" => ServiceKind::LoadBalancer,
+        "ExternalName" => return Ok(None),
+        other => return Err(err(format!("unknown spec.type {other:?}"))),
+    };
+    // `clusterIPs` is authoritative when set; older objects only have `clusterIP`.
+    let ips: Vec<&str> = match (&spec.cluster_ips, &spec.cluster_ip) {
+        (Some(ips), _) if !ips.is_empty() => ips.iter().map(String::as_str).collect(),
+        (_, Some(ip)) if !ip.is_empty() => vec![ip.as_str()],
+        _ => Vec::new(),
+    };
+    if ips.is_empty() || ips.iter().any(|ip| *ip == "None") {
+        // Headless: DNS only, nothing to balance.
+        return Ok(None);
+    }
+    let cluster_ips = ips
+        .iter()
+        .map(|ip| parse_ip("clusterIP", ip))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(err)?;
+    let mut ports = Vec::new();
+    for (i, p) in spec.ports.iter().flatten().enumerate() {
+        let label = match &p.name {
+            Some(n) if !n.is_empty() => format!("port {n:?}"),
+            _ => format!("ports[{i}]"),
+        };
+        let protocol =
+            parse_protocol(p.protocol.as_deref()).map_err(|r| err(format!("{label}: {r}")))?;
+        let port = parse_port("port", p.port).map_err(|r| err(format!("{label}: {r}")))?;
+        let node_port = p
+            .node_port
+            .filter(|np| *np != 0)
+            .map(|np| parse_port("nodePort", np))
+            .transpose()
+            .map_err(|r| err(format!("{label}: {r}")))?;
+        ports.push(ServicePort {
+            name: p.name.clone().unwrap_or_default(),
+            protocol,
+            port,
+            node_port,
+        });
+    }
+    let external_ips = spec
+        .external_ips
+        .iter()
+        .flatten()
+        .map(|ip| parse_ip("externalIP", ip))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(err)?;
+    let mut load_balancer_ips = Vec::new();
+    let ingress = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref());
+    for ing in ingress.into_iter().flatten() {
+        // ipMode Proxy means the load balancer delivers to the node itself, not to the VIP.
+        if ing.ip_mode.as_deref() == Some("Proxy") {
+            continue;
+        }
+        if let Some(ip) = &ing.ip {
+            load_balancer_ips.push(parse_ip("status.loadBalancer.ingress ip", ip).map_err(err)?);
+        }
+    }
+    let session_affinity = match spec.session_affinity.as_deref().unwrap_or("None") {
+        "None" => SessionAffinity::None,
+        "ClientIP" => {
+            let t = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds);
+            let timeout_seconds = match t {
+                None => kube_ipvs_diff::model::DEFAULT_AFFINITY_TIMEOUT_SECONDS,
+                Some(t) => u32::try_from(t).map_err(|_| {
+                    err(format!(
+                        "sessionAffinityConfig.clientIP.timeoutSeconds {t} is negative"
+                    ))
+                })?,
+            };
+            SessionAffinity::ClientIp { timeout_seconds }
+        }
+        other => return Err(err(format!("unknown spec.sessionAffinity {other:?}"))),
+    };
+    let policy = |field: &str, v: Option<&str>| match v.unwrap_or("Cluster") {
+        "Cluster" => Ok(TrafficPolicy::Cluster),
+        "Local" => Ok(TrafficPolicy::Local),
+        other => Err(err(format!("unknown spec.{field} {other:?}"))),
+    };
+    let external_traffic_policy = policy(
+        "externalTrafficPolicy",
+        spec.external_traffic_policy.as_deref(),
+    )?;
+    let internal_traffic_policy = policy(
+        "internalTrafficPolicy",
+        spec.internal_traffic_policy.as_deref(),
+    )?;
+    let health_check_node_port = spec
+        .health_check_node_port
+        .filter(|p| *p != 0)
+        .map(|p| parse_port("healthCheckNodePort", p))
+        .transpose()
+        .map_err(err)?;
+    let load_balancer_source_ranges = spec
+        .load_balancer_source_ranges
+        .iter()
+        .flatten()
+        .map(|r| {
+            r.parse::<Cidr>()
+                .map_err(|e| err(format!("loadBalancerSourceRanges: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let traffic_distribution = spec.traffic_distribution.as_deref().map(|t| match t {
+        "PreferClose" => TrafficDistribution::PreferClose,
+        "PreferSameZone" => TrafficDistribution::PreferSameZone,
+        "PreferSameNode" => TrafficDistribution::PreferSameNode,
+        other => TrafficDistribution::Other(other.to_owned()),
+    });
+    let mut warnings = Vec::new();
+    let scheduler = match svc
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SCHEDULER_ANNOTATION))
+    {
+        None => None,
+        Some(v) => match v.parse::<Scheduler>() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                warnings.push(format!(
+                    "annotation {SCHEDULER_ANNOTATION}: {e}; using the node default"
+                ));
+                None
+            }
+        },
+    };
+    let info = ServiceInfo {
+        kind,
+        cluster_ips,
+        ports,
+        external_ips,
+        load_balancer_ips,
+        session_affinity,
+        external_traffic_policy,
+        internal_traffic_policy,
+        health_check_node_port,
+        load_balancer_source_ranges,
+        traffic_distribution,
+        scheduler,
+    };
+    validate_service(&name, &info).map_err(|source| Error::Rejected {
+        kind: "Service",
+        namespace: name.namespace.clone(),
+        name: name.name.clone(),
+        source,
+    })?;
+    Ok(Some(TranslatedService {
+        name,
+        info,
+        warnings,
+    }))
+}
+
+/// One EndpointSlice translated: the Service it belongs to and its endpoints, in slice order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TranslatedSlice {
+    /// The owning Service (the `kubernetes.io/service-name` label).
+    pub service: ServiceName,
+    /// The slice's endpoints.
+    pub endpoints: Vec<Endpoint>,
+}
+
+/// The namespace and name of a slice, for messages.
+fn slice_key(slice: &EndpointSlice) -> (String, String) {
+    (
+        slice
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        slice.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// Translates one EndpointSlice. `Ok(None)` means it is not for this proxy (no service-name
+/// label, headless, another proxy's, or an FQDN slice, which IPVS cannot use).
+pub fn translate_slice(
+    slice: &EndpointSlice,
+    opts: &TranslateOptions,
+) -> Result<Option<TranslatedSlice>> {
+    let (ns, name) = slice_key(slice);
+    let err = |reason: String| bad("EndpointSlice", &ns, &name, reason);
+    let labels = slice.metadata.labels.as_ref();
+    let Some(svc) = labels.and_then(|l| l.get(SERVICE_NAME_LABEL)) else {
+        return Ok(None);
+    };
+    if skip_reason(labels, opts).is_some() {
+        return Ok(None);
+    }
+    let v6 = match slice.address_type.as_str() {
+        "IPv4" => false,
+        "IPv6" => true,
+        "FQDN" => return Ok(None),
+        other => return Err(err(format!("unknown addressType {other:?}"))),
+    };
+    let mut ports = Vec::new();
+    for (i, p) in slice.ports.iter().flatten().enumerate() {
+        // A nil port means "all ports", which only headless Services use; nothing to balance.
+        let Some(port) = p.port else { continue };
+        let label = format!("ports[{i}]");
+        ports.push(EndpointPort {
+            name: p.name.clone().unwrap_or_default(),
+            port: parse_port("port", port).map_err(|r| err(format!("{label}: {r}")))?,
+            protocol: parse_protocol(p.protocol.as_deref())
+                .map_err(|r| err(format!("{label}: {r}")))?,
+        });
+    }
+    ports.sort();
+    let mut endpoints = Vec::new();
+    for (i, ep) in slice.endpoints.iter().enumerate() {
+        // The API says consumers use the first address; the others are for future use.
+        let Some(addr) = ep.addresses.first() else {
+            return Err(err(format!("endpoints[{i}]: no address")));
+        };
+        let addr = parse_ip(&format!("endpoints[{i}] address"), addr).map_err(err)?;
+        if addr.is_ipv6() != v6 {
+            return Err(err(format!(
+                "endpoints[{i}] address {addr} does not match addressType {}",
+                slice.address_type
+            )));
+        }
+        let c = ep.conditions.as_ref();
+        // Per the API: a nil ready means ready, a nil serving means the same as ready, and a
+        // nil terminating means not terminating.
+        let ready = c.and_then(|c| c.ready).unwrap_or(true);
+        let serving = c.and_then(|c| c.serving).unwrap_or(ready);
+        let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
+        let hints = ep.hints.as_ref();
+        endpoints.push(Endpoint {
+            addr,
+            ports: ports.clone(),
+            ready,
+            serving,
+            terminating,
+            node_name: ep.node_name.clone(),
+            zone: ep.zone.clone(),
+            hints_for_zones: hints
+                .and_then(|h| h.for_zones.as_ref())
+                .map(|z| z.iter().map(|z| z.name.clone()).collect())
+                .unwrap_or_default(),
+            hints_for_nodes: hints
+                .and_then(|h| h.for_nodes.as_ref())
+                .map(|n| n.iter().map(|n| n.name.clone()).collect())
+                .unwrap_or_default(),
+        });
+    }
+    let service = ServiceName::new(ns.clone(), svc.clone());
+    validate_endpoints(&service, &endpoints).map_err(|source| Error::Rejected {
+        kind: "EndpointSlice",
+        namespace: ns.clone(),
+        name: name.clone(),
+        source,
+    })?;
+    Ok(Some(TranslatedSlice { service, endpoints }))
+}
+
+/// Merges the endpoints of all slices of one Service, given in slice-name order.
+///
+/// An address may appear in more than one slice (while the controller moves it between
+/// slices, or in a hand-written manifest). The rule, deterministic and documented: the copy
+/// with the best conditions wins, ranked ready > serving > not terminating; on a tie the copy
+/// from the slice whose name sorts first wins. The winner's ports are united with every
+/// copy's ports, since slices of one Service may carry different named ports for one pod.
+/// The result is sorted by address.
+pub fn merge_slices<'a>(slices: impl IntoIterator<Item = &'a [Endpoint]>) -> Vec<Endpoint> {
+    let mut by_addr: BTreeMap<IpAddr, Endpoint> = BTreeMap::new();
+    let rank = |e: &Endpoint| (e.ready, e.serving, !e.terminating);
+    for ep in slices.into_iter().flatten() {
+        match by_addr.get_mut(&ep.addr) {
+            None => {
+                by_addr.insert(ep.addr, ep.clone());
+            }
+            Some(cur) => {
+                let mut ports = std::mem::take(&mut cur.ports);
+                if rank(ep) > rank(cur) {
+                    *cur = ep.clone();
+                }
+                ports.extend(ep.ports.iter().cloned());
+                ports.sort();
+                ports.dedup();
+                cur.ports = ports;
+            }
+        }
+    }
+    for ep in by_addr.values_mut() {
+        ep.ports.sort();
+        ep.ports.dedup();
+    }
+    by_addr.into_values().collect()
+}
+
+/// Translates any number of EndpointSlices into merged endpoints per Service. Bad slices are
+/// returned as errors and left out; the others are merged as [`merge_slices`] describes.
+pub fn translate_slices(
+    slices: &[EndpointSlice],
+    opts: &TranslateOptions,
+) -> (BTreeMap<ServiceName, Vec<Endpoint>>, Vec<Error>) {
+    let mut per_service: BTreeMap<ServiceName, BTreeMap<String, Vec<Endpoint>>> = BTreeMap::new();
+    let mut errors = Vec::new();
+    for slice in slices {
+        match translate_slice(slice, opts) {
+            Ok(Some(t)) => {
+                per_service
+                    .entry(t.service)
+                    .or_default()
+                    .insert(slice_key(slice).1, t.endpoints);
+            }
+            Ok(None) => {}
+            Err(e) => errors.push(e),
+        }
+    }
+    let merged = per_service
+        .into_iter()
+        .map(|(svc, slices)| {
+            let eps = merge_slices(slices.values().map(Vec::as_slice));
+            (svc, eps)
+        })
+        .collect();
+    (merged, errors)
+}
+
+/// What the proxy takes from its own Node object.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// The [`ZONE_LABEL`] label.
+    pub zone: Option<String>,
+    /// `status.addresses` of type `InternalIP`, IPv4, in the object's order.
+    pub ips_v4: Vec<std::net::Ipv4Addr>,
+    /// `status.addresses` of type `InternalIP`, IPv6, in the object's order.
+    pub ips_v6: Vec<std::net::Ipv6Addr>,
+}
+
+/// Translates this node's Node object. An address that does not parse is an error, so a
+/// broken object never silently shrinks the node's NodePort addresses.
+pub fn translate_node(node: &Node) -> Result<NodeInfo> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let zone = node
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(ZONE_LABEL))
+        .cloned();
+    let mut info = NodeInfo {
+        zone,
+        ..NodeInfo::default()
+    };
+    let addrs = node.status.as_ref().and_then(|s| s.addresses.as_ref());
+    for a in addrs
+        .into_iter()
+        .flatten()
+        .filter(|a| a.type_ == "InternalIP")
+    {
+        match parse_ip("InternalIP", &a.address).map_err(|r| bad("Node", "", &name, r))? {
+            IpAddr::V4(v4) => info.ips_v4.push(v4),
+            IpAddr::V6(v6) => info.ips_v6.push(v6),
+        }
+    }
+    Ok(info)
+}
