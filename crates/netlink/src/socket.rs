@@ -1,0 +1,111 @@
+//! The blocking netlink socket both protocols use: the only code in the crate that makes system calls, and the
+//! only place `unsafe` is allowed (for the two socket options `netlink-sys` does not offer).
+
+#![allow(unsafe_code)]
+
+use std::io;
+use std::os::fd::AsRawFd;
+
+use netlink_sys::{Socket, SocketAddr};
+
+/// A netlink socket bound to an automatic port id and connected to the kernel.
+pub(crate) struct NlSocket {
+    sock: Socket,
+}
+
+impl NlSocket {
+    pub(crate) fn open(protocol: isize) -> io::Result<Self> {
+        let mut sock = Socket::new(protocol)?;
+        sock.bind_auto()?;
+        sock.connect(&SocketAddr::new(0, 0))?;
+        Ok(NlSocket { sock })
+    }
+
+    /// Error replies carry only the failed message's header, not its whole payload.
+    pub(crate) fn set_cap_ack(&self) -> io::Result<()> {
+        self.sock.set_cap_ack(true)
+    }
+
+    /// Raises the receive buffer to `bytes`, past `rmem_max` when the caller has CAP_NET_ADMIN; returns the size
+    /// the kernel reports (which it doubles for bookkeeping).
+    pub(crate) fn grow_rcvbuf(&self, bytes: usize) -> io::Result<usize> {
+        if setsockopt_int(&self.sock, libc::SO_RCVBUFFORCE, bytes).is_err() {
+            // Without CAP_NET_ADMIN the forced variant fails; the plain one is capped by rmem_max, and the batch
+            // budget below is computed from whatever the kernel actually granted.
+            setsockopt_int(&self.sock, libc::SO_RCVBUF, bytes)?;
+        }
+        self.sock.get_rx_buf_sz()
+    }
+
+    /// Raises the send buffer, which bounds the size of one `sendmsg`; returns the granted size.
+    pub(crate) fn grow_sndbuf(&self, bytes: usize) -> io::Result<usize> {
+        if setsockopt_int(&self.sock, libc::SO_SNDBUFFORCE, bytes).is_err() {
+            setsockopt_int(&self.sock, libc::SO_SNDBUF, bytes)?;
+        }
+        getsockopt_int(&self.sock, libc::SO_SNDBUF)
+    }
+
+    pub(crate) fn send(&self, buf: &[u8]) -> io::Result<()> {
+        let n = self.sock.send(buf, 0)?;
+        if n != buf.len() {
+            return Err(io::Error::other(format!(
+                "short netlink send: {n} of {} bytes",
+                buf.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Receives one datagram into `buf` (cleared first). With `wait == false` it returns `WouldBlock` when
+    /// nothing is queued. A datagram larger than the buffer's capacity is an error rather than silently cut.
+    pub(crate) fn recv(&self, buf: &mut Vec<u8>, wait: bool) -> io::Result<usize> {
+        buf.clear();
+        let flags = libc::MSG_TRUNC | if wait { 0 } else { libc::MSG_DONTWAIT };
+        let n = self.sock.recv(buf, flags)?;
+        if n > buf.len() {
+            return Err(io::Error::other(format!(
+                "netlink datagram of {n} bytes exceeds the {}-byte receive buffer",
+                buf.len()
+            )));
+        }
+        Ok(n)
+    }
+}
+
+fn setsockopt_int(sock: &Socket, opt: libc::c_int, value: usize) -> io::Result<()> {
+    let v = libc::c_int::try_from(value).unwrap_or(libc::c_int::MAX);
+    // SAFETY: the fd is owned by `sock` and open for its lifetime; the option value points to a live c_int and
+    // the length passed is exactly its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt,
+            (&raw const v).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn getsockopt_int(sock: &Socket, opt: libc::c_int) -> io::Result<usize> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: the fd is owned by `sock`; `v` and `len` are live locals and `len` holds the size of `v`.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt,
+            (&raw mut v).cast(),
+            &raw mut len,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(v).unwrap_or(0))
+}
