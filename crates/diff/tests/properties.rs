@@ -1,0 +1,434 @@
+//! Property tests of the four promises in the issue:
+//! 1. applying `full_diff(desired, observed)` to `observed` gives `desired`;
+//! 2. `full_diff(x, x)` is empty (and a sync with no changes is empty);
+//! 3. no op touches a Service whose inputs did not change;
+//! 4. the number of ops equals the number of entries that differ (minimal).
+//!
+//! Tables are drawn from small pools of addresses and ports so that overlaps (same key, other
+//! attributes) are common. The engine properties drive random input changes through
+//! [`Engine::sync`] and check the result against a kernel model and a from-scratch recompute.
+
+mod common;
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::Duration;
+
+use kube_ipvs_diff::{
+    ConnectionCounts, DestKey, Endpoint, EndpointPort, Engine, Inputs, Op, Protocol, RealServer,
+    Scheduler, ServiceEntry, ServiceInfo, ServiceName, ServicePort, SessionAffinity, Table,
+    TrafficPolicy, VirtualKey, VirtualServer, full_diff, service_table,
+};
+use proptest::prelude::*;
+
+fn pool_addr(i: u8) -> IpAddr {
+    if i % 3 == 2 {
+        IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, u16::from(i)))
+    } else {
+        IpAddr::V4(Ipv4Addr::new(10, 0, 0, i))
+    }
+}
+
+fn arb_server(key: VirtualKey) -> impl Strategy<Value = VirtualServer> {
+    (
+        prop_oneof![
+            Just(Scheduler::RR),
+            Just("wrr".parse::<Scheduler>().expect("valid")),
+            Just("mh:fallback".parse::<Scheduler>().expect("valid")),
+        ],
+        prop_oneof![Just(None), Just(Some(10u32)), Just(Some(10_800u32))],
+    )
+        .prop_map(move |(scheduler, persistence)| VirtualServer {
+            key,
+            scheduler,
+            persistence,
+            netmask: if key.addr().is_some_and(|a| a.is_ipv6()) {
+                128
+            } else {
+                32
+            },
+        })
+}
+
+fn arb_key() -> impl Strategy<Value = VirtualKey> {
+    (
+        prop_oneof![Just(Protocol::Tcp), Just(Protocol::Udp)],
+        0u8..6,
+        prop_oneof![Just(80u16), Just(443u16)],
+    )
+        .prop_map(|(p, a, port)| VirtualKey::inet(p, pool_addr(a), port))
+}
+
+fn arb_entry(key: VirtualKey) -> impl Strategy<Value = ServiceEntry> {
+    let dests = prop::collection::btree_map(
+        (0u8..6, prop_oneof![Just(8080u16), Just(9090u16)]),
+        0u32..3,
+        0..5,
+    );
+    (arb_server(key), dests).prop_map(|(server, dests)| ServiceEntry {
+        server,
+        dests: dests
+            .into_iter()
+            .map(|((a, port), weight)| {
+                let addr = IpAddr::V4(Ipv4Addr::new(10, 1, 0, a));
+                (DestKey { addr, port }, RealServer::masq(addr, port, weight))
+            })
+            .collect(),
+    })
+}
+
+fn arb_table() -> impl Strategy<Value = Table> {
+    let services = prop::collection::btree_set(arb_key(), 0..6).prop_flat_map(|keys| {
+        keys.into_iter()
+            .map(|k| arb_entry(k).prop_map(move |e| (k, e)))
+            .collect::<Vec<_>>()
+    });
+    let addrs = prop::collection::btree_set((0u8..6).prop_map(pool_addr), 0..4);
+    (services, addrs).prop_map(|(services, addresses)| Table {
+        services: services.into_iter().collect(),
+        addresses,
+    })
+}
+
+/// Entries that differ between two tables, counted independently of `full_diff`: each
+/// address, virtual server and real server on its own, except that the real servers of a
+/// virtual server that is only in `observed` go with it.
+fn differing_entries(desired: &Table, observed: &Table) -> usize {
+    let addrs = desired
+        .addresses
+        .symmetric_difference(&observed.addresses)
+        .count();
+    let keys: BTreeSet<&VirtualKey> = desired
+        .services
+        .keys()
+        .chain(observed.services.keys())
+        .collect();
+    let mut n = addrs;
+    for k in keys {
+        match (desired.services.get(k), observed.services.get(k)) {
+            (Some(d), None) => n += 1 + d.dests.len(),
+            (None, Some(_)) => n += 1,
+            (Some(d), Some(o)) => {
+                n += usize::from(d.server != o.server);
+                let dk: BTreeSet<_> = d.dests.keys().chain(o.dests.keys()).collect();
+                n += dk
+                    .into_iter()
+                    .filter(|k| d.dests.get(k) != o.dests.get(k))
+                    .count();
+            }
+            (None, None) => {}
+        }
+    }
+    n
+}
+
+/// Cases to run; failures are not persisted to files (integration tests have no `lib.rs` for
+/// proptest to put them next to), the seed is printed instead.
+fn config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(config(512))]
+
+    /// Promise 1: the diff, applied in its order by the kernel's rules, gives the desired table.
+    #[test]
+    fn applying_the_diff_gives_desired(desired in arb_table(), observed in arb_table()) {
+        let ops = full_diff(&desired, &observed, &[]);
+        let mut kernel = observed.clone();
+        kernel.apply_all(&ops).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(kernel, desired);
+    }
+
+    /// Promise 2: a table diffed against itself needs nothing.
+    #[test]
+    fn diff_of_a_table_with_itself_is_empty(x in arb_table()) {
+        prop_assert!(full_diff(&x, &x, &[]).is_empty());
+    }
+
+    /// Promise 4: one op per differing entry, no more.
+    #[test]
+    fn diff_is_minimal(desired in arb_table(), observed in arb_table()) {
+        let ops = full_diff(&desired, &observed, &[]);
+        prop_assert_eq!(ops.len(), differing_entries(&desired, &observed));
+    }
+}
+
+/// Counts that say every real server is idle, so removals are immediate and the kernel ends up
+/// exactly at the desired table.
+struct Idle;
+
+impl ConnectionCounts for Idle {
+    fn connections(&self, _: &VirtualKey, _: &DestKey) -> Option<u64> {
+        Some(0)
+    }
+}
+
+/// One Service's inputs, drawn so each Service `i` has VIPs of its own (10.96.i.x, its own LB
+/// IP and nodePort) and conflicts between Services cannot occur: every op can then be traced
+/// to exactly one Service.
+#[derive(Debug, Clone)]
+struct SvcInput {
+    info: Option<ServiceInfo>,
+    endpoints: Vec<Endpoint>,
+}
+
+fn arb_svc_input(i: u8) -> impl Strategy<Value = SvcInput> {
+    let ports = prop::collection::btree_map(0u8..3, any::<bool>(), 1..3);
+    let eps = prop::collection::btree_map(
+        0u8..8,
+        (0u8..4, any::<bool>(), prop::option::of(0u8..2)),
+        0..6,
+    );
+    (
+        any::<bool>(),
+        ports,
+        eps,
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        prop::option::weighted(0.8, Just(())),
+    )
+        .prop_map(
+            move |(dual, ports, eps, affinity, etp_local, lb, present)| {
+                let mut cluster_ips = vec![IpAddr::V4(Ipv4Addr::new(10, 96, i, 1))];
+                if dual {
+                    cluster_ips.push(IpAddr::V6(Ipv6Addr::new(
+                        0xfd00,
+                        0x96,
+                        0,
+                        0,
+                        0,
+                        0,
+                        u16::from(i),
+                        1,
+                    )));
+                }
+                let info = ServiceInfo {
+                    cluster_ips,
+                    ports: ports
+                        .iter()
+                        .map(|(p, np)| ServicePort {
+                            name: format!("p{p}"),
+                            protocol: if *p == 2 {
+                                Protocol::Udp
+                            } else {
+                                Protocol::Tcp
+                            },
+                            port: 80 + u16::from(*p),
+                            node_port: np.then_some(30_000 + u16::from(i) * 10 + u16::from(*p)),
+                        })
+                        .collect(),
+                    load_balancer_ips: if lb {
+                        vec![IpAddr::V4(Ipv4Addr::new(203, 0, 113, i))]
+                    } else {
+                        vec![]
+                    },
+                    session_affinity: if affinity {
+                        SessionAffinity::ClientIp {
+                            timeout_seconds: 60,
+                        }
+                    } else {
+                        SessionAffinity::None
+                    },
+                    external_traffic_policy: if etp_local {
+                        TrafficPolicy::Local
+                    } else {
+                        TrafficPolicy::Cluster
+                    },
+                    ..ServiceInfo::default()
+                };
+                let endpoints = eps
+                    .into_iter()
+                    .map(|(a, (state, v6, node))| {
+                        let addr = if v6 {
+                            IpAddr::V6(Ipv6Addr::new(
+                                0xfd00,
+                                1,
+                                0,
+                                0,
+                                0,
+                                0,
+                                u16::from(i),
+                                u16::from(a),
+                            ))
+                        } else {
+                            IpAddr::V4(Ipv4Addr::new(10, 1, i, a))
+                        };
+                        let mut e = Endpoint::ready(
+                            addr,
+                            (0u8..3)
+                                .map(|p| EndpointPort {
+                                    name: format!("p{p}"),
+                                    port: 8000 + u16::from(p),
+                                    protocol: if p == 2 { Protocol::Udp } else { Protocol::Tcp },
+                                })
+                                .collect(),
+                        );
+                        // 0 ready, 1 serving-terminating, 2 not serving, 3 ready.
+                        e.ready = state == 0 || state == 3;
+                        e.serving = state != 2;
+                        e.terminating = state == 1 || state == 2;
+                        e.node_name = node.map(|n| {
+                            if n == 0 {
+                                "node-a".into()
+                            } else {
+                                "node-b".into()
+                            }
+                        });
+                        e
+                    })
+                    .collect();
+                SvcInput {
+                    info: present.map(|()| info),
+                    endpoints,
+                }
+            },
+        )
+}
+
+const N: u8 = 5;
+
+fn arb_world() -> impl Strategy<Value = Vec<SvcInput>> {
+    (0..N).map(arb_svc_input).collect::<Vec<_>>()
+}
+
+fn svc_name(i: usize) -> ServiceName {
+    ServiceName::new("default", format!("s{i}"))
+}
+
+fn load(inputs: &mut Inputs, i: usize, s: &SvcInput) -> Result<(), TestCaseError> {
+    let name = svc_name(i);
+    match &s.info {
+        Some(info) => inputs
+            .upsert_service(name.clone(), info.clone())
+            .map_err(|e| TestCaseError::fail(e.to_string()))?,
+        None => inputs.remove_service(&name),
+    }
+    inputs
+        .set_endpoints(name, s.endpoints.clone())
+        .map_err(|e| TestCaseError::fail(e.to_string()))
+}
+
+/// Which Service owns each key and address, from a from-scratch compute.
+fn owners(
+    inputs: &Inputs,
+    world_len: usize,
+) -> (HashMap<VirtualKey, usize>, HashMap<IpAddr, usize>) {
+    let mut keys = HashMap::new();
+    let mut addrs = HashMap::new();
+    for i in 0..world_len {
+        let n = svc_name(i);
+        let t = service_table(inputs.service(&n), inputs.endpoints(&n), inputs.node());
+        for (s, _) in &t.servers {
+            keys.insert(s.key, i);
+        }
+        for a in &t.addresses {
+            addrs.insert(*a, i);
+        }
+    }
+    (keys, addrs)
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    /// Promises 1-3 through the incremental engine: after each round of random changes, the ops
+    /// are accepted by the kernel model and bring it to what a fresh engine computes from
+    /// scratch; ops only touch Services that changed in that round; a round without changes
+    /// yields no ops.
+    #[test]
+    fn incremental_sync_matches_full_recompute_and_touches_only_changed(
+        start in arb_world(),
+        rounds in prop::collection::vec(
+            (prop::collection::btree_set(0..usize::from(N), 0..3), arb_world()), 1..5),
+    ) {
+        let mut inputs = Inputs::new(common::node()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        for (i, s) in start.iter().enumerate() {
+            load(&mut inputs, i, s)?;
+        }
+        let mut engine = Engine::new();
+        let mut kernel = Table::default();
+        let now = Duration::from_secs(1);
+        let ops = engine.sync(&mut inputs, now, &Idle);
+        kernel.apply_all(&ops).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(engine.sync(&mut inputs, now, &Idle).is_empty(), "no changes, no ops");
+
+        for (changed, world) in rounds {
+            let (old_keys, old_addrs) = owners(&inputs, usize::from(N));
+            for i in &changed {
+                load(&mut inputs, *i, &world[*i])?;
+            }
+            let (new_keys, new_addrs) = owners(&inputs, usize::from(N));
+            let ops = engine.sync(&mut inputs, now, &Idle);
+            for op in &ops {
+                let owner = match op {
+                    Op::AddAddress(a) | Op::RemoveAddress(a) => {
+                        old_addrs.get(a).or_else(|| new_addrs.get(a))
+                    }
+                    other => other.service().and_then(|k| old_keys.get(k).or_else(|| new_keys.get(k))),
+                };
+                let owner = owner.copied();
+                prop_assert!(
+                    owner.is_some_and(|o| changed.contains(&o)),
+                    "op {} touches service {:?}, changed were {:?}", op, owner, changed
+                );
+            }
+            kernel.apply_all(&ops).map_err(|e| TestCaseError::fail(e.to_string()))?;
+
+            // From scratch: a fresh engine resyncing against an empty kernel.
+            let mut fresh = Engine::new();
+            let mut scratch = Table::default();
+            let all = fresh.resync(&mut inputs.clone(), &Table::default(), now, &Idle);
+            scratch.apply_all(&all).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(&kernel, &scratch);
+            prop_assert_eq!(&kernel, &engine.desired_table());
+        }
+    }
+}
+
+/// The minimality promise for the engine path too, on a hand-made case: changing one endpoint
+/// of one Service among many yields exactly the ops for that endpoint.
+#[test]
+fn one_endpoint_change_is_one_op_per_virtual_server_it_backs() {
+    let mut inputs = Inputs::new(common::node()).expect("valid node");
+    for i in 0..50u8 {
+        let name = svc_name(usize::from(i));
+        inputs
+            .upsert_service(name.clone(), common::svc(&format!("10.96.0.{i}")))
+            .expect("valid");
+        inputs
+            .set_endpoints(name, vec![common::ep("10.1.0.1"), common::ep("10.1.0.2")])
+            .expect("valid");
+    }
+    let mut engine = Engine::new();
+    engine.sync(&mut inputs, Duration::ZERO, &Idle);
+    inputs
+        .set_endpoints(
+            svc_name(7),
+            vec![common::ep("10.1.0.1"), common::ep("10.1.0.3")],
+        )
+        .expect("valid");
+    let ops = engine.sync(&mut inputs, Duration::ZERO, &Idle);
+    let key = VirtualKey::inet(Protocol::Tcp, common::ip("10.96.0.7"), 80);
+    assert_eq!(
+        ops,
+        vec![
+            Op::AddDest {
+                service: key,
+                dest: RealServer::masq(common::ip("10.1.0.3"), 8080, 1)
+            },
+            Op::DeleteDest {
+                service: key,
+                dest: DestKey {
+                    addr: common::ip("10.1.0.2"),
+                    port: 8080
+                }
+            },
+        ]
+    );
+}
