@@ -284,7 +284,7 @@ impl Tree {
     /// Writes the tree as a newc archive, omitting the paths in `skip` (already present in an
     /// archive this one is appended to).
     pub(crate) fn write_newc(&self, out: &Path, skip: &BTreeSet<PathBuf>) -> Result<()> {
-        let tmp = out.with_extension("tmp");
+        let tmp = out.with_extension(format!("tmp{}", std::process::id()));
         let file = fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         let mut w = NewcWriter::new(BufWriter::new(file));
         for (path, entry) in &self.entries {
@@ -318,7 +318,7 @@ impl Tree {
         w.finish()?
             .into_inner()
             .map_err(|e| e.into_error())
-            .and_then(|f| f.sync_all())
+            .map(drop)
             .with_context(|| format!("writing {}", tmp.display()))?;
         fs::rename(&tmp, out).with_context(|| format!("renaming {}", tmp.display()))?;
         Ok(())

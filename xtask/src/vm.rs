@@ -82,7 +82,7 @@ while IFS= read -r mod; do
     *)
         name=${mod##*/}
         name=${name%.ko}
-        name=$(echo "$name" | tr - _)
+        name=${name//-/_}
         [ -d "/sys/module/$name" ] || insmod "/lib/modules/$kver/$mod" || echo "vm: insmod $mod failed"
         ;;
     esac
@@ -224,14 +224,18 @@ pub(crate) fn run(job: &Job) -> Result<Outcome> {
     if !job.forward_ports.is_empty() {
         overlay.add_bytes("/etc/vm/net", Vec::new(), 0o644)?;
     }
-    let run_dir = vm_dir.join("run");
+    // Per-process scratch, so two runs at once (a developer and CI) do not overwrite each
+    // other's image; only `last-run.log` is shared, by design.
+    let run_dir = vm_dir.join(format!("run-{}", std::process::id()));
     fs::create_dir_all(&run_dir)?;
     let overlay_path = run_dir.join("overlay.cpio");
     overlay.write_newc(&overlay_path, &base_paths)?;
     let initrd = run_dir.join("initrd.cpio");
     concat(&[&base_path, &overlay_path], &initrd)?;
     let log = vm_dir.join("last-run.log");
-    boot(job, &kernel, &initrd, &log)
+    let outcome = boot(job, &kernel, &initrd, &log);
+    let _ = fs::remove_dir_all(&run_dir);
+    outcome
 }
 
 /// The base tree: busybox, host tools with libraries, xtables plugins, kernel modules, `/init`.
