@@ -92,7 +92,17 @@ pub(crate) struct Kernel {
 
 /// Resolves, downloads (once) and prepares the guest kernel under `vm_dir/kernel/`.
 pub(crate) fn prepare(vm_dir: &Path) -> Result<Kernel> {
-    let version = resolve_version()?;
+    let version = match resolve_version() {
+        Ok(version) => version,
+        Err(err) => match cached_versions(vm_dir).as_slice() {
+            // Offline, or apt is broken: a single unpacked kernel is an unambiguous fallback.
+            [only] => {
+                eprintln!("xtask: {err:#}\nxtask: using the cached kernel {only}");
+                only.clone()
+            }
+            _ => return Err(err),
+        },
+    };
     let dir = vm_dir.join("kernel").join(&version);
     let root = dir.join("root");
     if !dir.join(".unpacked").exists() {
@@ -127,6 +137,18 @@ pub(crate) fn prepare(vm_dir: &Path) -> Result<Kernel> {
         load_order,
         missing,
     })
+}
+
+/// Kernel versions already unpacked under `vm_dir/kernel/`.
+fn cached_versions(vm_dir: &Path) -> Vec<String> {
+    let Ok(entries) = fs::read_dir(vm_dir.join("kernel")) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join(".unpacked").exists())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect()
 }
 
 /// Asks apt which kernel the metapackage currently depends on, refreshing the package lists once

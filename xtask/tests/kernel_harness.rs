@@ -96,3 +96,14 @@ fn loopback_is_up_in_the_test_namespace() {
     let shown = run("/usr/sbin/ip", &["-o", "link", "show", "lo"]);
     assert!(shown.contains("UP"), "{shown}");
 }
+
+/// `vm-test` ships the daemon for end-to-end tests; check it is there and that the dynamic
+/// loader finds all its libraries (fails under `vm-test --no-daemon`, which skips shipping it).
+#[test]
+fn daemon_binary_is_shipped_with_its_libraries() {
+    let daemon = "/usr/local/bin/kube-ipvs";
+    let meta = std::fs::metadata(daemon).unwrap_or_else(|e| panic!("{daemon}: {e}"));
+    assert!(meta.is_file(), "{daemon} is not a file");
+    let libs = run("/lib64/ld-linux-x86-64.so.2", &["--list", daemon]);
+    assert!(!libs.contains("not found"), "{libs}");
+}
