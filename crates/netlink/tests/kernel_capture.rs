@@ -6,42 +6,8 @@
 
 mod common;
 
-use common::{Case, cases, hex};
-use kube_ipvs_netlink::ipvs::{Destination, Flags, Ipvs, IpvsMessage, Service};
-
-pub fn same_service(got: &Service, want: &Service) {
-    assert_eq!(got.key, want.key);
-    assert_eq!(got.scheduler, want.scheduler, "scheduler of {}", want.key);
-    assert_eq!(got.pe_name, want.pe_name, "pe of {}", want.key);
-    assert_eq!(
-        got.flags.flags & !Flags::HASHED,
-        want.flags.flags,
-        "flags of {}",
-        want.key
-    );
-    assert_eq!(got.flags.mask, u32::MAX, "mask of {}", want.key);
-    assert_eq!(got.timeout, want.timeout, "timeout of {}", want.key);
-    assert_eq!(got.netmask, want.netmask, "netmask of {}", want.key);
-    assert!(
-        got.stats.is_some() && got.stats64.is_some(),
-        "stats of {}",
-        want.key
-    );
-}
-
-pub fn same_dest(got: &Destination, want: &Destination) {
-    assert_eq!((got.addr, got.port), (want.addr, want.port));
-    assert_eq!(got.forward, want.forward, "forward of {}", want.addr);
-    assert_eq!(got.weight, want.weight, "weight of {}", want.addr);
-    assert_eq!(got.upper_threshold, want.upper_threshold);
-    assert_eq!(got.lower_threshold, want.lower_threshold);
-    assert_eq!(
-        got.tunnel.unwrap_or_default(),
-        want.tunnel.unwrap_or_default(),
-        "tunnel of {}",
-        want.addr
-    );
-}
+use common::{Case, cases, hex, same_dest, same_service};
+use kube_ipvs_netlink::ipvs::{Destination, Ipvs, IpvsMessage, Service};
 
 #[test]
 fn capture_fixtures() {

@@ -66,6 +66,8 @@ pub struct IpvsConfig {
     pub ack_cost: usize,
     /// How requests are acknowledged.
     pub ack_mode: AckMode,
+    /// The generic netlink family to resolve; always "IPVS" except in tests of the missing-module path.
+    pub family_name: &'static str,
 }
 
 impl Default for IpvsConfig {
@@ -75,6 +77,7 @@ impl Default for IpvsConfig {
             sndbuf: 4 << 20,
             ack_cost: 1024,
             ack_mode: AckMode::Every,
+            family_name: "IPVS",
         }
     }
 }
@@ -101,6 +104,7 @@ pub struct Ipvs {
     max_batch_msgs: usize,
     ack_mode: AckMode,
     stats: BatchStats,
+    buffers: (usize, usize),
 }
 
 fn io_err(op: &str) -> impl FnOnce(io::Error) -> Error + '_ {
@@ -141,8 +145,9 @@ impl Ipvs {
             max_batch_msgs: (rcvbuf / config.ack_cost.max(1)).max(1),
             ack_mode: config.ack_mode,
             stats: BatchStats::default(),
+            buffers: (rcvbuf, sndbuf),
         };
-        ipvs.family = ipvs.resolve_family()?;
+        ipvs.family = ipvs.resolve_family(config.family_name)?;
         Ok(ipvs)
     }
 
@@ -158,6 +163,12 @@ impl Ipvs {
         (self.max_batch_bytes, self.max_batch_msgs)
     }
 
+    /// The receive and send buffer sizes the kernel granted (as it reports them, doubled).
+    #[must_use]
+    pub fn socket_buffers(&self) -> (usize, usize) {
+        self.buffers
+    }
+
     /// What `apply` has done so far.
     #[must_use]
     pub fn batch_stats(&self) -> BatchStats {
@@ -170,11 +181,11 @@ impl Ipvs {
         s
     }
 
-    fn resolve_family(&mut self) -> Result<u16> {
+    fn resolve_family(&mut self, name: &str) -> Result<u16> {
         const OP: &str = "resolve generic netlink family IPVS";
         let genl = GenlMessage::from_payload(GenlCtrl {
             cmd: GenlCtrlCmd::GetFamily,
-            nlas: vec![GenlCtrlAttrs::FamilyName("IPVS".to_owned())],
+            nlas: vec![GenlCtrlAttrs::FamilyName(name.to_owned())],
         });
         let mut header = NetlinkHeader::default();
         header.flags = NLM_F_REQUEST | NLM_F_ACK;
