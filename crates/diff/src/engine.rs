@@ -14,10 +14,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::time::Duration;
 
+use foldhash::fast::RandomState;
+
 use crate::desired::{ServiceTable, drains, service_table};
 use crate::model::{Inputs, ServiceName};
 use crate::table::{
-    DestKey, Op, RealServer, ServiceEntry, Table, VirtualKey, full_diff, order_ops,
+    DestKey, Op, RealServer, ServiceEntry, Table, VirtualKey, VirtualServer, diff_view, order_ops,
 };
 
 /// Connection counts (active + inactive) of real servers, as the kernel reports them. The
@@ -69,16 +71,19 @@ pub struct Conflict {
 #[derive(Debug, Default)]
 pub struct Engine {
     /// What each Service last got (only virtual servers it owns).
-    applied: HashMap<ServiceName, ServiceTable>,
+    applied: HashMap<ServiceName, ServiceTable, RandomState>,
     /// Who owns each virtual server.
-    owners: HashMap<VirtualKey, ServiceName>,
+    owners: HashMap<VirtualKey, ServiceName, RandomState>,
     /// Services waiting for a virtual server another Service owns.
-    waiting: HashMap<VirtualKey, BTreeSet<ServiceName>>,
+    waiting: HashMap<VirtualKey, BTreeSet<ServiceName>, RandomState>,
     /// How many Services need each `kube-ipvs0` address.
-    addr_refs: HashMap<IpAddr, u32>,
+    addr_refs: HashMap<IpAddr, u32, RandomState>,
     /// Real servers at weight 0, waiting to drain. Ordered so a virtual server's entries are a
     /// range.
     draining: BTreeMap<(VirtualKey, DestKey), Draining>,
+    /// Whether a sync has run; the first one computes every Service, whatever the inputs
+    /// recorded as changed.
+    started: bool,
 }
 
 impl Engine {
@@ -99,7 +104,8 @@ impl Engine {
     ) -> Vec<Op> {
         let changes = inputs.take_changes();
         let mut work: BTreeSet<ServiceName> = changes.services.into_iter().collect();
-        if changes.node {
+        if changes.node || !self.started {
+            self.started = true;
             work.extend(inputs.service_names().cloned());
             work.extend(self.applied.keys().cloned());
         }
@@ -393,17 +399,21 @@ impl Engine {
     /// real servers at weight 0. Walks everything; for plan/check, not for the sync path.
     pub fn desired_table(&self) -> Table {
         let mut t = Table::default();
-        for st in self.applied.values() {
-            for (s, dests) in &st.servers {
-                t.services.insert(
-                    s.key,
-                    ServiceEntry {
-                        server: *s,
-                        dests: dests.iter().map(|d| (d.key, *d)).collect(),
-                    },
-                );
-            }
-        }
+        // Sorting first lets the map be bulk-built instead of inserted into key by key.
+        let mut entries: Vec<(VirtualKey, ServiceEntry)> = self
+            .applied
+            .values()
+            .flat_map(|st| &st.servers)
+            .map(|(s, dests)| {
+                let entry = ServiceEntry {
+                    server: *s,
+                    dests: dests.iter().map(|d| (d.key, *d)).collect(),
+                };
+                (s.key, entry)
+            })
+            .collect();
+        entries.sort_unstable_by_key(|(k, _)| *k);
+        t.services = entries.into_iter().collect();
         for ((s, d), dr) in &self.draining {
             if let Some(e) = t.services.get_mut(s) {
                 e.dests.insert(*d, dr.dest);
@@ -413,8 +423,8 @@ impl Engine {
         t
     }
 
-    /// Full resync against what the kernel holds: recomputes every Service, then diffs the whole
-    /// desired table against `observed`, managing only what the engine owns (exclude CIDRs from
+    /// Full resync against what the kernel holds: brings the per-Service state up to date (every
+    /// Service on a new engine, the changed ones otherwise), then diffs the whole desired table against `observed`, managing only what the engine owns (exclude CIDRs from
     /// the node options; fwmark services are never touched). Real servers the kernel has and
     /// the desired table lacks drain gracefully as in [`Engine::sync`]; ones already at weight 0
     /// keep draining. Use at startup (adopting an existing table) and for drift repair.
@@ -425,37 +435,30 @@ impl Engine {
         now: Duration,
         counts: &dyn ConnectionCounts,
     ) -> Vec<Op> {
-        inputs.take_changes();
-        let previous_draining = std::mem::take(&mut self.draining);
-        self.applied.clear();
-        self.owners.clear();
-        self.waiting.clear();
-        self.addr_refs.clear();
-        let mut names: Vec<ServiceName> = inputs.service_names().cloned().collect();
-        names.sort();
-        let mut scratch_ops = Vec::new();
-        let mut work = BTreeSet::new();
-        let mut touched = HashMap::new();
-        for name in names {
-            let new = service_table(
-                inputs.service(&name),
-                inputs.endpoints(&name),
-                inputs.node(),
-            );
-            self.replace(
-                &name,
-                new,
-                now,
-                counts,
-                &mut scratch_ops,
-                &mut work,
-                &mut touched,
-            );
+        // Bring the per-Service state up to date with the inputs (all of it for a new engine).
+        // Its ops are dropped: the full diff below starts from what the kernel really holds.
+        // Draining entries are set aside first so the sync does not expire them on its own;
+        // the kernel's view below decides.
+        let mut previous_draining = std::mem::take(&mut self.draining);
+        let _ = self.sync(inputs, now, counts);
+        for (k, d) in std::mem::take(&mut self.draining) {
+            previous_draining.entry(k).or_insert(d);
         }
-        let desired = self.desired_table();
+        // The per-Service tables are diffed in key order without building a whole `Table`.
+        let mut servers: Vec<&(VirtualServer, Vec<RealServer>)> =
+            self.applied.values().flat_map(|st| &st.servers).collect();
+        servers.sort_unstable_by_key(|(s, _)| s.key);
+        let mut addresses: Vec<IpAddr> = self.addr_refs.keys().copied().collect();
+        addresses.sort_unstable();
         let options = &inputs.node().options;
+        let diff = diff_view(
+            servers.iter().map(|(s, d)| (s, d.iter())),
+            addresses,
+            observed,
+            &options.exclude_cidrs,
+        );
         let mut ops = Vec::new();
-        for op in full_diff(&desired, observed, &options.exclude_cidrs) {
+        for op in diff {
             let Op::DeleteDest { service, dest } = op else {
                 ops.push(op);
                 continue;

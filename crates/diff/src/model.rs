@@ -11,6 +11,8 @@
 //! last looked, which is what makes a sync cost work for the changed Services only.
 
 use std::collections::{HashMap, HashSet};
+
+use foldhash::fast::RandomState;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
@@ -769,9 +771,11 @@ fn merge_endpoints(mut endpoints: Vec<Endpoint>) -> Vec<Endpoint> {
 #[derive(Debug, Clone)]
 pub struct Inputs {
     node: NodeContext,
-    services: HashMap<ServiceName, ServiceInfo>,
-    endpoints: HashMap<ServiceName, Vec<Endpoint>>,
-    changed: HashSet<ServiceName>,
+    // foldhash: these maps are on every sync's path and SipHash showed up in profiles; its
+    // per-process random seed keeps keys from the API server from being chosen to collide.
+    services: HashMap<ServiceName, ServiceInfo, RandomState>,
+    endpoints: HashMap<ServiceName, Vec<Endpoint>, RandomState>,
+    changed: HashSet<ServiceName, RandomState>,
     node_changed: bool,
 }
 
@@ -779,7 +783,7 @@ pub struct Inputs {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Changes {
     /// Services whose object or endpoints changed (including removed ones).
-    pub services: HashSet<ServiceName>,
+    pub services: Vec<ServiceName>,
     /// Whether the node context changed; then every Service must be recomputed.
     pub node: bool,
 }
@@ -790,9 +794,9 @@ impl Inputs {
         node.validate()?;
         Ok(Self {
             node,
-            services: HashMap::new(),
-            endpoints: HashMap::new(),
-            changed: HashSet::new(),
+            services: HashMap::default(),
+            endpoints: HashMap::default(),
+            changed: HashSet::default(),
             node_changed: true,
         })
     }
@@ -881,7 +885,7 @@ impl Inputs {
     /// Takes the set of changes, leaving it empty.
     pub fn take_changes(&mut self) -> Changes {
         Changes {
-            services: std::mem::take(&mut self.changed),
+            services: self.changed.drain().collect(),
             node: std::mem::replace(&mut self.node_changed, false),
         }
     }
@@ -990,7 +994,7 @@ mod tests {
         );
         inputs.upsert_service(web(), info()).expect("valid");
         let ch = inputs.take_changes();
-        assert_eq!(ch.services, HashSet::from([web()]));
+        assert_eq!(ch.services, vec![web()]);
         inputs.upsert_service(web(), info()).expect("valid");
         assert!(!inputs.has_changes(), "an identical upsert is not a change");
         let ep = Endpoint::ready(

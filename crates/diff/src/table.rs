@@ -445,16 +445,14 @@ pub fn owned_addr(addr: IpAddr, exclude: &[Cidr]) -> bool {
     !exclude.iter().any(|c| c.contains(addr))
 }
 
-/// Merge-joins two sorted maps, calling `f` with each key's left and right values.
-fn merge_join<'a, K, A, B>(
-    left: impl IntoIterator<Item = (&'a K, &'a A)>,
-    right: impl IntoIterator<Item = (&'a K, &'a B)>,
-    mut f: impl FnMut(&'a K, Option<&'a A>, Option<&'a B>),
-) where
-    K: Ord + 'a,
-    A: 'a,
-    B: 'a,
-{
+/// Merge-joins two iterators sorted by key, calling `f` with each key's left and right items.
+pub(crate) fn merge_by<A, B, K: Ord>(
+    left: impl IntoIterator<Item = A>,
+    right: impl IntoIterator<Item = B>,
+    key_a: impl Fn(&A) -> K,
+    key_b: impl Fn(&B) -> K,
+    mut f: impl FnMut(Option<A>, Option<B>),
+) {
     let mut l = left.into_iter().peekable();
     let mut r = right.into_iter().peekable();
     loop {
@@ -462,41 +460,39 @@ fn merge_join<'a, K, A, B>(
             (None, None) => break,
             (Some(_), None) => Ordering::Less,
             (None, Some(_)) => Ordering::Greater,
-            (Some((a, _)), Some((b, _))) => a.cmp(b),
+            (Some(a), Some(b)) => key_a(a).cmp(&key_b(b)),
         };
         match ord {
-            Ordering::Less => {
-                if let Some((k, a)) = l.next() {
-                    f(k, Some(a), None);
-                }
-            }
-            Ordering::Greater => {
-                if let Some((k, b)) = r.next() {
-                    f(k, None, Some(b));
-                }
-            }
-            Ordering::Equal => {
-                if let (Some((k, a)), Some((_, b))) = (l.next(), r.next()) {
-                    f(k, Some(a), Some(b));
-                }
-            }
+            Ordering::Less => f(l.next(), None),
+            Ordering::Greater => f(None, r.next()),
+            Ordering::Equal => f(l.next(), r.next()),
         }
     }
 }
 
-/// The ops that take the real servers `old` to `new` within one existing virtual server.
-pub(crate) fn diff_dests<'a>(
+/// The ops that take the real servers `old` to `new` within one existing virtual server; both
+/// sorted by key.
+fn diff_dests<'a, 'b>(
     service: VirtualKey,
-    old: impl IntoIterator<Item = (&'a DestKey, &'a RealServer)>,
-    new: impl IntoIterator<Item = (&'a DestKey, &'a RealServer)>,
+    old: impl IntoIterator<Item = &'a RealServer>,
+    new: impl IntoIterator<Item = &'b RealServer>,
     ops: &mut Vec<Op>,
 ) {
-    merge_join(old, new, |k, o, n| match (o, n) {
-        (Some(_), None) => ops.push(Op::DeleteDest { service, dest: *k }),
-        (None, Some(n)) => ops.push(Op::AddDest { service, dest: *n }),
-        (Some(o), Some(n)) if o != n => ops.push(Op::UpdateDest { service, dest: *n }),
-        _ => {}
-    });
+    merge_by(
+        old,
+        new,
+        |d| d.key,
+        |d| d.key,
+        |o, n| match (o, n) {
+            (Some(o), None) => ops.push(Op::DeleteDest {
+                service,
+                dest: o.key,
+            }),
+            (None, Some(n)) => ops.push(Op::AddDest { service, dest: *n }),
+            (Some(o), Some(n)) if o != n => ops.push(Op::UpdateDest { service, dest: *n }),
+            _ => {}
+        },
+    );
 }
 
 /// The full diff: the minimal ops that take `observed` to `desired`, touching only what the
@@ -504,39 +500,68 @@ pub(crate) fn diff_dests<'a>(
 /// or a real server; deleting a virtual server covers its real servers. The result is ordered
 /// with [`order_ops`]. Graceful termination is not applied here (the engine does that).
 pub fn full_diff(desired: &Table, observed: &Table, exclude: &[Cidr]) -> Vec<Op> {
+    diff_view(
+        desired
+            .services
+            .values()
+            .map(|e| (&e.server, e.dests.values())),
+        desired.addresses.iter().copied(),
+        observed,
+        exclude,
+    )
+}
+
+/// [`full_diff`] over any sorted view of the desired state, so the engine can diff its
+/// per-Service tables without first building a [`Table`]: `services` sorted by key with their
+/// real servers sorted by key, `addresses` sorted.
+pub(crate) fn diff_view<'a, I>(
+    services: impl IntoIterator<Item = (&'a VirtualServer, I)>,
+    addresses: impl IntoIterator<Item = IpAddr>,
+    observed: &Table,
+    exclude: &[Cidr],
+) -> Vec<Op>
+where
+    I: IntoIterator<Item = &'a RealServer>,
+{
     let mut ops = Vec::new();
-    merge_join(
-        observed.addresses.iter().map(|a| (a, &())),
-        desired.addresses.iter().map(|a| (a, &())),
-        |a, o, d| match (o, d) {
-            (None, Some(_)) => ops.push(Op::AddAddress(*a)),
-            (Some(_), None) if owned_addr(*a, exclude) => ops.push(Op::RemoveAddress(*a)),
+    merge_by(
+        observed.addresses.iter().copied(),
+        addresses,
+        |a| *a,
+        |a| *a,
+        |o, d| match (o, d) {
+            (None, Some(a)) => ops.push(Op::AddAddress(a)),
+            (Some(a), None) if owned_addr(a, exclude) => ops.push(Op::RemoveAddress(a)),
             _ => {}
         },
     );
-    merge_join(&observed.services, &desired.services, |k, o, d| {
-        match (o, d) {
-            (None, Some(d)) => {
-                ops.push(Op::AddService(d.server));
-                ops.extend(d.dests.values().map(|dest| Op::AddDest {
-                    service: *k,
+    merge_by(
+        &observed.services,
+        services,
+        |(k, _)| **k,
+        |(s, _)| s.key,
+        |o, d| match (o, d) {
+            (None, Some((server, dests))) => {
+                ops.push(Op::AddService(*server));
+                ops.extend(dests.into_iter().map(|dest| Op::AddDest {
+                    service: server.key,
                     dest: *dest,
                 }));
             }
-            (Some(_), None) => {
+            (Some((k, _)), None) => {
                 if owned_key(k, exclude) {
                     ops.push(Op::DeleteService(*k));
                 }
             }
-            (Some(o), Some(d)) => {
-                if o.server != d.server {
-                    ops.push(Op::UpdateService(d.server));
+            (Some((k, o)), Some((server, dests))) => {
+                if o.server != *server {
+                    ops.push(Op::UpdateService(*server));
                 }
-                diff_dests(*k, &o.dests, &d.dests, &mut ops);
+                diff_dests(*k, o.dests.values(), dests, &mut ops);
             }
             (None, None) => {}
-        }
-    });
+        },
+    );
     order_ops(&mut ops);
     ops
 }
