@@ -15,7 +15,7 @@ use anyhow::{Result, bail};
 
 const USAGE: &str = "usage: cargo xtask <command>
   ci [--no-vm]                      fmt, clippy, tests, kernel-test clippy, vm-test (timed)
-  vm-test [FILTER] [--timeout S] [--test-timeout S] [--no-daemon]
+  vm-test [FILTER] [--timeout S] [--test-timeout S] [--no-daemon] [--forward PORT]...
                                     run the kernel tests in a QEMU guest
   vm-run [--mem MIB] [--timeout S] [--forward PORT]... 'SCRIPT'
                                     run a shell snippet in the guest

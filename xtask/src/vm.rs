@@ -91,6 +91,7 @@ done < /etc/vm/modules
 if [ -e /etc/vm/net ]; then
     # User-mode networking: reach forwarded host ports at 10.0.2.100; there is no default route.
     /usr/sbin/ip link set eth0 up && /usr/sbin/ip addr add 10.0.2.15/24 dev eth0
+    export KUBE_IPVS_HOST_ADDR=10.0.2.100
 fi
 echo "##vm:ready uptime=$(cut -d' ' -f1 /proc/uptime)"
 cd /tmp

@@ -75,6 +75,7 @@ struct Options {
     timeout: Duration,
     test_timeout: u64,
     daemon: bool,
+    forward_ports: Vec<u16>,
 }
 
 pub(crate) fn command(args: &[String]) -> Result<()> {
@@ -83,6 +84,7 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
         timeout: Duration::from_secs(900),
         test_timeout: 120,
         daemon: true,
+        forward_ports: Vec::new(),
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -92,8 +94,11 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
             }
             "--test-timeout" => options.test_timeout = vm::parse_next(&mut it, "--test-timeout")?,
             "--no-daemon" => options.daemon = false,
+            "--forward" => options
+                .forward_ports
+                .push(vm::parse_next(&mut it, "--forward")?),
             s if s.starts_with("--") => bail!(
-                "vm-test: unknown option {s:?}; usage: cargo xtask vm-test [FILTER] [--timeout SECS] [--test-timeout SECS] [--no-daemon]"
+                "vm-test: unknown option {s:?}; usage: cargo xtask vm-test [FILTER] [--timeout SECS] [--test-timeout SECS] [--no-daemon] [--forward PORT]..."
             ),
             s => {
                 if options.filter.replace(s.to_owned()).is_some() {
@@ -235,6 +240,7 @@ fn vm_test(options: &Options) -> Result<()> {
     let mut job = Job::new("vm-test", RUNNER.to_owned());
     job.executables = files;
     job.timeout = options.timeout;
+    job.forward_ports = options.forward_ports.clone();
     job.data.push((
         "/etc/ktest/filter".into(),
         options.filter.clone().unwrap_or_default().into_bytes(),
