@@ -19,6 +19,8 @@ const USAGE: &str = "usage: cargo xtask <command>
                                     run the kernel tests in a QEMU guest
   vm-run [--mem MIB] [--timeout S] [--forward PORT]... 'SCRIPT'
                                     run a shell snippet in the guest
+  vm-shell [--mem MIB] [--forward PORT]...
+                                    interactive root shell in the guest
   bench netlink [-- ARGS]           ipvs-bench in the guest (default --services 10000 --dests 10)
   bench diff|watch [ARGS]           cargo bench of kube-ipvs-diff / kube-ipvs-watch";
 
@@ -31,6 +33,7 @@ fn main() -> Result<()> {
         "ci" => ci::command(rest),
         "vm-test" => vmtest::command(rest),
         "vm-run" => vm::vm_run_command(rest),
+        "vm-shell" => vm::vm_shell_command(rest),
         "bench" => bench::command(rest),
         "help" | "--help" | "-h" => {
             println!("{USAGE}");

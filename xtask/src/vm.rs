@@ -127,8 +127,8 @@ pub(crate) struct Job {
     /// Host TCP ports the guest may reach at `10.0.2.100:PORT` (QEMU user networking with
     /// `restrict=on`, one `guestfwd` each). Empty: the guest has no network device at all.
     pub(crate) forward_ports: Vec<u16>,
-    /// Echo the console to our stdout while it runs.
-    pub(crate) stream: bool,
+    /// Hand the terminal to the guest (for `vm-shell`): no timeout, no log, no marker parsing.
+    pub(crate) interactive: bool,
 }
 
 impl Job {
@@ -142,7 +142,7 @@ impl Job {
             cpus: 2,
             timeout: Duration::from_secs(900),
             forward_ports: Vec::new(),
-            stream: true,
+            interactive: false,
         }
     }
 }
@@ -382,6 +382,20 @@ fn qemu_command(job: &Job, kernel: &Kernel, initrd: &Path) -> Command {
 
 fn boot(job: &Job, kernel: &Kernel, initrd: &Path, log_path: &Path) -> Result<Outcome> {
     let mut cmd = qemu_command(job, kernel, initrd);
+    if job.interactive {
+        eprintln!("xtask: booting a shell; leave with `exit` (or Ctrl-A X)");
+        let started = Instant::now();
+        let status = cmd.status().context("starting qemu-system-x86_64")?;
+        return Ok(Outcome {
+            lines: Vec::new(),
+            guest_rc: status.success().then_some(0),
+            timed_out: false,
+            kernel_panic: false,
+            ready_after: None,
+            elapsed: started.elapsed(),
+            log: log_path.to_path_buf(),
+        });
+    }
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -422,11 +436,9 @@ fn boot(job: &Job, kernel: &Kernel, initrd: &Path, log_path: &Path) -> Result<Ou
         match rx.recv_timeout(deadline - now) {
             Ok(chunk) => {
                 log.write_all(&chunk)?;
-                if job.stream {
-                    let mut out = stdout.lock();
-                    out.write_all(&chunk)?;
-                    out.flush()?;
-                }
+                let mut out = stdout.lock();
+                out.write_all(&chunk)?;
+                out.flush()?;
                 pending.extend_from_slice(&chunk);
                 while let Some(pos) = pending.iter().position(|&b| b == b'\n') {
                     let line: Vec<u8> = pending.drain(..=pos).collect();
@@ -511,6 +523,24 @@ fn spawn_reader(
             }
         }
     })
+}
+
+/// `cargo xtask vm-shell [--mem MIB] [--forward PORT]...`: an interactive root shell in the guest,
+/// with the same tools and modules the tests get.
+pub(crate) fn vm_shell_command(args: &[String]) -> Result<()> {
+    // `cttyhack` gives the shell the serial console as its controlling terminal, so Ctrl-C
+    // reaches the foreground command instead of nothing.
+    let mut job = Job::new("vm-shell", "exec setsid cttyhack /bin/sh -l\n".to_owned());
+    job.interactive = true;
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--mem" => job.memory_mib = parse_next(&mut it, "--mem")?,
+            "--forward" => job.forward_ports.push(parse_next(&mut it, "--forward")?),
+            other => bail!("vm-shell: unknown argument {other:?}"),
+        }
+    }
+    run(&job).map(drop)
 }
 
 /// `cargo xtask vm-run [--mem MIB] [--timeout SECS] [--forward PORT]... SCRIPT`: runs a shell
