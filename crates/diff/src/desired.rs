@@ -126,8 +126,18 @@ pub fn service_table(
             .iter()
             .filter_map(|e| e.port_for(&port.name, port.protocol).map(|p| (e, p)))
             .collect();
-        let cluster = cluster_backends(&backends, node, &topology_zone_hints);
-        let local = local_backends(&backends, node);
+        // Each list is only built if a policy uses it; Cluster/Cluster is the common case.
+        let uses = |p| info.internal_traffic_policy == p || info.external_traffic_policy == p;
+        let cluster = if uses(TrafficPolicy::Cluster) {
+            cluster_backends(&backends, node, &topology_zone_hints)
+        } else {
+            Vec::new()
+        };
+        let local = if uses(TrafficPolicy::Local) {
+            local_backends(&backends, node)
+        } else {
+            Vec::new()
+        };
         let internal = match info.internal_traffic_policy {
             TrafficPolicy::Cluster => &cluster,
             TrafficPolicy::Local => &local,
@@ -224,21 +234,27 @@ fn node_hinted(e: &Endpoint, derive: Derive, node: &str) -> Option<bool> {
 /// kube-proxy's `topologyModeFromHints`: node hints win if every ready endpoint has them and
 /// one names this node; then zone hints likewise; else no topology.
 fn topology(backends: &Backends<'_>, node: &NodeContext, derive: Derive) -> Topology {
-    let ready = || backends.iter().filter(|(e, _)| e.ready);
-    let node_hints: Option<Vec<bool>> = ready()
-        .map(|(e, _)| node_hinted(e, derive, &node.node_name))
-        .collect();
-    if node_hints.is_some_and(|h| h.contains(&true)) {
-        return Topology::Node;
-    }
-    if let Some(zone) = node.zone.as_deref() {
-        let zone_hints: Option<Vec<bool>> =
-            ready().map(|(e, _)| zone_hinted(e, derive, zone)).collect();
-        if zone_hints.is_some_and(|h| h.contains(&true)) {
-            return Topology::Zone;
+    // Per hint kind: whether every ready endpoint has hints, and whether one names us.
+    let (mut all_node, mut any_node) = (true, false);
+    let (mut all_zone, mut any_zone) = (true, false);
+    let zone = node.zone.as_deref();
+    for (e, _) in backends.iter().filter(|(e, _)| e.ready) {
+        match node_hinted(e, derive, &node.node_name) {
+            None => all_node = false,
+            Some(hit) => any_node |= hit,
+        }
+        match zone.map(|z| zone_hinted(e, derive, z)) {
+            None | Some(None) => all_zone = false,
+            Some(Some(hit)) => any_zone |= hit,
         }
     }
-    Topology::None
+    if all_node && any_node {
+        Topology::Node
+    } else if all_zone && any_zone {
+        Topology::Zone
+    } else {
+        Topology::None
+    }
 }
 
 /// Endpoints for a Cluster policy (rules 2 and 5).

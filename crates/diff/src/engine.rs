@@ -12,6 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use foldhash::fast::RandomState;
@@ -71,9 +72,9 @@ pub struct Conflict {
 #[derive(Debug, Default)]
 pub struct Engine {
     /// What each Service last got (only virtual servers it owns).
-    applied: HashMap<ServiceName, ServiceTable, RandomState>,
+    applied: HashMap<Arc<ServiceName>, ServiceTable, RandomState>,
     /// Who owns each virtual server.
-    owners: HashMap<VirtualKey, ServiceName, RandomState>,
+    owners: HashMap<VirtualKey, Arc<ServiceName>, RandomState>,
     /// Services waiting for a virtual server another Service owns.
     waiting: HashMap<VirtualKey, BTreeSet<ServiceName>, RandomState>,
     /// How many Services need each `kube-ipvs0` address.
@@ -107,7 +108,7 @@ impl Engine {
         if changes.node || !self.started {
             self.started = true;
             work.extend(inputs.service_names().cloned());
-            work.extend(self.applied.keys().cloned());
+            work.extend(self.applied.keys().map(|n| ServiceName::clone(n)));
         }
         let mut ops = Vec::new();
         let mut addr_touched: HashMap<IpAddr, bool> = HashMap::new();
@@ -174,7 +175,7 @@ impl Engine {
             .filter_map(|(key, w)| {
                 Some(Conflict {
                     key: *key,
-                    owner: self.owners.get(key)?.clone(),
+                    owner: ServiceName::clone(self.owners.get(key)?),
                     waiting: w.iter().cloned().collect(),
                 })
             })
@@ -195,7 +196,11 @@ impl Engine {
         work: &mut BTreeSet<ServiceName>,
         addr_touched: &mut HashMap<IpAddr, bool>,
     ) {
-        let old = self.applied.remove(name).unwrap_or_default();
+        // Names are shared (one allocation per Service, not one per virtual server it owns).
+        let (owner, old) = match self.applied.remove_entry(name) {
+            Some((owner, old)) => (owner, old),
+            None => (Arc::new(name.clone()), ServiceTable::default()),
+        };
         // Forget earlier waits of this Service; they are re-registered below if still wanted.
         // (Its stored table holds only keys it owns, so it waits on none of those.)
         self.waiting.retain(|_, w| {
@@ -203,7 +208,7 @@ impl Engine {
             !w.is_empty()
         });
         new.servers.retain(|(s, _)| match self.owners.get(&s.key) {
-            Some(owner) if owner != name => {
+            Some(o) if **o != *name => {
                 self.waiting.entry(s.key).or_default().insert(name.clone());
                 false
             }
@@ -227,7 +232,7 @@ impl Engine {
                 }
                 std::cmp::Ordering::Greater => {
                     if let Some((n, dests)) = new_it.next() {
-                        self.owners.insert(n.key, name.clone());
+                        self.owners.insert(n.key, Arc::clone(&owner));
                         ops.push(Op::AddService(*n));
                         for d in dests {
                             ops.push(Op::AddDest {
@@ -269,7 +274,7 @@ impl Engine {
         }
 
         if !new.servers.is_empty() || !new.addresses.is_empty() {
-            self.applied.insert(name.clone(), new);
+            self.applied.insert(owner, new);
         }
     }
 
@@ -282,7 +287,7 @@ impl Engine {
         ops: &mut Vec<Op>,
         work: &mut BTreeSet<ServiceName>,
     ) {
-        if self.owners.get(&key) == Some(name) {
+        if self.owners.get(&key).is_some_and(|o| **o == *name) {
             self.owners.remove(&key);
         }
         ops.push(Op::DeleteService(key));
