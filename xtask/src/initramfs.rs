@@ -6,7 +6,7 @@
 //! does. The archive is uncompressed on purpose: under TCG, inflating gzip in the guest costs
 //! more boot time than reading the larger image.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, BufWriter, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -46,10 +46,6 @@ pub(crate) struct Tree {
 }
 
 impl Tree {
-    pub(crate) fn paths(&self) -> BTreeSet<PathBuf> {
-        self.entries.keys().cloned().collect()
-    }
-
     #[cfg(test)]
     pub(crate) fn contains(&self, path: &Path) -> bool {
         self.entries.contains_key(path)
@@ -281,14 +277,15 @@ impl Tree {
         Ok(())
     }
 
-    /// Writes the tree as a newc archive, omitting the paths in `skip` (already present in an
-    /// archive this one is appended to).
-    pub(crate) fn write_newc(&self, out: &Path, skip: &BTreeSet<PathBuf>) -> Result<()> {
+    /// Writes the tree as a newc archive, omitting entries that `base` holds identically (this
+    /// archive is appended to base's). An entry that differs is written, so it replaces the
+    /// base's when the kernel unpacks the second archive.
+    pub(crate) fn write_newc(&self, out: &Path, base: Option<&Tree>) -> Result<()> {
         let tmp = out.with_extension(format!("tmp{}", std::process::id()));
         let file = fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         let mut w = NewcWriter::new(BufWriter::new(file));
         for (path, entry) in &self.entries {
-            if skip.contains(path) {
+            if base.is_some_and(|b| b.entries.get(path) == Some(entry)) {
                 continue;
             }
             let name = path.strip_prefix("/").unwrap_or(path);
@@ -482,6 +479,29 @@ mod tests {
         assert_eq!(&console[6 + 9 * 8..6 + 10 * 8], "00000005");
         assert_eq!(&console[6 + 10 * 8..6 + 11 * 8], "00000001");
         assert!(text.contains("TRAILER!!!"));
+        Ok(())
+    }
+
+    #[test]
+    fn overlay_omits_only_identical_base_entries() -> Result<()> {
+        let mut base = Tree::default();
+        base.add_bytes("/etc/same", b"x".to_vec(), 0o644)?;
+        base.add_bytes("/etc/changed", b"old".to_vec(), 0o644)?;
+        let mut overlay = Tree::default();
+        overlay.add_bytes("/etc/same", b"x".to_vec(), 0o644)?;
+        overlay.add_bytes("/etc/changed", b"new".to_vec(), 0o644)?;
+        overlay.add_bytes("/job/run.sh", b"true".to_vec(), 0o755)?;
+        let out = std::env::temp_dir().join(format!("xtask-overlay-{}.cpio", std::process::id()));
+        overlay.write_newc(&out, Some(&base))?;
+        let text = String::from_utf8_lossy(&fs::read(&out)?).into_owned();
+        fs::remove_file(&out)?;
+        assert!(!text.contains("etc/same"));
+        assert!(
+            !text.contains("etc\0"),
+            "the shared /etc directory is not repeated"
+        );
+        assert!(text.contains("etc/changed\0") && text.contains("new"));
+        assert!(text.contains("job/run.sh\0"));
         Ok(())
     }
 

@@ -207,7 +207,7 @@ pub(crate) fn run(job: &Job) -> Result<Outcome> {
             kernel.missing.join(", ")
         );
     }
-    let (base_path, base_paths) = base_image(&vm_dir, &kernel)?;
+    let (base_path, base) = base_image(&vm_dir, &kernel)?;
 
     let mut overlay = Tree::default();
     for exe in &job.executables {
@@ -215,7 +215,7 @@ pub(crate) fn run(job: &Job) -> Result<Outcome> {
             bail!("{} does not exist", exe.host.display());
         }
         // Libraries land at their host paths through the same symlinks as in the base; whatever
-        // the base already holds is left out when the overlay is written.
+        // the base already holds identically is left out when the overlay is written.
         overlay.add_host_elf_as(&exe.host, &exe.guest)?;
     }
     for (path, bytes) in &job.data {
@@ -230,7 +230,7 @@ pub(crate) fn run(job: &Job) -> Result<Outcome> {
     let run_dir = vm_dir.join(format!("run-{}", std::process::id()));
     fs::create_dir_all(&run_dir)?;
     let overlay_path = run_dir.join("overlay.cpio");
-    overlay.write_newc(&overlay_path, &base_paths)?;
+    overlay.write_newc(&overlay_path, Some(&base))?;
     let initrd = run_dir.join("initrd.cpio");
     concat(&[&base_path, &overlay_path], &initrd)?;
     let log = vm_dir.join("last-run.log");
@@ -307,10 +307,7 @@ fn base_tree(kernel: &Kernel) -> Result<Tree> {
 }
 
 /// Returns the cached base archive for this kernel and host, building it if its inputs changed.
-fn base_image(
-    vm_dir: &Path,
-    kernel: &Kernel,
-) -> Result<(PathBuf, std::collections::BTreeSet<PathBuf>)> {
+fn base_image(vm_dir: &Path, kernel: &Kernel) -> Result<(PathBuf, Tree)> {
     let tree = base_tree(kernel)?;
     let mut key = Fnv::default();
     key.str(LAYOUT_VERSION).str(&kernel.version);
@@ -324,14 +321,14 @@ fn base_image(
         for old in fs::read_dir(&dir)?.filter_map(|e| e.ok().map(|e| e.path())) {
             let _ = fs::remove_file(old);
         }
-        tree.write_newc(&path, &Default::default())?;
+        tree.write_newc(&path, None)?;
         eprintln!(
             "xtask: built base image {} in {}",
             path.display(),
             secs(started.elapsed())
         );
     }
-    Ok((path, tree.paths()))
+    Ok((path, tree))
 }
 
 fn concat(parts: &[&Path], out: &Path) -> Result<()> {
