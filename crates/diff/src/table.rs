@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 
-use crate::model::{Cidr, Protocol, Scheduler};
+use crate::model::{Cidr, Protocol, Scheduler, SchedulerKind};
 
 /// `IP_VS_SVC_F_PERSISTENT`.
 pub const FLAG_PERSISTENT: u32 = 0x1;
@@ -125,6 +125,39 @@ impl VirtualServer {
             flags |= FLAG_SCHED2;
         }
         flags
+    }
+
+    /// A virtual server as the kernel reports it (`SCHED_NAME`, `FLAGS`, `TIMEOUT`, `NETMASK`
+    /// as a prefix length), for building an observed [`Table`] from a dump. The sh/mh flag bits
+    /// are read only for sh and mh; the HASHED bit and others the engine never sets are
+    /// ignored. A scheduler the engine does not know is an error naming the virtual server, so
+    /// the caller can decide (e.g. treat the entry as foreign).
+    pub fn from_kernel(
+        key: VirtualKey,
+        sched_name: &str,
+        flags: u32,
+        timeout: u32,
+        netmask: u8,
+    ) -> crate::Result<Self> {
+        let kind =
+            SchedulerKind::from_name(sched_name).ok_or_else(|| crate::Error::InvalidScheduler {
+                input: sched_name.to_owned(),
+                reason: format!(
+                    "virtual server {key} uses a scheduler this engine does not manage"
+                ),
+            })?;
+        let hashing = matches!(kind, SchedulerKind::Sh | SchedulerKind::Mh);
+        let scheduler = Scheduler::with_flags(
+            kind,
+            hashing && flags & FLAG_SCHED1 != 0,
+            hashing && flags & FLAG_SCHED2 != 0,
+        )?;
+        Ok(Self {
+            key,
+            scheduler,
+            persistence: (flags & FLAG_PERSISTENT != 0).then_some(timeout),
+            netmask,
+        })
     }
 
     /// The persistence timeout as the kernel stores it (0 when not persistent).
@@ -608,6 +641,24 @@ mod tests {
             "update service TCP 10.96.0.10:80 mh:fallback,port persistent 10800"
         );
         assert_eq!(p.flags(), FLAG_PERSISTENT | FLAG_SCHED1 | FLAG_SCHED2);
+    }
+
+    #[test]
+    fn from_kernel_reads_flags_back() {
+        let v = VirtualServer {
+            persistence: Some(300),
+            scheduler: "sh:fallback,port".parse().expect("valid"),
+            ..vs("10.96.0.10", 80)
+        };
+        // The kernel adds HASHED (0x2) to every dumped service.
+        let back = VirtualServer::from_kernel(v.key, "sh", v.flags() | 0x2, 300, 32)
+            .expect("known scheduler");
+        assert_eq!(back, v);
+        // SCHED1 on rr means nothing to rr and is not read back as a flag.
+        let rr = VirtualServer::from_kernel(v.key, "rr", FLAG_SCHED1, 0, 32).expect("known");
+        assert_eq!(rr, vs("10.96.0.10", 80));
+        let err = VirtualServer::from_kernel(v.key, "none", 0, 0, 32).expect_err("unknown");
+        assert!(err.to_string().contains("TCP 10.96.0.10:80"), "{err}");
     }
 
     #[test]
