@@ -38,7 +38,7 @@ const TOOLS: &[(&str, &str)] = &[
 
 fn install_command() -> String {
     format!(
-        "apt-get update && apt-get install -y {}",
+        "apt-get update && apt-get install -y --no-install-recommends {}",
         PACKAGES.join(" ")
     )
 }
