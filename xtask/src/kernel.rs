@@ -126,8 +126,8 @@ pub(crate) fn prepare(vm_dir: &Path) -> Result<Kernel> {
     }
     let staged = dir.join(format!("staged-{}", key.hex()));
     let modules_dir = staged.join("lib/modules").join(&version);
-    if !staged.join(".complete").exists() {
-        stage(&full_modules, &staged, &modules_dir, &version, &load_order)?;
+    if !staged.with_extension("complete").exists() {
+        stage(&full_modules, &staged, &version, &load_order)?;
     }
     let load_order = load_order.iter().map(|m| plain_module_path(m)).collect();
     Ok(Kernel {
@@ -181,10 +181,14 @@ fn parse_depends(text: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// Downloads and unpacks the kernel package. Works in per-process scratch directories and
+/// renames the result into place, so two first runs at once cannot see a half-unpacked tree.
 fn unpack(version: &str, dir: &Path, root: &Path) -> Result<()> {
-    let download = dir.join("download");
+    let pid = std::process::id();
+    let download = dir.join(format!("download.tmp{pid}"));
+    let scratch = dir.join(format!("root.tmp{pid}"));
     let _ = fs::remove_dir_all(&download);
-    let _ = fs::remove_dir_all(root);
+    let _ = fs::remove_dir_all(&scratch);
     fs::create_dir_all(&download).with_context(|| format!("creating {}", download.display()))?;
     let package = format!("linux-image-{version}");
     eprintln!("xtask: downloading {package}");
@@ -197,25 +201,35 @@ fn unpack(version: &str, dir: &Path, root: &Path) -> Result<()> {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|e| e == "deb"))
         .with_context(|| format!("apt-get download {package} produced no .deb"))?;
-    util::run(Command::new("dpkg").arg("-x").arg(&deb).arg(root))?;
+    util::run(Command::new("dpkg").arg("-x").arg(&deb).arg(&scratch))?;
     // Debian generates modules.dep in the package's postinst, so the .deb does not carry it.
-    util::run(Command::new("depmod").arg("-b").arg(root).arg(version))?;
+    util::run(Command::new("depmod").arg("-b").arg(&scratch).arg(version))?;
     fs::remove_dir_all(&download)?;
-    fs::write(dir.join(".unpacked"), version)?;
+    publish(&scratch, root, &dir.join(".unpacked"))
+}
+
+/// Moves a finished scratch directory to `dest` and writes the `stamp` that marks it complete,
+/// unless another process finished first (then its copy is kept and ours dropped).
+fn publish(scratch: &Path, dest: &Path, stamp: &Path) -> Result<()> {
+    if stamp.exists() {
+        fs::remove_dir_all(scratch)?;
+        return Ok(());
+    }
+    // A destination without a stamp is the leftover of an interrupted run.
+    let _ = fs::remove_dir_all(dest);
+    fs::rename(scratch, dest)
+        .with_context(|| format!("moving {} to {}", scratch.display(), dest.display()))?;
+    fs::write(stamp, "")?;
     Ok(())
 }
 
 /// Copies the selected modules into a fresh tree, decompressing them (busybox's `insmod` and
 /// `modprobe` cannot read `.ko.xz`/`.ko.zst`), and runs depmod over the result so the guest's
 /// `modprobe` also works for them.
-fn stage(
-    full: &Path,
-    staged: &Path,
-    modules_dir: &Path,
-    version: &str,
-    order: &[String],
-) -> Result<()> {
-    let _ = fs::remove_dir_all(staged);
+fn stage(full: &Path, staged: &Path, version: &str, order: &[String]) -> Result<()> {
+    let scratch = staged.with_extension(format!("tmp{}", std::process::id()));
+    let _ = fs::remove_dir_all(&scratch);
+    let modules_dir = scratch.join("lib/modules").join(version);
     for rel in order {
         let src = full.join(rel);
         let dst = modules_dir.join(plain_module_path(rel));
@@ -241,9 +255,9 @@ fn stage(
             fs::copy(&src, modules_dir.join(file))?;
         }
     }
-    util::run(Command::new("depmod").arg("-b").arg(staged).arg(version))?;
-    fs::write(staged.join(".complete"), "")?;
-    Ok(())
+    util::run(Command::new("depmod").arg("-b").arg(&scratch).arg(version))?;
+    let stamp = staged.with_extension("complete");
+    publish(&scratch, staged, &stamp)
 }
 
 fn decompress(tool: &str, src: &Path) -> Result<Vec<u8>> {
