@@ -13,9 +13,9 @@
 //!    the ClusterIP has no real servers (traffic is dropped), as the API documents.
 //! 4. **`externalTrafficPolicy: Local`**: NodePorts, externalIPs and LoadBalancer IPs use only
 //!    endpoints on this node; with none they have no real servers. *kube-proxy IPVS differs*:
-//!    historically it fell back to all endpoints when a node had no local one, and since IPVS
-//!    cannot tell a pod's traffic from external traffic, neither mode here short-circuits pod
-//!    traffic to external IPs to cluster endpoints as iptables mode does.
+//!    it falls back to all endpoints when a node has no local one. And since a virtual server
+//!    cannot tell a pod's traffic from external traffic, pod traffic to external IPs is not
+//!    short-circuited to cluster endpoints as iptables mode does.
 //! 5. **Topology** (KEP-2433 hints, KEP-4444 `trafficDistribution`): for Cluster policies, if
 //!    every ready endpoint has node hints and one names this node, only those are used;
 //!    otherwise if every ready endpoint has zone hints and one names this node's zone, only

@@ -104,14 +104,20 @@ impl Engine {
         counts: &dyn ConnectionCounts,
     ) -> Vec<Op> {
         let changes = inputs.take_changes();
-        let mut work: BTreeSet<ServiceName> = changes.services.into_iter().collect();
-        if changes.node || !self.started {
+        let mut work: BTreeSet<ServiceName> = if changes.node || !self.started {
             self.started = true;
-            work.extend(inputs.service_names().cloned());
-            work.extend(self.applied.keys().map(|n| ServiceName::clone(n)));
-        }
+            let mut all = changes.services;
+            all.extend(inputs.service_names().cloned());
+            all.extend(self.applied.keys().map(|n| ServiceName::clone(n)));
+            self.applied
+                .reserve(inputs.len().saturating_sub(self.applied.len()));
+            // Collecting a whole list at once lets the set sort it and bulk-build.
+            all.into_iter().collect()
+        } else {
+            changes.services.into_iter().collect()
+        };
         let mut ops = Vec::new();
-        let mut addr_touched: HashMap<IpAddr, bool> = HashMap::new();
+        let mut addr_touched: HashMap<IpAddr, bool, RandomState> = HashMap::default();
         self.expire(inputs, now, counts, &mut ops);
         while let Some(name) = work.pop_first() {
             let new = service_table(
@@ -194,7 +200,7 @@ impl Engine {
         counts: &dyn ConnectionCounts,
         ops: &mut Vec<Op>,
         work: &mut BTreeSet<ServiceName>,
-        addr_touched: &mut HashMap<IpAddr, bool>,
+        addr_touched: &mut HashMap<IpAddr, bool, RandomState>,
     ) {
         // Names are shared (one allocation per Service, not one per virtual server it owns).
         let (owner, old) = match self.applied.remove_entry(name) {
@@ -202,11 +208,14 @@ impl Engine {
             None => (Arc::new(name.clone()), ServiceTable::default()),
         };
         // Forget earlier waits of this Service; they are re-registered below if still wanted.
-        // (Its stored table holds only keys it owns, so it waits on none of those.)
-        self.waiting.retain(|_, w| {
-            w.remove(name);
-            !w.is_empty()
-        });
+        // (Its stored table holds only keys it owns, so it waits on none of those.) This walks
+        // the contested keys only, which are few; the check keeps the common case O(1).
+        if !self.waiting.is_empty() {
+            self.waiting.retain(|_, w| {
+                w.remove(name);
+                !w.is_empty()
+            });
+        }
         new.servers.retain(|(s, _)| match self.owners.get(&s.key) {
             Some(o) if **o != *name => {
                 self.waiting.entry(s.key).or_default().insert(name.clone());
@@ -382,7 +391,7 @@ impl Engine {
     }
 
     /// Emits the net address ops for addresses whose presence changed during a sync.
-    fn address_ops(&self, touched: HashMap<IpAddr, bool>, ops: &mut Vec<Op>) {
+    fn address_ops(&self, touched: HashMap<IpAddr, bool, RandomState>, ops: &mut Vec<Op>) {
         let mut changed: Vec<(IpAddr, bool)> = touched
             .into_iter()
             .filter_map(|(a, before)| {
