@@ -177,7 +177,7 @@ struct SvcInput {
     endpoints: Vec<Endpoint>,
 }
 
-fn arb_svc_input(i: u8) -> impl Strategy<Value = SvcInput> {
+fn arb_svc_input(i: u8, shared_lb: bool) -> impl Strategy<Value = SvcInput> {
     let ports = prop::collection::btree_map(0u8..3, any::<bool>(), 1..3);
     let eps = prop::collection::btree_map(
         0u8..8,
@@ -224,7 +224,9 @@ fn arb_svc_input(i: u8) -> impl Strategy<Value = SvcInput> {
                         })
                         .collect(),
                     load_balancer_ips: if lb {
-                        vec![IpAddr::V4(Ipv4Addr::new(203, 0, 113, i))]
+                        // Shared: every Service's LB IP is one of two, so they contest them.
+                        let host = if shared_lb { i % 2 } else { i };
+                        vec![IpAddr::V4(Ipv4Addr::new(203, 0, 113, host))]
                     } else {
                         vec![]
                     },
@@ -294,7 +296,11 @@ fn arb_svc_input(i: u8) -> impl Strategy<Value = SvcInput> {
 const N: u8 = 5;
 
 fn arb_world() -> impl Strategy<Value = Vec<SvcInput>> {
-    (0..N).map(arb_svc_input).collect::<Vec<_>>()
+    (0..N).map(|i| arb_svc_input(i, false)).collect::<Vec<_>>()
+}
+
+fn arb_contested_world() -> impl Strategy<Value = Vec<SvcInput>> {
+    (0..N).map(|i| arb_svc_input(i, true)).collect::<Vec<_>>()
 }
 
 fn svc_name(i: usize) -> ServiceName {
@@ -431,4 +437,52 @@ fn one_endpoint_change_is_one_op_per_virtual_server_it_backs() {
             },
         ]
     );
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    /// Services contesting LB IPs (same address and port): every batch is accepted by the
+    /// kernel model, the kernel equals the engine's view, every wanted virtual server exists,
+    /// and each one is exactly what one of the Services wanting it computes.
+    #[test]
+    fn contested_virtual_servers_stay_consistent(
+        start in arb_contested_world(),
+        rounds in prop::collection::vec(
+            (prop::collection::btree_set(0..usize::from(N), 0..3), arb_contested_world()), 1..5),
+    ) {
+        let mut inputs = Inputs::new(common::node()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        for (i, s) in start.iter().enumerate() {
+            load(&mut inputs, i, s)?;
+        }
+        let mut engine = Engine::new();
+        let mut kernel = Table::default();
+        let now = Duration::from_secs(1);
+        for (changed, world) in std::iter::once((BTreeSet::new(), start.clone())).chain(rounds) {
+            for i in &changed {
+                load(&mut inputs, *i, &world[*i])?;
+            }
+            let ops = engine.sync(&mut inputs, now, &Idle);
+            kernel.apply_all(&ops).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(&kernel, &engine.desired_table());
+            let mut wanted: HashMap<VirtualKey, Vec<ServiceEntry>> = HashMap::new();
+            for i in 0..usize::from(N) {
+                let n = svc_name(i);
+                let t = service_table(inputs.service(&n), inputs.endpoints(&n), inputs.node());
+                for (server, dests) in t.servers {
+                    wanted.entry(server.key).or_default().push(ServiceEntry {
+                        server,
+                        dests: dests.into_iter().map(|d| (d.key, d)).collect(),
+                    });
+                }
+            }
+            prop_assert_eq!(
+                kernel.services.keys().copied().collect::<BTreeSet<_>>(),
+                wanted.keys().copied().collect::<BTreeSet<_>>()
+            );
+            for (key, entry) in &kernel.services {
+                prop_assert!(wanted[key].contains(entry), "{} is nobody's version", key);
+            }
+        }
+    }
 }
