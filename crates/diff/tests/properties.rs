@@ -486,3 +486,50 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    /// Graceful termination under random changes with unknown connection counts and a clock
+    /// that moves 400 s per round (the timeout is 900 s): every batch is accepted, the kernel
+    /// always equals the engine's view (desired plus draining at weight 0), and once the
+    /// timeout has passed with no further change the kernel is exactly the desired table.
+    #[test]
+    fn draining_converges_to_desired_after_the_timeout(
+        start in arb_world(),
+        rounds in prop::collection::vec(
+            (prop::collection::btree_set(0..usize::from(N), 0..3), arb_world()), 1..5),
+    ) {
+        let mut inputs = Inputs::new(common::node()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        for (i, s) in start.iter().enumerate() {
+            load(&mut inputs, i, s)?;
+        }
+        let mut engine = Engine::new();
+        let mut kernel = Table::default();
+        let mut now = Duration::from_secs(1);
+        let counts = kube_ipvs_diff::UnknownCounts;
+        kernel
+            .apply_all(&engine.sync(&mut inputs, now, &counts))
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        for (changed, world) in rounds {
+            now += Duration::from_secs(400);
+            for i in &changed {
+                load(&mut inputs, *i, &world[*i])?;
+            }
+            let ops = engine.sync(&mut inputs, now, &counts);
+            kernel.apply_all(&ops).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(&kernel, &engine.desired_table());
+            for (_, _, d) in engine.draining() {
+                prop_assert_eq!(d.dest.weight, 0);
+            }
+        }
+        now += Duration::from_secs(900);
+        let ops = engine.sync(&mut inputs, now, &counts);
+        kernel.apply_all(&ops).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(engine.draining().count(), 0);
+        let mut scratch = Table::default();
+        let all = Engine::new().resync(&mut inputs.clone(), &Table::default(), now, &Idle);
+        scratch.apply_all(&all).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(&kernel, &scratch);
+    }
+}
