@@ -118,7 +118,6 @@ impl Engine {
         };
         let mut ops = Vec::new();
         let mut addr_touched: HashMap<IpAddr, bool, RandomState> = HashMap::default();
-        self.expire(inputs, now, counts, &mut ops);
         while let Some(name) = work.pop_first() {
             let new = service_table(
                 inputs.service(&name),
@@ -135,6 +134,10 @@ impl Engine {
                 &mut addr_touched,
             );
         }
+        // Expiry runs after the recompute, so an endpoint that came back in this batch is
+        // restored from its draining entry instead of being deleted and added again (which
+        // would reach the kernel as add-before-delete of the same destination).
+        self.expire(inputs, now, counts, &mut ops);
         self.address_ops(addr_touched, &mut ops);
         order_ops(&mut ops);
         ops

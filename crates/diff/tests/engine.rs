@@ -420,3 +420,33 @@ fn resync_drains_unknown_tcp_dests_and_keeps_their_start_time() {
         }]
     );
 }
+
+#[test]
+fn endpoint_back_in_the_sync_where_its_drain_times_out_is_restored_not_readded() {
+    let mut rig = Rig::new();
+    let web = name("web");
+    rig.inputs
+        .upsert_service(web.clone(), svc("10.96.0.10"))
+        .expect("valid");
+    rig.inputs
+        .set_endpoints(web.clone(), vec![ep("10.1.0.1")])
+        .expect("valid");
+    rig.sync(T0, &UnknownCounts);
+    rig.inputs
+        .set_endpoints(web.clone(), vec![])
+        .expect("valid");
+    rig.sync(T0, &UnknownCounts);
+    rig.inputs
+        .set_endpoints(web, vec![ep("10.1.0.1")])
+        .expect("valid");
+    let timeout = rig.inputs.node().options.graceful_termination_timeout;
+    // The rig checks the kernel accepts the batch; a delete plus add would be refused.
+    let ops = rig.sync(T0 + timeout, &UnknownCounts);
+    assert_eq!(
+        ops,
+        vec![Op::UpdateDest {
+            service: tcp("10.96.0.10", 80),
+            dest: RealServer::masq(ip("10.1.0.1"), 8080, 1)
+        }]
+    );
+}
