@@ -9,6 +9,15 @@
 //!
 //! The engine assumes the executor applies every op it returns. If an op fails, the caller
 //! should run [`Engine::resync`] against a fresh dump.
+//!
+//! How a daemon drives it:
+//! 1. At startup: fill [`Inputs`] from the first complete watch, dump the kernel into a
+//!    [`Table`], call [`Engine::resync`] and apply the ops (an unchanged table costs none).
+//! 2. On each change (debounced): [`Engine::sync`] with `now` from its monotonic clock and
+//!    connection counts for the virtual servers in [`Engine::draining`]; apply the ops.
+//! 3. Wake up at [`Engine::next_deadline`] (if any) and call [`Engine::sync`] even without
+//!    changes, so drained or timed-out real servers are deleted.
+//! 4. Now and then (and after any failed op): dump and [`Engine::resync`] to repair drift.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
