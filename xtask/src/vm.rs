@@ -72,21 +72,22 @@ mount -t tmpfs tmpfs /tmp
 mount -t tmpfs tmpfs /run
 mkdir -p /root /var/run /run/netns
 echo "##vm:booted uptime=$(cut -d' ' -f1 /proc/uptime)"
-# Modules are preloaded in dependency order (computed on the host from modules.dep); the kernel's
-# own on-demand loading goes through busybox modprobe, which reads the same staged modules.dep.
+# One busybox modprobe loads every boot module with its dependencies from the staged
+# modules.dep (one process instead of one insmod per module saves about a second under TCG);
+# the kernel's own on-demand loading goes through the same modprobe.
 echo /bin/modprobe > /proc/sys/kernel/modprobe
 kver=$(uname -r)
+names=
 while IFS= read -r mod; do
     case "$mod" in
     missing:*) echo "vm: module ${mod#missing:} is not in kernel $kver; skipped" ;;
-    *)
-        name=${mod##*/}
-        name=${name%.ko}
-        name=${name//-/_}
-        [ -d "/sys/module/$name" ] || insmod "/lib/modules/$kver/$mod" || echo "vm: insmod $mod failed"
-        ;;
+    *) name=${mod##*/}; names="$names ${name%.ko}" ;;
     esac
 done < /etc/vm/modules
+modprobe -a $names
+for name in $names; do
+    [ -d "/sys/module/${name//-/_}" ] || echo "vm: module $name did not load"
+done
 /usr/sbin/ip link set lo up
 if [ -e /etc/vm/net ]; then
     # User-mode networking: reach forwarded host ports at 10.0.2.100; there is no default route.
