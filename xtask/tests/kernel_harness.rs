@@ -107,3 +107,21 @@ fn daemon_binary_is_shipped_with_its_libraries() {
     let libs = run("/lib64/ld-linux-x86-64.so.2", &["--list", daemon]);
     assert!(!libs.contains("not found"), "{libs}");
 }
+
+/// The boot modules include every IPVS scheduler the kernel has (6.1 lacks `twos`); a service
+/// can be created with each, which fails if its module was not loaded.
+#[test]
+fn every_scheduler_module_is_loaded() {
+    let ipvsadm = ipvsadm();
+    let schedulers = [
+        "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh",
+    ];
+    for (i, sched) in schedulers.iter().enumerate() {
+        let module = format!("/sys/module/ip_vs_{sched}");
+        assert!(std::path::Path::new(&module).exists(), "{module} missing");
+        let addr = format!("10.97.0.{}:80", i + 1);
+        run(&ipvsadm, &["-A", "-t", &addr, "-s", sched]);
+    }
+    let listing = run(&ipvsadm, &["-Ln"]);
+    assert_eq!(services(&listing).len(), schedulers.len(), "{listing}");
+}
