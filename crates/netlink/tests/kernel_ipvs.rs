@@ -589,3 +589,40 @@ fn persistence_engine_round_trips_or_is_reported_unknown() {
         Err(e) => panic!("unexpected error {e:?}"),
     }
 }
+
+/// `table` pipelines destination dumps; services whose destinations do not fit in one dump batch make the kernel
+/// answer later dumps with EBUSY, which must be retried. The result must equal one dump per service.
+#[test]
+fn pipelined_table_equals_one_dump_per_service() {
+    let mut h = ipvs();
+    let mut reqs = Vec::new();
+    for s in 0..300u32 {
+        let key = ServiceKey::tcp(IpAddr::V4(Ipv4Addr::from(0x0a60_0000 + s)), 80);
+        reqs.push(Request::NewService(Service::new(key, "rr")));
+        // Every 50th service gets 400 destinations (well over one 32 KiB dump batch); the rest get 0 to 4.
+        let n = if s % 50 == 7 { 400 } else { s % 5 };
+        for d in 0..n {
+            let addr = IpAddr::V4(Ipv4Addr::from(0x0b00_0000 + s * 1024 + d));
+            reqs.push(Request::NewDest {
+                service: key,
+                dest: dest(&addr.to_string(), 80, ForwardMethod::Route, 1),
+            });
+        }
+    }
+    assert!(h.apply(&reqs).iter().all(Result::is_ok));
+    let table = h.table().expect("pipelined table");
+    assert_eq!(table.len(), 300);
+    let mut total = 0;
+    for (s, ds) in &table {
+        let one = h.destinations(&s.key).expect("single dump");
+        assert_eq!(ds, &one, "destinations of {}", s.key);
+        total += ds.len();
+    }
+    assert_eq!(total, reqs.len() - 300);
+    let retries = h.batch_stats().dump_retries;
+    println!("MEASURE pipelined table: {retries} destination dumps retried after EBUSY");
+    assert!(
+        retries > 0,
+        "the large services must have made some dumps busy"
+    );
+}

@@ -1,0 +1,127 @@
+#![cfg(feature = "kernel-tests")]
+//! The dummy interface and address handling, checked against iproute2's view of the same namespace.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::process::Command;
+
+use kube_ipvs_netlink::Error;
+use kube_ipvs_netlink::link::{DEFAULT_DUMMY, Rtnl, validate_ifname};
+
+const IP: &str = "/usr/sbin/ip";
+
+fn ip_cmd(args: &[&str]) -> String {
+    let out = Command::new(IP).args(args).output().expect("spawn ip");
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+/// Addresses iproute2 lists, optionally for one device, from `ip -o addr show`.
+fn ip_addrs(dev: Option<&str>) -> BTreeSet<IpAddr> {
+    let mut args = vec!["-o", "addr", "show"];
+    if let Some(d) = dev {
+        args.extend(["dev", d]);
+    }
+    ip_cmd(&args)
+        .lines()
+        .filter_map(|l| {
+            let t: Vec<&str> = l.split_whitespace().collect();
+            let i = t.iter().position(|w| *w == "inet" || *w == "inet6")?;
+            t[i + 1].split('/').next()?.parse().ok()
+        })
+        .collect()
+}
+
+fn addr(s: &str) -> IpAddr {
+    s.parse().expect("literal")
+}
+
+#[test]
+fn dummy_is_created_once_and_existing_links_are_left_alone() {
+    let mut rt = Rtnl::new().expect("rtnetlink");
+    assert_eq!(rt.link_index(DEFAULT_DUMMY).expect("lookup"), None);
+    let index = rt.ensure_dummy(DEFAULT_DUMMY).expect("create");
+    let details = ip_cmd(&["-d", "-o", "link", "show", DEFAULT_DUMMY]);
+    assert!(
+        details.starts_with(&format!("{index}: {DEFAULT_DUMMY}:")),
+        "{details}"
+    );
+    assert!(details.contains("dummy"), "not a dummy: {details}");
+    assert_eq!(rt.ensure_dummy(DEFAULT_DUMMY).expect("again"), index);
+
+    ip_cmd(&["link", "add", "kube-ipvs1", "type", "dummy"]);
+    ip_cmd(&["link", "set", "kube-ipvs1", "mtu", "1400"]);
+    let before = ip_cmd(&["-o", "link", "show", "kube-ipvs1"]);
+    let existing = rt.ensure_dummy("kube-ipvs1").expect("existing dummy");
+    assert_eq!(
+        ip_cmd(&["-o", "link", "show", "kube-ipvs1"]),
+        before,
+        "an existing link must be left alone"
+    );
+    assert!(before.starts_with(&format!("{existing}: ")));
+    // An existing interface of another kind is also left alone rather than replaced.
+    assert_eq!(rt.ensure_dummy("lo").expect("lo"), 1);
+}
+
+#[test]
+fn addresses_are_added_and_removed_idempotently() {
+    let mut rt = Rtnl::new().expect("rtnetlink");
+    rt.ensure_dummy(DEFAULT_DUMMY).expect("create");
+    let v4 = addr("10.96.0.10");
+    let v6 = addr("fd00:10:96::10");
+    for a in [v4, v6, v4, v6] {
+        rt.add_address(DEFAULT_DUMMY, a).expect("add address");
+    }
+    let listed: BTreeSet<IpAddr> = rt
+        .addresses(DEFAULT_DUMMY)
+        .expect("list")
+        .into_iter()
+        .collect();
+    assert_eq!(listed, BTreeSet::from([v4, v6]));
+    assert_eq!(ip_addrs(Some(DEFAULT_DUMMY)), listed);
+    let shown = ip_cmd(&["-o", "addr", "show", "dev", DEFAULT_DUMMY]);
+    assert!(
+        shown.contains("10.96.0.10/32") && shown.contains("fd00:10:96::10/128"),
+        "{shown}"
+    );
+
+    let all = rt.local_addresses().expect("local addresses");
+    let all_set: BTreeSet<IpAddr> = all.iter().map(|a| a.addr).collect();
+    assert_eq!(all_set, ip_addrs(None));
+    assert!(all_set.contains(&addr("127.0.0.1")));
+    let lo = all
+        .iter()
+        .find(|a| a.addr == addr("127.0.0.1"))
+        .expect("loopback address");
+    assert_eq!((lo.ifindex, lo.prefix_len), (1, 8));
+
+    for a in [v4, v6, v4, v6] {
+        rt.del_address(DEFAULT_DUMMY, a).expect("remove address");
+    }
+    assert!(rt.addresses(DEFAULT_DUMMY).expect("list").is_empty());
+    assert!(ip_addrs(Some(DEFAULT_DUMMY)).is_empty());
+}
+
+#[test]
+fn bad_names_and_missing_interfaces_are_clear_errors() {
+    for bad in ["", "a/b", "has space", "x:y", "sixteen-chars-xx", ".", ".."] {
+        let e = validate_ifname(bad).expect_err(bad);
+        assert!(matches!(e, Error::Invalid { .. }), "{bad:?}: {e:?}");
+    }
+    validate_ifname("kube-ipvs0").expect("valid name");
+    let mut rt = Rtnl::new().expect("rtnetlink");
+    let e = rt.ensure_dummy("bad/name").expect_err("invalid name");
+    assert!(e.to_string().contains("bad/name"), "{e}");
+    let e = rt
+        .add_address("nosuchdev0", addr("10.0.0.1"))
+        .expect_err("missing interface");
+    assert!(e.to_string().contains("nosuchdev0"), "{e}");
+    let e = rt
+        .add_address("lo", addr("0.0.0.0"))
+        .expect_err("unspecified address");
+    assert!(matches!(e, Error::Invalid { .. }), "{e:?}");
+}
