@@ -745,25 +745,23 @@ pub fn validate_endpoints(name: &ServiceName, endpoints: &[Endpoint]) -> Result<
 /// between slices); a ready copy wins over a not-ready one, and ports are united.
 fn merge_endpoints(mut endpoints: Vec<Endpoint>) -> Vec<Endpoint> {
     // A stable sort keeps the caller's order among copies, so "first ready copy wins" is
-    // deterministic.
+    // deterministic. Merging in place avoids a second large allocation on every update.
     endpoints.sort_by_key(|e| (e.addr, !e.ready));
-    let mut out: Vec<Endpoint> = Vec::with_capacity(endpoints.len());
-    for ep in endpoints {
-        match out.last_mut() {
-            Some(last) if last.addr == ep.addr => {
-                for p in ep.ports {
-                    if !last.ports.contains(&p) {
-                        last.ports.push(p);
-                    }
-                }
-            }
-            _ => out.push(ep),
+    endpoints.dedup_by(|later, kept| {
+        if later.addr != kept.addr {
+            return false;
         }
-    }
-    for ep in &mut out {
+        for p in later.ports.drain(..) {
+            if !kept.ports.contains(&p) {
+                kept.ports.push(p);
+            }
+        }
+        true
+    });
+    for ep in &mut endpoints {
         ep.ports.sort();
     }
-    out
+    endpoints
 }
 
 /// The engine's input store: every Service, its endpoints and the node, plus the set of
@@ -821,10 +819,14 @@ impl Inputs {
     /// a watch relist costs nothing downstream.
     pub fn upsert_service(&mut self, name: ServiceName, info: ServiceInfo) -> Result<()> {
         validate_service(&name, &info)?;
-        if self.services.get(&name) != Some(&info) {
-            self.changed.insert(name.clone());
-            self.services.insert(name, info);
+        match self.services.get_mut(&name) {
+            Some(existing) if *existing == info => return Ok(()),
+            Some(existing) => *existing = info,
+            None => {
+                self.services.insert(name.clone(), info);
+            }
         }
+        self.changed.insert(name);
         Ok(())
     }
 
@@ -841,14 +843,19 @@ impl Inputs {
     pub fn set_endpoints(&mut self, name: ServiceName, endpoints: Vec<Endpoint>) -> Result<()> {
         validate_endpoints(&name, &endpoints)?;
         let merged = merge_endpoints(endpoints);
-        if merged.is_empty() {
-            if self.endpoints.remove(&name).is_some() {
-                self.changed.insert(name);
+        // Replacing in place keeps the map's key, so the name is cloned only for a new Service.
+        match self.endpoints.get_mut(&name) {
+            Some(_) if merged.is_empty() => {
+                self.endpoints.remove(&name);
             }
-        } else if self.endpoints.get(&name) != Some(&merged) {
-            self.changed.insert(name.clone());
-            self.endpoints.insert(name, merged);
+            Some(existing) if *existing == merged => return Ok(()),
+            Some(existing) => *existing = merged,
+            None if merged.is_empty() => return Ok(()),
+            None => {
+                self.endpoints.insert(name.clone(), merged);
+            }
         }
+        self.changed.insert(name);
         Ok(())
     }
 
@@ -885,7 +892,9 @@ impl Inputs {
     /// Takes the set of changes, leaving it empty.
     pub fn take_changes(&mut self) -> Changes {
         Changes {
-            services: self.changed.drain().collect(),
+            // `take` rather than `drain`: a drained set keeps its capacity, and after the
+            // initial load that is every Service, which each later drain would walk.
+            services: std::mem::take(&mut self.changed).into_iter().collect(),
             node: std::mem::replace(&mut self.node_changed, false),
         }
     }
