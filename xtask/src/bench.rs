@@ -1,7 +1,8 @@
-//! `cargo xtask bench {netlink,diff,watch}`.
+//! `cargo xtask bench {netlink,dump,diff,watch}`.
 //!
-//! `netlink` needs a kernel with IPVS, so it ships the `ipvs-bench` example of
-//! `kube-ipvs-netlink` (release build) into the VM; the others are plain `cargo bench` runs.
+//! `netlink` and `dump` need a kernel with IPVS, so they ship an example (release build) into the
+//! VM: `ipvs-bench` of `kube-ipvs-netlink`, and `dump-bench` of `kube-ipvs` together with the
+//! release `kube-ipvs` binary it compares with `ipvsadm`. The others are plain `cargo bench` runs.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -15,10 +16,11 @@ use crate::vmtest::cargo_executables;
 const NETLINK_PACKAGE: &str = "kube-ipvs-netlink";
 const NETLINK_EXAMPLE: &str = "ipvs-bench";
 const NETLINK_DEFAULT_ARGS: &[&str] = &["--services", "10000", "--dests", "10"];
+const DUMP_PACKAGE: &str = "kube-ipvs";
+const DUMP_EXAMPLE: &str = "dump-bench";
 
 pub(crate) fn command(args: &[String]) -> Result<()> {
-    let usage =
-        "usage: cargo xtask bench netlink [-- ARGS] | bench diff [ARGS] | bench watch [ARGS]";
+    let usage = "usage: cargo xtask bench netlink [-- ARGS] | bench dump [-- ARGS] | bench diff [ARGS] | bench watch [ARGS]";
     let (which, rest) = args.split_first().context(usage)?;
     // `--` separates our arguments from the benchmark's; accept it with or without.
     let rest: Vec<String> = match rest.split_first() {
@@ -27,6 +29,7 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
     };
     match which.as_str() {
         "netlink" => netlink(&rest),
+        "dump" => dump(&rest),
         "diff" => cargo_bench("kube-ipvs-diff", &rest),
         "watch" => cargo_bench("kube-ipvs-watch", &rest),
         other => bail!("unknown benchmark {other:?}; {usage}"),
@@ -110,5 +113,48 @@ fn netlink(args: &[String]) -> Result<()> {
     match outcome.guest_rc {
         Some(0) => Ok(()),
         rc => bail!("bench netlink: ipvs-bench exited with {rc:?}"),
+    }
+}
+
+/// `kube-ipvs dump` against `ipvsadm -Ln` on a 10,000 x 10 table: ships the `dump-bench` example
+/// and the release `kube-ipvs` binary.
+fn dump(args: &[String]) -> Result<()> {
+    let release = |what: &[&str], name: &str| -> Result<PathBuf> {
+        let mut cargo_args = vec!["build", "--release", "-p", DUMP_PACKAGE];
+        cargo_args.extend_from_slice(what);
+        let built = cargo_executables(&cargo_args, |m| m["target"]["name"] == name)?;
+        built
+            .into_iter()
+            .next()
+            .map(|(_, exe)| exe)
+            .with_context(|| format!("cargo build produced no {name} executable"))
+    };
+    let bench = release(&["--example", DUMP_EXAMPLE], DUMP_EXAMPLE)?;
+    let daemon = release(&["--bin", "kube-ipvs"], "kube-ipvs")?;
+    let mut script = format!("exec /usr/local/bin/{DUMP_EXAMPLE}");
+    for arg in args {
+        script.push(' ');
+        script.push_str(&shell_quote(arg));
+    }
+    script.push('\n');
+    let mut job = Job::new("bench dump", script);
+    job.executables.push(GuestFile {
+        host: bench,
+        guest: PathBuf::from(format!("/usr/local/bin/{DUMP_EXAMPLE}")),
+    });
+    job.executables.push(GuestFile {
+        host: daemon,
+        guest: PathBuf::from("/usr/local/bin/kube-ipvs"),
+    });
+    job.memory_mib = 4096;
+    job.timeout = Duration::from_secs(3600);
+    let outcome = vm::run(&job)?;
+    eprintln!("xtask: console log in {}", outcome.log.display());
+    if let Some(why) = outcome.failure() {
+        bail!("bench dump: {why}");
+    }
+    match outcome.guest_rc {
+        Some(0) => Ok(()),
+        rc => bail!("bench dump: {DUMP_EXAMPLE} exited with {rc:?}"),
     }
 }
