@@ -151,13 +151,16 @@ struct State {
     oldest_watchable: u64,
     watchers: Vec<Watcher>,
     /// Continue tokens: snapshot id to (resourceVersion, remaining items).
-    snapshots: HashMap<u64, (u64, Arc<Vec<Arc<Value>>>)>,
+    snapshots: HashMap<u64, Snapshot>,
     next_snapshot: u64,
     availability: Availability,
     latency: Duration,
     next_uid: u64,
     requests: u64,
 }
+
+/// The resourceVersion of a paginated list and the items its later pages will serve.
+type Snapshot = (u64, Arc<Vec<Arc<Value>>>);
 
 /// A running test API server. Dropping it stops the accept loop; open connections close with it.
 pub struct TestApiServer {
@@ -809,11 +812,15 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>) -> Response<Bo
         tokio::time::sleep(latency).await;
     }
     if availability != Availability::Up {
-        return status_response(
+        let mut resp = status_response(
             StatusCode::SERVICE_UNAVAILABLE,
             "ServiceUnavailable",
             "the test API server is unavailable",
         );
+        // The real server's hint for clients that retry on their own.
+        resp.headers_mut()
+            .insert("retry-after", hyper::header::HeaderValue::from_static("1"));
+        return resp;
     }
     if req.method() != Method::GET {
         return status_response(
@@ -1051,11 +1058,10 @@ fn stream_response(
     let stream = async_stream(move |yield_| async move {
         loop {
             let msg = match deadline {
-                Some(d) => match tokio::time::timeout_at(d, rx.recv()).await {
-                    Ok(m) => m,
-                    // timeoutSeconds reached: the server ends the watch cleanly.
-                    Err(_) => None,
-                },
+                // At timeoutSeconds the server ends the watch cleanly, as the real one does.
+                Some(d) => tokio::time::timeout_at(d, rx.recv())
+                    .await
+                    .unwrap_or_default(),
                 None => rx.recv().await,
             };
             match msg {

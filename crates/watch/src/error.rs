@@ -29,9 +29,9 @@ pub enum Error {
         namespace: String,
         /// The object's name.
         name: String,
-        /// The model's reason.
+        /// The model's reason (boxed: it is large, and errors are the rare path).
         #[source]
-        source: kube_ipvs_diff::Error,
+        source: Box<kube_ipvs_diff::Error>,
     },
     /// A manifest file could not be read.
     #[error("manifest {path}: {source}")]

@@ -152,7 +152,7 @@ pub fn translate_service(
         (_, Some(ip)) if !ip.is_empty() => vec![ip.as_str()],
         _ => Vec::new(),
     };
-    if ips.is_empty() || ips.iter().any(|ip| *ip == "None") {
+    if ips.is_empty() || ips.contains(&"None") {
         // Headless: DNS only, nothing to balance.
         return Ok(None);
     }
@@ -295,7 +295,7 @@ pub fn translate_service(
         kind: "Service",
         namespace: name.namespace.clone(),
         name: name.name.clone(),
-        source,
+        source: Box::new(source),
     })?;
     Ok(Some(TranslatedService {
         name,
@@ -402,7 +402,7 @@ pub fn translate_slice(
         kind: "EndpointSlice",
         namespace: ns.clone(),
         name: name.clone(),
-        source,
+        source: Box::new(source),
     })?;
     Ok(Some(TranslatedSlice { service, endpoints }))
 }
