@@ -112,12 +112,16 @@ pub fn service_table(
         .filter(family_ok)
         .collect();
 
-    let mut addresses: BTreeSet<IpAddr> = info.cluster_ips.iter().copied().collect();
-    addresses.extend(external.iter().copied());
     // Node IPs already belong to the node; binding them to the dummy interface would steal them.
-    for ip in &node_ips {
-        addresses.remove(ip);
-    }
+    let mut addresses: Vec<IpAddr> = info
+        .cluster_ips
+        .iter()
+        .chain(&external)
+        .copied()
+        .filter(|ip| !node_ips.contains(ip))
+        .collect();
+    addresses.sort_unstable();
+    addresses.dedup();
 
     let topology_zone_hints = derived_hints(info, endpoints);
     let mut servers: Vec<(VirtualServer, Vec<RealServer>)> = Vec::new();
@@ -181,10 +185,7 @@ pub fn service_table(
         dests.sort_by_key(|d| d.key);
         dests.dedup_by_key(|d| d.key);
     }
-    ServiceTable {
-        servers,
-        addresses: addresses.into_iter().collect(),
-    }
+    ServiceTable { servers, addresses }
 }
 
 /// Hints derived from `trafficDistribution` when no endpoint carries any (rule 5).

@@ -29,7 +29,8 @@ use foldhash::fast::RandomState;
 use crate::desired::{ServiceTable, drains, service_table};
 use crate::model::{Inputs, ServiceName};
 use crate::table::{
-    DestKey, Op, RealServer, ServiceEntry, Table, VirtualKey, VirtualServer, diff_view, order_ops,
+    DestKey, Op, RealServer, ServiceEntry, Table, VirtualKey, VirtualServer, diff_view, merge_by,
+    order_ops,
 };
 
 /// Connection counts (active + inactive) of real servers, as the kernel reports them. The
@@ -77,6 +78,21 @@ pub struct Conflict {
     pub waiting: Vec<ServiceName>,
 }
 
+/// Where a sync's ops go. [`Engine::resync`] discards them, since it diffs against the
+/// kernel's table instead.
+struct Sink {
+    ops: Vec<Op>,
+    keep: bool,
+}
+
+impl Sink {
+    fn push(&mut self, op: Op) {
+        if self.keep {
+            self.ops.push(op);
+        }
+    }
+}
+
 /// The incremental diff engine.
 #[derive(Debug, Default)]
 pub struct Engine {
@@ -112,6 +128,18 @@ impl Engine {
         now: Duration,
         counts: &dyn ConnectionCounts,
     ) -> Vec<Op> {
+        self.sync_into(inputs, now, counts, true)
+    }
+
+    /// [`Engine::sync`], keeping the ops only if `keep`; [`Engine::resync`] has no use for them
+    /// and skips building the whole-table list at startup.
+    fn sync_into(
+        &mut self,
+        inputs: &mut Inputs,
+        now: Duration,
+        counts: &dyn ConnectionCounts,
+        keep: bool,
+    ) -> Vec<Op> {
         let changes = inputs.take_changes();
         let mut work: BTreeSet<ServiceName> = if changes.node || !self.started {
             self.started = true;
@@ -125,7 +153,10 @@ impl Engine {
         } else {
             changes.services.into_iter().collect()
         };
-        let mut ops = Vec::new();
+        let mut ops = Sink {
+            ops: Vec::new(),
+            keep,
+        };
         let mut addr_touched: HashMap<IpAddr, bool, RandomState> = HashMap::default();
         while let Some(name) = work.pop_first() {
             let new = service_table(
@@ -148,6 +179,7 @@ impl Engine {
         // would reach the kernel as add-before-delete of the same destination).
         self.expire(inputs, now, counts, &mut ops);
         self.address_ops(addr_touched, &mut ops);
+        let mut ops = ops.ops;
         order_ops(&mut ops);
         ops
     }
@@ -158,7 +190,7 @@ impl Engine {
         inputs: &Inputs,
         now: Duration,
         counts: &dyn ConnectionCounts,
-        ops: &mut Vec<Op>,
+        ops: &mut Sink,
     ) {
         let timeout = inputs.node().options.graceful_termination_timeout;
         self.draining.retain(|(service, dest), d| {
@@ -210,7 +242,7 @@ impl Engine {
         mut new: ServiceTable,
         now: Duration,
         counts: &dyn ConnectionCounts,
-        ops: &mut Vec<Op>,
+        ops: &mut Sink,
         work: &mut BTreeSet<ServiceName>,
         addr_touched: &mut HashMap<IpAddr, bool, RandomState>,
     ) {
@@ -276,23 +308,31 @@ impl Engine {
 
         // Addresses are reference-counted over Services; the net change is decided at the end
         // of the sync so one Service dropping an address another adds costs nothing.
-        let old_addrs: BTreeSet<&IpAddr> = old.addresses.iter().collect();
-        let new_addrs: BTreeSet<&IpAddr> = new.addresses.iter().collect();
-        for a in old_addrs.difference(&new_addrs) {
-            let present = self.addr_refs.get(a).is_some_and(|n| *n > 0);
-            addr_touched.entry(**a).or_insert(present);
-            if let Some(n) = self.addr_refs.get_mut(a) {
-                *n -= 1;
-                if *n == 0 {
-                    self.addr_refs.remove(a);
+        // Both address lists are sorted and unique.
+        merge_by(
+            &old.addresses,
+            &new.addresses,
+            |a| **a,
+            |a| **a,
+            |o, n| match (o, n) {
+                (Some(a), None) => {
+                    let present = self.addr_refs.contains_key(a);
+                    addr_touched.entry(*a).or_insert(present);
+                    if let Some(n) = self.addr_refs.get_mut(a) {
+                        *n -= 1;
+                        if *n == 0 {
+                            self.addr_refs.remove(a);
+                        }
+                    }
                 }
-            }
-        }
-        for a in new_addrs.difference(&old_addrs) {
-            let present = self.addr_refs.get(a).is_some_and(|n| *n > 0);
-            addr_touched.entry(**a).or_insert(present);
-            *self.addr_refs.entry(**a).or_insert(0) += 1;
-        }
+                (None, Some(a)) => {
+                    let present = self.addr_refs.contains_key(a);
+                    addr_touched.entry(*a).or_insert(present);
+                    *self.addr_refs.entry(*a).or_insert(0) += 1;
+                }
+                _ => {}
+            },
+        );
 
         if !new.servers.is_empty() || !new.addresses.is_empty() {
             self.applied.insert(owner, new);
@@ -305,7 +345,7 @@ impl Engine {
         &mut self,
         name: &ServiceName,
         key: VirtualKey,
-        ops: &mut Vec<Op>,
+        ops: &mut Sink,
         work: &mut BTreeSet<ServiceName>,
     ) {
         if self.owners.get(&key).is_some_and(|o| **o == *name) {
@@ -333,7 +373,7 @@ impl Engine {
         new: &[RealServer],
         now: Duration,
         counts: &dyn ConnectionCounts,
-        ops: &mut Vec<Op>,
+        ops: &mut Sink,
     ) {
         let mut o = old.iter().peekable();
         let mut n = new.iter().peekable();
@@ -379,7 +419,7 @@ impl Engine {
         dest: &RealServer,
         now: Duration,
         counts: &dyn ConnectionCounts,
-        ops: &mut Vec<Op>,
+        ops: &mut Sink,
     ) {
         if !drains(service.protocol()) || counts.connections(&service, &dest.key) == Some(0) {
             ops.push(Op::DeleteDest {
@@ -403,7 +443,7 @@ impl Engine {
     }
 
     /// Emits the net address ops for addresses whose presence changed during a sync.
-    fn address_ops(&self, touched: HashMap<IpAddr, bool, RandomState>, ops: &mut Vec<Op>) {
+    fn address_ops(&self, touched: HashMap<IpAddr, bool, RandomState>, ops: &mut Sink) {
         let mut changed: Vec<(IpAddr, bool)> = touched
             .into_iter()
             .filter_map(|(a, before)| {
@@ -466,7 +506,7 @@ impl Engine {
         // Draining entries are set aside first so the sync does not expire them on its own;
         // the kernel's view below decides.
         let mut previous_draining = std::mem::take(&mut self.draining);
-        let _ = self.sync(inputs, now, counts);
+        self.sync_into(inputs, now, counts, false);
         for (k, d) in std::mem::take(&mut self.draining) {
             previous_draining.entry(k).or_insert(d);
         }
