@@ -412,32 +412,36 @@ pub fn translate_slice(
 /// An address may appear in more than one slice (while the controller moves it between
 /// slices, or in a hand-written manifest). The rule, deterministic and documented: the copy
 /// with the best conditions wins, ranked ready > serving > not terminating; on a tie the copy
-/// from the slice whose name sorts first wins. The winner's ports are united with every
-/// copy's ports, since slices of one Service may carry different named ports for one pod.
-/// The result is sorted by address.
+/// from the slice whose name sorts first wins. The winner's ports stand; a port (by name and
+/// protocol) that only another copy carries is added, since slices of one Service may carry
+/// different named ports for one pod. The result is sorted by address, ports by name.
 pub fn merge_slices<'a>(slices: impl IntoIterator<Item = &'a [Endpoint]>) -> Vec<Endpoint> {
     let mut by_addr: BTreeMap<IpAddr, Endpoint> = BTreeMap::new();
     let rank = |e: &Endpoint| (e.ready, e.serving, !e.terminating);
+    let add_missing = |into: &mut Vec<EndpointPort>, from: &[EndpointPort]| {
+        for p in from {
+            if !into
+                .iter()
+                .any(|q| q.name == p.name && q.protocol == p.protocol)
+            {
+                into.push(p.clone());
+            }
+        }
+    };
     for ep in slices.into_iter().flatten() {
         match by_addr.get_mut(&ep.addr) {
             None => {
                 by_addr.insert(ep.addr, ep.clone());
             }
-            Some(cur) => {
-                let mut ports = std::mem::take(&mut cur.ports);
-                if rank(ep) > rank(cur) {
-                    *cur = ep.clone();
-                }
-                ports.extend(ep.ports.iter().cloned());
-                ports.sort();
-                ports.dedup();
-                cur.ports = ports;
+            Some(cur) if rank(ep) > rank(cur) => {
+                let loser = std::mem::replace(cur, ep.clone());
+                add_missing(&mut cur.ports, &loser.ports);
             }
+            Some(cur) => add_missing(&mut cur.ports, &ep.ports),
         }
     }
     for ep in by_addr.values_mut() {
         ep.ports.sort();
-        ep.ports.dedup();
     }
     by_addr.into_values().collect()
 }
