@@ -23,12 +23,21 @@ struct Cli {
 enum Command {
     /// Print the kernel's IPVS table exactly as `ipvsadm -Ln` does (or as JSON).
     Dump(DumpArgs),
+    /// Print the operations `run` would apply now (`--apply` applies them once).
+    Plan(kube_ipvs::plan::PlanArgs),
+    /// Compare the desired state with the kernel; exit 0 in sync, 1 not, 2 on error.
+    Check(kube_ipvs::check::CheckArgs),
+    /// Explain which Service IP:PORT[/PROTO] is and why each endpoint is or is not used here.
+    Explain(kube_ipvs::explain::ExplainArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Dump(args) => run_dump(&args),
+        Command::Plan(args) => kube_ipvs::plan::main(&args),
+        Command::Check(args) => kube_ipvs::check::main(&args),
+        Command::Explain(args) => kube_ipvs::explain::main(&args),
     }
 }
 

@@ -1,0 +1,587 @@
+//! The executor: the one place where the diff engine's [`Op`]s become kernel changes, and where
+//! the engine's table types are converted to and from the netlink crate's.
+//!
+//! IPVS ops become netlink [`Request`]s applied in one batch through the [`Ipvs`] handle;
+//! address ops go through the rtnetlink handle on `kube-ipvs0`. Every op gets its own result,
+//! and a failed op is reported with the Service it belongs to while the others still apply.
+//! This module decides nothing about what the table should hold (the engine does) and renders
+//! nothing for people beyond the failure messages.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+
+use kube_ipvs_diff::{
+    DestKey, Forward, Inputs, Op, Protocol, RealServer, ServiceEntry, ServiceName, VirtualKey,
+    VirtualServer, service_table,
+};
+use kube_ipvs_netlink::ipvs::{
+    Destination, Family, Flags, ForwardMethod, Ipvs, Netmask, Request, Service, ServiceKey,
+};
+use kube_ipvs_netlink::link::Rtnl;
+
+/// The netlink key of a virtual server.
+pub fn service_key(key: &VirtualKey) -> ServiceKey {
+    match *key {
+        VirtualKey::Inet {
+            protocol,
+            addr,
+            port,
+        } => ServiceKey::Addr {
+            protocol: netlink_protocol(protocol),
+            addr,
+            port,
+        },
+        VirtualKey::Fwmark { ipv6, mark } => ServiceKey::Fwmark {
+            family: if ipv6 { Family::Inet6 } else { Family::Inet },
+            mark,
+        },
+    }
+}
+
+fn netlink_protocol(p: Protocol) -> kube_ipvs_netlink::ipvs::Protocol {
+    use kube_ipvs_netlink::ipvs::Protocol as P;
+    match p {
+        Protocol::Tcp => P::Tcp,
+        Protocol::Udp => P::Udp,
+        Protocol::Sctp => P::Sctp,
+    }
+}
+
+/// The netlink service for a virtual server: its scheduler, exactly its flags (so an update
+/// also clears flags it no longer wants), the persistence timeout and the netmask (a mask for
+/// IPv4, a prefix length for IPv6).
+pub fn netlink_service(vs: &VirtualServer) -> Service {
+    let key = service_key(&vs.key);
+    let mut s = Service::new(key, vs.scheduler.name());
+    s.flags = Flags::exactly(vs.flags());
+    s.timeout = vs.timeout();
+    s.netmask = match key.family() {
+        Family::Inet => Netmask::V4(Ipv4Addr::from(
+            u32::MAX
+                .checked_shl(32 - u32::from(vs.netmask.min(32)))
+                .unwrap_or(0),
+        )),
+        Family::Inet6 => Netmask::V6(vs.netmask.min(128)),
+    };
+    s
+}
+
+fn netlink_forward(f: Forward) -> ForwardMethod {
+    match f {
+        Forward::Masq => ForwardMethod::Masq,
+        Forward::Local => ForwardMethod::Local,
+        Forward::Tunnel => ForwardMethod::Tunnel,
+        Forward::Route => ForwardMethod::Route,
+        Forward::Bypass => ForwardMethod::Bypass,
+    }
+}
+
+/// The netlink destination for a real server.
+pub fn netlink_dest(rs: &RealServer) -> Destination {
+    let mut d = Destination::new(rs.key.addr, rs.key.port, netlink_forward(rs.forward));
+    d.weight = rs.weight;
+    d
+}
+
+/// Why a kernel entry cannot be read into the engine's table; the entry is then foreign to us.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("virtual server {key}: {reason}")]
+pub struct ForeignEntry {
+    /// The kernel's key, as ipvsadm prints it.
+    pub key: String,
+    /// What the engine cannot represent.
+    pub reason: String,
+}
+
+/// A dumped service and its destinations as the engine's [`ServiceEntry`]. Fwmark services,
+/// protocols other than TCP/UDP/SCTP, schedulers the engine does not know and forwarding
+/// methods it cannot name are errors, so the caller can list them as foreign.
+pub fn entry_from_kernel(
+    svc: &Service,
+    dests: &[Destination],
+) -> Result<ServiceEntry, ForeignEntry> {
+    let foreign = |reason: String| ForeignEntry {
+        key: svc.key.to_string(),
+        reason,
+    };
+    let key = match svc.key {
+        ServiceKey::Fwmark { family, mark } => VirtualKey::Fwmark {
+            ipv6: family == Family::Inet6,
+            mark,
+        },
+        ServiceKey::Addr {
+            protocol,
+            addr,
+            port,
+        } => {
+            use kube_ipvs_netlink::ipvs::Protocol as P;
+            let protocol = match protocol {
+                P::Tcp => Protocol::Tcp,
+                P::Udp => Protocol::Udp,
+                P::Sctp => Protocol::Sctp,
+                P::Other(n) => return Err(foreign(format!("IP protocol {n}"))),
+            };
+            VirtualKey::inet(protocol, addr, port)
+        }
+    };
+    let netmask = match svc.netmask {
+        // A non-contiguous mask has no prefix length; its leading ones are the closest.
+        Netmask::V4(m) => u8::try_from(u32::from(m).leading_ones()).unwrap_or(32),
+        Netmask::V6(p) => p,
+    };
+    let server =
+        VirtualServer::from_kernel(key, &svc.scheduler, svc.flags.flags, svc.timeout, netmask)
+            .map_err(|e| foreign(e.to_string()))?;
+    let mut out = BTreeMap::new();
+    for d in dests {
+        let forward = match d.forward {
+            ForwardMethod::Masq => Forward::Masq,
+            ForwardMethod::Local => Forward::Local,
+            ForwardMethod::Tunnel => Forward::Tunnel,
+            ForwardMethod::Route => Forward::Route,
+            ForwardMethod::Bypass => Forward::Bypass,
+            ForwardMethod::Other(v) => {
+                return Err(foreign(format!(
+                    "real server {} uses forwarding method {v}",
+                    DestKey {
+                        addr: d.addr,
+                        port: d.port
+                    }
+                )));
+            }
+        };
+        let rs = RealServer {
+            key: DestKey {
+                addr: d.addr,
+                port: d.port,
+            },
+            weight: d.weight,
+            forward,
+        };
+        out.insert(rs.key, rs);
+    }
+    Ok(ServiceEntry { server, dests: out })
+}
+
+/// The netlink request for an IPVS op; `None` for address ops.
+pub fn request_for(op: &Op) -> Option<Request> {
+    Some(match op {
+        Op::AddService(vs) => Request::NewService(netlink_service(vs)),
+        Op::UpdateService(vs) => Request::SetService(netlink_service(vs)),
+        Op::DeleteService(k) => Request::DelService(service_key(k)),
+        Op::AddDest { service, dest } => Request::NewDest {
+            service: service_key(service),
+            dest: netlink_dest(dest),
+        },
+        Op::UpdateDest { service, dest } => Request::SetDest {
+            service: service_key(service),
+            dest: netlink_dest(dest),
+        },
+        Op::DeleteDest { service, dest } => Request::DelDest {
+            service: service_key(service),
+            addr: dest.addr,
+            port: dest.port,
+        },
+        Op::AddAddress(_) | Op::RemoveAddress(_) => return None,
+    })
+}
+
+/// The seam to the kernel the executor needs: a batch of IPVS requests, and address changes on
+/// the dummy interface. [`KernelHandles`] is the real one; tests use an in-memory one.
+pub trait Kernel {
+    /// Applies IPVS requests in order, one result per request; a failure does not stop the rest.
+    fn apply_requests(&mut self, requests: &[Request]) -> Vec<Result<(), String>>;
+    /// Makes sure the dummy interface exists.
+    fn ensure_interface(&mut self) -> Result<(), String>;
+    /// Binds an address to the dummy interface.
+    fn add_address(&mut self, addr: IpAddr) -> Result<(), String>;
+    /// Unbinds an address from the dummy interface.
+    fn remove_address(&mut self, addr: IpAddr) -> Result<(), String>;
+}
+
+/// The real kernel: the IPVS generic netlink handle and rtnetlink for the dummy interface.
+pub struct KernelHandles<'a> {
+    /// The IPVS handle.
+    pub ipvs: &'a mut Ipvs,
+    /// The rtnetlink handle.
+    pub rtnl: &'a mut Rtnl,
+    /// The dummy interface's name (`kube-ipvs0`).
+    pub ifname: &'a str,
+}
+
+impl Kernel for KernelHandles<'_> {
+    fn apply_requests(&mut self, requests: &[Request]) -> Vec<Result<(), String>> {
+        self.ipvs
+            .apply(requests)
+            .into_iter()
+            .map(|r| r.map_err(|e| e.to_string()))
+            .collect()
+    }
+
+    fn ensure_interface(&mut self) -> Result<(), String> {
+        self.rtnl
+            .ensure_dummy(self.ifname)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    fn add_address(&mut self, addr: IpAddr) -> Result<(), String> {
+        self.rtnl
+            .add_address(self.ifname, addr)
+            .map_err(|e| e.to_string())
+    }
+
+    fn remove_address(&mut self, addr: IpAddr) -> Result<(), String> {
+        self.rtnl
+            .del_address(self.ifname, addr)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Which Services each virtual server and address belongs to, for naming them in failures and
+/// findings.
+#[derive(Debug, Clone, Default)]
+pub struct Owners {
+    /// Services by virtual server.
+    pub servers: BTreeMap<VirtualKey, Vec<ServiceName>>,
+    /// Services by `kube-ipvs0` address.
+    pub addresses: BTreeMap<IpAddr, Vec<ServiceName>>,
+}
+
+impl Owners {
+    /// Who asks for what, from every Service's own table (so a virtual server two Services
+    /// contest names both).
+    pub fn from_inputs(inputs: &Inputs) -> Self {
+        let mut owners = Owners::default();
+        for name in inputs.service_names() {
+            let st = service_table(inputs.service(name), inputs.endpoints(name), inputs.node());
+            for (vs, _) in &st.servers {
+                owners.servers.entry(vs.key).or_default().push(name.clone());
+            }
+            for a in &st.addresses {
+                owners.addresses.entry(*a).or_default().push(name.clone());
+            }
+        }
+        for names in owners
+            .servers
+            .values_mut()
+            .chain(owners.addresses.values_mut())
+        {
+            names.sort();
+        }
+        owners
+    }
+
+    /// The Services an op belongs to.
+    pub fn of(&self, op: &Op) -> &[ServiceName] {
+        let found = match op {
+            Op::AddAddress(a) | Op::RemoveAddress(a) => self.addresses.get(a),
+            other => other.service().and_then(|k| self.servers.get(k)),
+        };
+        found.map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// The Services an op belongs to as text: `default/web`, `a/x, b/y`, or a note that it
+    /// belongs to none (a stale entry).
+    pub fn label(&self, op: &Op) -> String {
+        names_label(self.of(op))
+    }
+}
+
+/// `default/web`, several joined by commas, or `(no Service)`.
+pub fn names_label(names: &[ServiceName]) -> String {
+    if names.is_empty() {
+        return "(no Service)".to_owned();
+    }
+    names
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// One op that the kernel refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The op.
+    pub op: Op,
+    /// The Services it belongs to.
+    pub services: Vec<ServiceName>,
+    /// The kernel's answer.
+    pub error: String,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "service {}: {}: {}",
+            names_label(&self.services),
+            self.op,
+            self.error
+        )
+    }
+}
+
+/// Applies ops, which must be in [`kube_ipvs_diff::order_ops`] order: address binds first, then
+/// every IPVS op in one batch, then address removals (so an address is bound before traffic
+/// can be sent to it and unbound only after its virtual servers are gone). Returns the ops
+/// that failed, each with its Services; all others were applied.
+pub fn apply(kernel: &mut dyn Kernel, ops: &[Op], owners: &Owners) -> Vec<Failure> {
+    let mut failures = Vec::new();
+    let mut fail = |op: &Op, error: String| {
+        failures.push(Failure {
+            op: op.clone(),
+            services: owners.of(op).to_vec(),
+            error,
+        });
+    };
+    let adds: Vec<&Op> = ops
+        .iter()
+        .filter(|op| matches!(op, Op::AddAddress(_)))
+        .collect();
+    if !adds.is_empty() {
+        // Without the interface no bind can work; each bind is then reported with this cause.
+        let ensured = kernel.ensure_interface();
+        for op in adds {
+            let Op::AddAddress(a) = op else { continue };
+            let result = ensured.clone().and_then(|()| kernel.add_address(*a));
+            if let Err(e) = result {
+                fail(op, e);
+            }
+        }
+    }
+    let (ipvs_ops, requests): (Vec<&Op>, Vec<Request>) = ops
+        .iter()
+        .filter_map(|op| request_for(op).map(|r| (op, r)))
+        .unzip();
+    let results = kernel.apply_requests(&requests);
+    for (i, op) in ipvs_ops.iter().enumerate() {
+        match results.get(i) {
+            Some(Ok(())) => {}
+            Some(Err(e)) => fail(op, e.clone()),
+            None => fail(op, "no result from the kernel".to_owned()),
+        }
+    }
+    for op in ops {
+        if let Op::RemoveAddress(a) = op
+            && let Err(e) = kernel.remove_address(*a)
+        {
+            fail(op, e);
+        }
+    }
+    failures
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube_ipvs_diff::{Scheduler, Table};
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("literal")
+    }
+
+    fn vs(addr: &str, port: u16) -> VirtualServer {
+        VirtualServer {
+            key: VirtualKey::inet(Protocol::Tcp, ip(addr), port),
+            scheduler: Scheduler::RR,
+            persistence: None,
+            netmask: if ip(addr).is_ipv4() { 32 } else { 128 },
+        }
+    }
+
+    /// An in-memory kernel: the diff crate's kernel model, reached through netlink requests
+    /// converted back, with a way to make chosen requests fail.
+    #[derive(Default)]
+    struct FakeKernel {
+        table: Table,
+        fail_dest_port: Option<u16>,
+        requests: Vec<Request>,
+    }
+
+    impl FakeKernel {
+        fn op_of(&self, r: &Request) -> Op {
+            let key = |k: &ServiceKey| {
+                entry_from_kernel(&Service::new(*k, "rr"), &[])
+                    .expect("our own key")
+                    .server
+                    .key
+            };
+            let server = |s: &Service| entry_from_kernel(s, &[]).expect("our own service").server;
+            let dest = |d: &Destination| {
+                let s = Service::new(ServiceKey::tcp(ip("10.0.0.1"), 1), "rr");
+                *entry_from_kernel(&s, std::slice::from_ref(d))
+                    .expect("our own dest")
+                    .dests
+                    .values()
+                    .next()
+                    .expect("one dest")
+            };
+            match r {
+                Request::NewService(s) => Op::AddService(server(s)),
+                Request::SetService(s) => Op::UpdateService(server(s)),
+                Request::DelService(k) => Op::DeleteService(key(k)),
+                Request::NewDest { service, dest: d } => Op::AddDest {
+                    service: key(service),
+                    dest: dest(d),
+                },
+                Request::SetDest { service, dest: d } => Op::UpdateDest {
+                    service: key(service),
+                    dest: dest(d),
+                },
+                Request::DelDest {
+                    service,
+                    addr,
+                    port,
+                } => Op::DeleteDest {
+                    service: key(service),
+                    dest: DestKey {
+                        addr: *addr,
+                        port: *port,
+                    },
+                },
+                other => panic!("the executor never sends {other}"),
+            }
+        }
+    }
+
+    impl Kernel for FakeKernel {
+        fn apply_requests(&mut self, requests: &[Request]) -> Vec<Result<(), String>> {
+            self.requests.extend_from_slice(requests);
+            requests
+                .iter()
+                .map(|r| {
+                    if let Request::NewDest { dest, .. } = r
+                        && Some(dest.port) == self.fail_dest_port
+                    {
+                        return Err("injected failure".to_owned());
+                    }
+                    let op = self.op_of(r);
+                    self.table.apply(&op).map_err(|e| e.to_string())
+                })
+                .collect()
+        }
+        fn ensure_interface(&mut self) -> Result<(), String> {
+            Ok(())
+        }
+        fn add_address(&mut self, addr: IpAddr) -> Result<(), String> {
+            self.table
+                .apply(&Op::AddAddress(addr))
+                .map_err(|e| e.to_string())
+        }
+        fn remove_address(&mut self, addr: IpAddr) -> Result<(), String> {
+            self.table
+                .apply(&Op::RemoveAddress(addr))
+                .map_err(|e| e.to_string())
+        }
+    }
+
+    #[test]
+    fn netlink_service_carries_flags_timeout_and_mask() {
+        let mut v = vs("10.96.0.10", 80);
+        v.persistence = Some(10_800);
+        v.scheduler = "mh:fallback,port".parse().expect("valid");
+        let s = netlink_service(&v);
+        assert_eq!(s.scheduler, "mh");
+        assert_eq!(s.flags, Flags::exactly(0x1 | 0x8 | 0x10));
+        assert_eq!(s.timeout, 10_800);
+        assert_eq!(s.netmask, Netmask::V4(Ipv4Addr::BROADCAST));
+        let mut v6 = vs("fd00::10", 80);
+        v6.persistence = Some(60);
+        assert_eq!(netlink_service(&v6).netmask, Netmask::V6(128));
+        // The kernel reports HASHED on every service; reading back gives what was asked for.
+        let mut dumped = s.clone();
+        dumped.flags.flags |= Flags::HASHED;
+        let back = entry_from_kernel(&dumped, &[]).expect("ours");
+        assert_eq!(back.server, v);
+    }
+
+    #[test]
+    fn dests_are_masquerade_with_the_engine_weight() {
+        let d = netlink_dest(&RealServer::masq(ip("10.244.1.5"), 8080, 1));
+        assert_eq!(
+            (d.forward, d.weight, d.port),
+            (ForwardMethod::Masq, 1, 8080)
+        );
+        let mut zero = RealServer::masq(ip("10.244.1.5"), 8080, 0);
+        zero.forward = Forward::Masq;
+        assert_eq!(netlink_dest(&zero).weight, 0);
+    }
+
+    #[test]
+    fn foreign_entries_are_named() {
+        let mut s = Service::new(ServiceKey::tcp(ip("10.0.0.1"), 80), "none");
+        let err = entry_from_kernel(&s, &[]).expect_err("unknown scheduler");
+        assert!(err.to_string().contains("TCP 10.0.0.1:80"), "{err}");
+        s.scheduler = "rr".into();
+        let d = Destination::new(ip("10.0.0.2"), 80, ForwardMethod::Other(9));
+        let err = entry_from_kernel(&s, &[d]).expect_err("unknown forwarding");
+        assert!(err.to_string().contains("10.0.0.2:80"), "{err}");
+    }
+
+    #[test]
+    fn executor_takes_an_empty_kernel_to_the_desired_table() {
+        let mut desired = Table::default();
+        let v = vs("10.96.0.10", 80);
+        desired.services.insert(
+            v.key,
+            ServiceEntry {
+                server: v,
+                dests: [
+                    RealServer::masq(ip("10.244.1.5"), 8080, 1),
+                    RealServer::masq(ip("10.244.2.5"), 8080, 1),
+                ]
+                .into_iter()
+                .map(|d| (d.key, d))
+                .collect(),
+            },
+        );
+        desired.addresses.insert(ip("10.96.0.10"));
+        let ops = kube_ipvs_diff::full_diff(&desired, &Table::default(), &[]);
+        let mut k = FakeKernel::default();
+        let failures = apply(&mut k, &ops, &Owners::default());
+        assert_eq!(failures, vec![]);
+        assert_eq!(k.table, desired);
+        // One batch: a service and two destinations.
+        assert_eq!(k.requests.len(), 3);
+    }
+
+    #[test]
+    fn a_failed_op_names_its_service_and_the_others_still_apply() {
+        let web = vs("10.96.0.10", 80);
+        let db = vs("10.96.0.20", 5432);
+        let mut desired = Table::default();
+        for (v, port) in [(web, 8080), (db, 5432)] {
+            let d = RealServer::masq(ip("10.244.1.5"), port, 1);
+            desired.services.insert(
+                v.key,
+                ServiceEntry {
+                    server: v,
+                    dests: [(d.key, d)].into_iter().collect(),
+                },
+            );
+        }
+        let mut owners = Owners::default();
+        owners
+            .servers
+            .insert(web.key, vec![ServiceName::new("default", "web")]);
+        owners
+            .servers
+            .insert(db.key, vec![ServiceName::new("prod", "db")]);
+        let ops = kube_ipvs_diff::full_diff(&desired, &Table::default(), &[]);
+        let mut k = FakeKernel {
+            fail_dest_port: Some(8080),
+            ..FakeKernel::default()
+        };
+        let failures = apply(&mut k, &ops, &owners);
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert_eq!(
+            failures[0].to_string(),
+            "service default/web: add dest TCP 10.96.0.10:80 -> 10.244.1.5:8080 masq weight 1: \
+             injected failure"
+        );
+        assert_eq!(k.table.dest_count(), 1, "the db destination still applied");
+        assert!(k.table.services[&db.key].dests.len() == 1);
+    }
+}

@@ -1,0 +1,387 @@
+//! `kube-ipvs check`: the desired state against the kernel, as findings grouped by Service.
+//!
+//! The comparison is the engine's own full diff (the desired table from [`Engine`], diffed
+//! with [`full_diff`] and the exclude CIDRs), so "in sync" means exactly "the daemon would do
+//! nothing". Each op of that diff is turned into a finding and filed under the Services that
+//! ask for its virtual server or address; stale entries no Service asks for go under
+//! `(no Service)`. Real servers at weight 0 that no Service wants are draining (graceful
+//! termination) and reported as notes, not as drift. Exit 0 in sync, 1 not, 2 on error.
+//!
+//! Findings say which side is wrong: an empty virtual server with a note "no usable
+//! endpoints" is the control plane's doing (the API has no ready endpoint), a missing or stale
+//! entry while the API is fine is the node's (its rules are stale).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::Write as _;
+use std::net::IpAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use kube_ipvs_diff::{
+    DestKey, Engine, Inputs, Op, RealServer, Table, UnknownCounts, VirtualKey, VirtualServer,
+    full_diff,
+};
+use kube_ipvs_netlink::ipvs::Ipvs;
+use kube_ipvs_netlink::link::{DEFAULT_DUMMY, Rtnl};
+
+use crate::apply::Owners;
+use crate::observe::{self, Observed};
+use crate::source::SourceArgs;
+
+/// The options of `kube-ipvs check`.
+#[derive(Debug, Clone, clap::Args)]
+#[command(
+    about = "Compare the desired state with the kernel, grouped by Service; exit 0 in sync, 1 not, 2 on error"
+)]
+pub struct CheckArgs {
+    /// Where the desired state comes from, and this node.
+    #[command(flatten)]
+    pub source: SourceArgs,
+}
+
+/// One difference between the desired state and the kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finding {
+    /// A virtual server the kernel lacks, with the number of real servers it should have.
+    MissingVirtualServer {
+        /// The virtual server as it should be.
+        server: VirtualServer,
+        /// How many real servers it should have.
+        dests: usize,
+    },
+    /// A virtual server the kernel has, we own, and no Service asks for.
+    StaleVirtualServer {
+        /// Its key.
+        key: VirtualKey,
+        /// How many real servers it has.
+        dests: usize,
+    },
+    /// A virtual server whose scheduler, flags or persistence differ.
+    WrongScheduler {
+        /// As the kernel has it.
+        have: VirtualServer,
+        /// As it should be.
+        want: VirtualServer,
+    },
+    /// A real server the kernel lacks.
+    MissingRealServer {
+        /// Its virtual server.
+        service: VirtualKey,
+        /// The real server as it should be.
+        dest: RealServer,
+    },
+    /// A real server the kernel has and no endpoint asks for.
+    StaleRealServer {
+        /// Its virtual server.
+        service: VirtualKey,
+        /// As the kernel has it.
+        dest: RealServer,
+    },
+    /// A real server with the wrong weight.
+    WrongWeight {
+        /// Its virtual server.
+        service: VirtualKey,
+        /// Which real server.
+        dest: DestKey,
+        /// The kernel's weight.
+        have: u32,
+        /// The weight it should have.
+        want: u32,
+    },
+    /// A real server with the wrong forwarding method.
+    WrongForwarding {
+        /// Its virtual server.
+        service: VirtualKey,
+        /// As the kernel has it.
+        have: RealServer,
+        /// As it should be.
+        want: RealServer,
+    },
+    /// An address missing from `kube-ipvs0`.
+    MissingAddress(IpAddr),
+    /// An address on `kube-ipvs0` that no Service asks for.
+    ExtraAddress(IpAddr),
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let plural = |n: usize| if n == 1 { "" } else { "s" };
+        match self {
+            Finding::MissingVirtualServer { server, dests } => write!(
+                f,
+                "missing virtual server {server} (wants {dests} real server{})",
+                plural(*dests)
+            ),
+            Finding::StaleVirtualServer { key, dests } => write!(
+                f,
+                "stale virtual server {key} (has {dests} real server{})",
+                plural(*dests)
+            ),
+            Finding::WrongScheduler { have, want } => write!(
+                f,
+                "wrong scheduler or flags on {}: kernel has {have}, want {want}",
+                want.key
+            ),
+            Finding::MissingRealServer { service, dest } => {
+                write!(f, "missing real server {service} -> {dest}")
+            }
+            Finding::StaleRealServer { service, dest } => {
+                write!(f, "stale real server {service} -> {dest}")
+            }
+            Finding::WrongWeight {
+                service,
+                dest,
+                have,
+                want,
+            } => write!(
+                f,
+                "wrong weight of real server {service} -> {dest}: kernel has {have}, want {want}"
+            ),
+            Finding::WrongForwarding {
+                service,
+                have,
+                want,
+            } => write!(
+                f,
+                "wrong forwarding of real server {service} -> {}: kernel has {}, want {}",
+                want.key, have.forward, want.forward
+            ),
+            Finding::MissingAddress(a) => write!(f, "missing address {a} on kube-ipvs0"),
+            Finding::ExtraAddress(a) => write!(f, "extra address {a} on kube-ipvs0"),
+        }
+    }
+}
+
+/// The findings and notes of one group (a Service, several sharing an entry, or `(no Service)`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Group {
+    /// Differences: each one means the node is not in sync.
+    pub findings: Vec<Finding>,
+    /// Information that does not make the node out of sync (draining real servers, virtual
+    /// servers without usable endpoints).
+    pub notes: Vec<String>,
+}
+
+/// The result of a check.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Groups by label: `namespace/name`, several joined by `, `, or `(no Service)`.
+    pub groups: BTreeMap<String, Group>,
+    /// Notes about the kernel as a whole (foreign entries, a missing interface).
+    pub notes: Vec<String>,
+    /// The size of the desired table: virtual servers, real servers, addresses.
+    pub desired: (usize, usize, usize),
+}
+
+impl Report {
+    /// Whether the kernel matches the desired state.
+    pub fn in_sync(&self) -> bool {
+        self.groups.values().all(|g| g.findings.is_empty())
+    }
+
+    /// The number of findings.
+    pub fn finding_count(&self) -> usize {
+        self.groups.values().map(|g| g.findings.len()).sum()
+    }
+
+    /// The report as text: each group with its findings and notes, then one summary line.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for note in &self.notes {
+            out.push_str(&format!("note: {note}\n"));
+        }
+        for (label, g) in &self.groups {
+            out.push_str(&format!("{label}:\n"));
+            for f in &g.findings {
+                out.push_str(&format!("  {f}\n"));
+            }
+            for n in &g.notes {
+                out.push_str(&format!("  note: {n}\n"));
+            }
+        }
+        let (vs, rs, addrs) = self.desired;
+        if self.in_sync() {
+            out.push_str(&format!(
+                "in sync: {vs} virtual servers, {rs} real servers, {addrs} addresses\n"
+            ));
+        } else {
+            let bad = self
+                .groups
+                .values()
+                .filter(|g| !g.findings.is_empty())
+                .count();
+            out.push_str(&format!(
+                "NOT in sync: {} findings in {bad} groups (desired: {vs} virtual servers, {rs} real servers, {addrs} addresses)\n",
+                self.finding_count()
+            ));
+        }
+        out
+    }
+}
+
+/// Compares what `inputs` ask for with what the kernel holds. Pure: tests pass hand-built
+/// observed tables.
+pub fn check(inputs: &mut Inputs, observed: &Observed) -> Report {
+    let owners = Owners::from_inputs(inputs);
+    let mut engine = Engine::new();
+    let _ = engine.sync(inputs, Duration::ZERO, &UnknownCounts);
+    let desired = engine.desired_table();
+    let exclude = inputs.node().options.exclude_cidrs.clone();
+    let ops = full_diff(&desired, &observed.table, &exclude);
+    let mut report = Report {
+        desired: (
+            desired.services.len(),
+            desired.dest_count(),
+            desired.addresses.len(),
+        ),
+        ..Report::default()
+    };
+    for f in &observed.foreign {
+        report.notes.push(format!("left alone (foreign): {f}"));
+    }
+    if !observed.interface_exists && !desired.addresses.is_empty() {
+        report
+            .notes
+            .push(format!("interface {DEFAULT_DUMMY} does not exist"));
+    }
+    let missing: Vec<VirtualKey> = ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::AddService(vs) => Some(vs.key),
+            _ => None,
+        })
+        .collect();
+    for op in &ops {
+        let label = owners.label(op);
+        let finding = match finding_for(op, &desired, &observed.table, &missing) {
+            Some(Ok(f)) => f,
+            Some(Err(note)) => {
+                report.groups.entry(label).or_default().notes.push(note);
+                continue;
+            }
+            None => continue,
+        };
+        report
+            .groups
+            .entry(label)
+            .or_default()
+            .findings
+            .push(finding);
+    }
+    // Virtual servers with no real servers are the control plane's side: nothing ready.
+    for (key, entry) in &desired.services {
+        if entry.dests.is_empty() {
+            let label = crate::apply::names_label(
+                owners.servers.get(key).map(Vec::as_slice).unwrap_or(&[]),
+            );
+            report.groups.entry(label).or_default().notes.push(format!(
+                "{key} has no usable endpoints: the API offers none for this node (see `kube-ipvs explain`)"
+            ));
+        }
+    }
+    report
+}
+
+/// The finding for one op of the diff; `Some(Err(note))` for what is not drift, `None` for an
+/// op already covered by another finding (the real servers of a missing virtual server).
+fn finding_for(
+    op: &Op,
+    desired: &Table,
+    observed: &Table,
+    missing: &[VirtualKey],
+) -> Option<Result<Finding, String>> {
+    let have_dest = |service: &VirtualKey, dest: &DestKey| {
+        observed
+            .services
+            .get(service)
+            .and_then(|e| e.dests.get(dest))
+            .copied()
+    };
+    Some(Ok(match op {
+        Op::AddAddress(a) => Finding::MissingAddress(*a),
+        Op::RemoveAddress(a) => Finding::ExtraAddress(*a),
+        Op::AddService(vs) => Finding::MissingVirtualServer {
+            server: *vs,
+            dests: desired.services.get(&vs.key).map_or(0, |e| e.dests.len()),
+        },
+        Op::DeleteService(k) => Finding::StaleVirtualServer {
+            key: *k,
+            dests: observed.services.get(k).map_or(0, |e| e.dests.len()),
+        },
+        Op::UpdateService(want) => match observed.services.get(&want.key) {
+            Some(e) => Finding::WrongScheduler {
+                have: e.server,
+                want: *want,
+            },
+            None => return None,
+        },
+        Op::AddDest { service, .. } if missing.contains(service) => return None,
+        Op::AddDest { service, dest } => Finding::MissingRealServer {
+            service: *service,
+            dest: *dest,
+        },
+        Op::DeleteDest { service, dest } => {
+            let have = have_dest(service, dest)?;
+            if have.weight == 0 {
+                return Some(Err(format!(
+                    "real server {service} -> {dest} is draining (weight 0, no endpoint wants it)"
+                )));
+            }
+            Finding::StaleRealServer {
+                service: *service,
+                dest: have,
+            }
+        }
+        Op::UpdateDest { service, dest } => {
+            let have = have_dest(service, &dest.key)?;
+            if have.weight != dest.weight {
+                Finding::WrongWeight {
+                    service: *service,
+                    dest: dest.key,
+                    have: have.weight,
+                    want: dest.weight,
+                }
+            } else {
+                Finding::WrongForwarding {
+                    service: *service,
+                    have,
+                    want: *dest,
+                }
+            }
+        }
+    }))
+}
+
+/// Runs `kube-ipvs check`: 0 in sync, 1 not in sync, 2 on error.
+pub fn main(args: &CheckArgs) -> ExitCode {
+    let fail = |msg: String| {
+        eprintln!("kube-ipvs check: {msg}");
+        ExitCode::from(2)
+    };
+    let (mut inputs, warnings) = match args.source.load() {
+        Ok(v) => v,
+        Err(e) => return fail(e.to_string()),
+    };
+    for w in warnings {
+        eprintln!("kube-ipvs check: warning: {w}");
+    }
+    let observed = Ipvs::new().and_then(|mut ipvs| {
+        let mut rtnl = Rtnl::new()?;
+        observe::read(&mut ipvs, &mut rtnl, DEFAULT_DUMMY)
+    });
+    let observed = match observed {
+        Ok(o) => o,
+        Err(e) => return fail(e.to_string()),
+    };
+    let report = check(&mut inputs, &observed);
+    let mut out = std::io::stdout().lock();
+    let _ = out
+        .write_all(report.render().as_bytes())
+        .and_then(|()| out.flush());
+    if report.in_sync() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}

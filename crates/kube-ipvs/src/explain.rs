@@ -1,0 +1,588 @@
+//! `kube-ipvs explain IP:PORT[/PROTO]`: which Service port an address is, every endpoint of
+//! that Service (all slices merged) with its conditions, and why each is or is not a real
+//! server on this node.
+//!
+//! **The verdict is the engine's**: whether an endpoint is a real server is read from
+//! [`service_table`], the same function the daemon programs the kernel from. The *reason* is
+//! worked out here from the endpoint's conditions, node, zone and hints by the rules the diff
+//! crate documents (its per-endpoint predicates are private); if the two ever disagree the
+//! reason says so instead of guessing. This module never touches the kernel.
+
+use std::fmt;
+use std::io::Write as _;
+use std::net::{IpAddr, SocketAddr};
+use std::process::ExitCode;
+use std::str::FromStr;
+
+use kube_ipvs_diff::desired::dest_keys;
+use kube_ipvs_diff::{
+    DestKey, Endpoint, Inputs, NodeContext, Protocol, ServiceInfo, ServiceKind, ServiceName,
+    ServicePort, SessionAffinity, TrafficDistribution, TrafficPolicy, VirtualKey, service_table,
+};
+
+use crate::source::SourceArgs;
+
+/// The options of `kube-ipvs explain`.
+#[derive(Debug, Clone, clap::Args)]
+#[command(
+    about = "Explain which Service an IP:PORT[/PROTO] is and why each endpoint is or is not a real server here"
+)]
+pub struct ExplainArgs {
+    /// The virtual address: `10.96.0.10:80`, `[fd00::10]:53/udp`; the protocol defaults to tcp.
+    #[arg(value_name = "IP:PORT[/PROTO]")]
+    pub target: String,
+    /// Where the desired state comes from, and this node.
+    #[command(flatten)]
+    pub source: SourceArgs,
+}
+
+/// A parsed `IP:PORT[/PROTO]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Target {
+    /// The address.
+    pub addr: IpAddr,
+    /// The port.
+    pub port: u16,
+    /// The protocol.
+    pub protocol: Protocol,
+}
+
+impl FromStr for Target {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (hostport, proto) = match s.rsplit_once('/') {
+            Some((hp, p)) => (hp, p),
+            None => (s, "tcp"),
+        };
+        let protocol = match proto.to_ascii_lowercase().as_str() {
+            "tcp" => Protocol::Tcp,
+            "udp" => Protocol::Udp,
+            "sctp" => Protocol::Sctp,
+            other => {
+                return Err(format!(
+                    "{s:?}: unknown protocol {other:?} (tcp, udp or sctp)"
+                ));
+            }
+        };
+        let sa: SocketAddr = hostport.parse().map_err(|_| {
+            format!("{s:?}: expected IP:PORT[/PROTO], IPv6 in brackets ([fd00::1]:80)")
+        })?;
+        if sa.port() == 0 {
+            return Err(format!("{s:?}: port 0"));
+        }
+        Ok(Target {
+            addr: sa.ip(),
+            port: sa.port(),
+            protocol,
+        })
+    }
+}
+
+/// How a Service is reached at the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// One of its ClusterIPs.
+    ClusterIp,
+    /// One of its externalIPs.
+    ExternalIp,
+    /// One of its LoadBalancer ingress IPs.
+    LoadBalancerIp,
+    /// A node IP and the port's nodePort.
+    NodePort,
+}
+
+impl Via {
+    /// The policy that picks endpoints for this kind of address.
+    fn policy(self, info: &ServiceInfo) -> (&'static str, TrafficPolicy) {
+        match self {
+            Via::ClusterIp => ("internalTrafficPolicy", info.internal_traffic_policy),
+            _ => ("externalTrafficPolicy", info.external_traffic_policy),
+        }
+    }
+}
+
+impl fmt::Display for Via {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Via::ClusterIp => "ClusterIP",
+            Via::ExternalIp => "externalIP",
+            Via::LoadBalancerIp => "LoadBalancer IP",
+            Via::NodePort => "NodePort on a node IP",
+        })
+    }
+}
+
+/// Why an endpoint is or is not a real server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reason {
+    /// Ready, and every filter passed.
+    Ready,
+    /// Serving and terminating, used because no endpoint is ready (KEP-1669).
+    TerminatingFallback,
+    /// It has no port with the Service port's name and protocol.
+    NoMatchingPort,
+    /// Its address family differs from the virtual address's.
+    OtherFamily,
+    /// Not ready, and not serving-and-terminating.
+    NotReady,
+    /// Terminating and no longer serving.
+    TerminatingNotServing,
+    /// Serving and terminating, but ready endpoints exist, so it is not used.
+    TerminatingWhileReady,
+    /// On another node (or none) while the policy is Local.
+    OtherNodeUnderLocal {
+        /// The policy's field name.
+        policy: &'static str,
+        /// The endpoint's node.
+        node: Option<String>,
+    },
+    /// Topology hints name other zones than this node's.
+    ZoneHints {
+        /// The hinted zones.
+        hints: Vec<String>,
+        /// This node's zone.
+        ours: Option<String>,
+    },
+    /// Topology hints name other nodes.
+    NodeHints {
+        /// The hinted nodes.
+        hints: Vec<String>,
+    },
+    /// `trafficDistribution` prefers this node's zone and the endpoint is elsewhere.
+    OtherZoneByDistribution {
+        /// The endpoint's zone.
+        zone: Option<String>,
+        /// This node's zone.
+        ours: Option<String>,
+    },
+    /// `trafficDistribution: PreferSameNode` and the endpoint is on another node.
+    OtherNodeByDistribution {
+        /// The endpoint's node.
+        node: Option<String>,
+    },
+    /// The engine's verdict and the rules here disagree; shown rather than guessed.
+    Unexplained {
+        /// Whether the engine made it a real server.
+        real_server: bool,
+    },
+}
+
+fn opt(s: &Option<String>) -> &str {
+    s.as_deref().unwrap_or("(none)")
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::Ready => f.write_str("ready"),
+            Reason::TerminatingFallback => {
+                f.write_str("serving and terminating; used because no endpoint is ready")
+            }
+            Reason::NoMatchingPort => f.write_str("it has no port of this name and protocol"),
+            Reason::OtherFamily => {
+                f.write_str("its address family differs from the virtual address's")
+            }
+            Reason::NotReady => f.write_str("not ready"),
+            Reason::TerminatingNotServing => f.write_str("terminating and no longer serving"),
+            Reason::TerminatingWhileReady => f.write_str(
+                "serving but terminating; terminating endpoints are used only when none is ready",
+            ),
+            Reason::OtherNodeUnderLocal { policy, node } => write!(
+                f,
+                "on node {}, not this node, and {policy} is Local",
+                opt(node)
+            ),
+            Reason::ZoneHints { hints, ours } => write!(
+                f,
+                "topology hints for zone(s) {}, this node is in zone {}",
+                hints.join(","),
+                opt(ours)
+            ),
+            Reason::NodeHints { hints } => {
+                write!(
+                    f,
+                    "topology hints for node(s) {}, not this node",
+                    hints.join(",")
+                )
+            }
+            Reason::OtherZoneByDistribution { zone, ours } => write!(
+                f,
+                "trafficDistribution prefers this node's zone {}; the endpoint is in zone {}",
+                opt(ours),
+                opt(zone)
+            ),
+            Reason::OtherNodeByDistribution { node } => write!(
+                f,
+                "trafficDistribution PreferSameNode; the endpoint is on node {}",
+                opt(node)
+            ),
+            Reason::Unexplained { real_server: true } => {
+                f.write_str("a real server, for a reason these rules do not name")
+            }
+            Reason::Unexplained { real_server: false } => {
+                f.write_str("left out, for a reason these rules do not name")
+            }
+        }
+    }
+}
+
+/// One endpoint's verdict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// The endpoint.
+    pub endpoint: Endpoint,
+    /// Its port for this Service port, if it has one.
+    pub target_port: Option<u16>,
+    /// Whether the engine made it a real server of the virtual server.
+    pub real_server: bool,
+    /// Why.
+    pub reason: Reason,
+}
+
+/// One Service port the target matched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Match {
+    /// The Service.
+    pub service: ServiceName,
+    /// Its object.
+    pub info: ServiceInfo,
+    /// The port.
+    pub port: ServicePort,
+    /// How the target reaches it.
+    pub via: Via,
+    /// The virtual server the engine builds for it (`None` if it builds none, e.g. an
+    /// externalIP of a family the Service has no ClusterIP in).
+    pub server: Option<kube_ipvs_diff::VirtualServer>,
+    /// Every endpoint of the Service with its verdict.
+    pub endpoints: Vec<Verdict>,
+}
+
+/// Finds every Service port the target is, with each endpoint's verdict.
+pub fn explain(inputs: &Inputs, target: &Target) -> Vec<Match> {
+    let node = inputs.node();
+    let node_ips: Vec<IpAddr> = node
+        .node_ips_v4
+        .iter()
+        .map(|a| IpAddr::V4(*a))
+        .chain(node.node_ips_v6.iter().map(|a| IpAddr::V6(*a)))
+        .collect();
+    let mut names: Vec<&ServiceName> = inputs.service_names().collect();
+    names.sort();
+    let mut out = Vec::new();
+    for name in names {
+        let Some(info) = inputs.service(name) else {
+            continue;
+        };
+        for port in info.ports.iter().filter(|p| p.protocol == target.protocol) {
+            let via = if port.port == target.port && info.cluster_ips.contains(&target.addr) {
+                Via::ClusterIp
+            } else if port.port == target.port && info.external_ips.contains(&target.addr) {
+                Via::ExternalIp
+            } else if port.port == target.port && info.load_balancer_ips.contains(&target.addr) {
+                Via::LoadBalancerIp
+            } else if port.node_port == Some(target.port) && node_ips.contains(&target.addr) {
+                Via::NodePort
+            } else {
+                continue;
+            };
+            let endpoints = inputs.endpoints(name);
+            let table = service_table(Some(info), endpoints, node);
+            let key = VirtualKey::inet(target.protocol, target.addr, target.port);
+            let server = table
+                .servers
+                .iter()
+                .find(|(s, _)| s.key == key)
+                .map(|(s, _)| *s);
+            let chosen: Vec<DestKey> = dest_keys(&table, &key);
+            let verdicts = endpoints
+                .iter()
+                .map(|e| verdict(e, info, port, via, target, endpoints, node, &chosen))
+                .collect();
+            out.push(Match {
+                service: name.clone(),
+                info: info.clone(),
+                port: port.clone(),
+                via,
+                server,
+                endpoints: verdicts,
+            });
+        }
+    }
+    out
+}
+
+/// The engine's verdict for one endpoint, with the reason by the documented rules.
+#[allow(clippy::too_many_arguments)]
+fn verdict(
+    e: &Endpoint,
+    info: &ServiceInfo,
+    port: &ServicePort,
+    via: Via,
+    target: &Target,
+    all: &[Endpoint],
+    node: &NodeContext,
+    chosen: &[DestKey],
+) -> Verdict {
+    let target_port = e.port_for(&port.name, port.protocol);
+    let real_server = target_port.is_some_and(|p| {
+        chosen.contains(&DestKey {
+            addr: e.addr,
+            port: p,
+        })
+    });
+    let reason = reason(
+        e,
+        info,
+        port,
+        via,
+        target,
+        all,
+        node,
+        target_port,
+        real_server,
+    );
+    Verdict {
+        endpoint: e.clone(),
+        target_port,
+        real_server,
+        reason,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn reason(
+    e: &Endpoint,
+    info: &ServiceInfo,
+    port: &ServicePort,
+    via: Via,
+    target: &Target,
+    all: &[Endpoint],
+    node: &NodeContext,
+    target_port: Option<u16>,
+    real_server: bool,
+) -> Reason {
+    if target_port.is_none() {
+        return Reason::NoMatchingPort;
+    }
+    if e.addr.is_ipv4() != target.addr.is_ipv4() {
+        return Reason::OtherFamily;
+    }
+    let (policy_name, policy) = via.policy(info);
+    let local = policy == TrafficPolicy::Local;
+    let is_ours = e.node_name.as_deref() == Some(node.node_name.as_str());
+    if real_server {
+        return if e.ready {
+            Reason::Ready
+        } else if e.serving && e.terminating {
+            Reason::TerminatingFallback
+        } else {
+            Reason::Unexplained { real_server }
+        };
+    }
+    if !e.ready && !e.serving && e.terminating {
+        return Reason::TerminatingNotServing;
+    }
+    if !(e.ready || e.serving && e.terminating) {
+        return Reason::NotReady;
+    }
+    if local && !is_ours {
+        return Reason::OtherNodeUnderLocal {
+            policy: policy_name,
+            node: e.node_name.clone(),
+        };
+    }
+    if !e.ready {
+        // Serving and terminating: left out only because some endpoint (in the pool this
+        // policy draws from) is ready.
+        let pool_has_ready = all.iter().any(|o| {
+            o.ready
+                && o.port_for(&port.name, port.protocol).is_some()
+                && (!local || o.node_name.as_deref() == Some(node.node_name.as_str()))
+        });
+        if pool_has_ready {
+            return Reason::TerminatingWhileReady;
+        }
+    }
+    if !local && let Some(r) = topology_reason(e, info, all, node) {
+        return r;
+    }
+    Reason::Unexplained { real_server }
+}
+
+/// Which topology rule, if any, keeps a ready endpoint out under a Cluster policy.
+fn topology_reason(
+    e: &Endpoint,
+    info: &ServiceInfo,
+    all: &[Endpoint],
+    node: &NodeContext,
+) -> Option<Reason> {
+    let any_hints = all
+        .iter()
+        .any(|o| !o.hints_for_zones.is_empty() || !o.hints_for_nodes.is_empty());
+    if !any_hints {
+        return match info.traffic_distribution {
+            Some(TrafficDistribution::PreferClose | TrafficDistribution::PreferSameZone)
+                if e.zone != node.zone =>
+            {
+                Some(Reason::OtherZoneByDistribution {
+                    zone: e.zone.clone(),
+                    ours: node.zone.clone(),
+                })
+            }
+            Some(TrafficDistribution::PreferSameNode)
+                if e.node_name.as_deref() != Some(node.node_name.as_str()) =>
+            {
+                Some(Reason::OtherNodeByDistribution {
+                    node: e.node_name.clone(),
+                })
+            }
+            _ => None,
+        };
+    }
+    if !e.hints_for_nodes.is_empty() && !e.hints_for_nodes.contains(&node.node_name) {
+        return Some(Reason::NodeHints {
+            hints: e.hints_for_nodes.clone(),
+        });
+    }
+    let in_zone = node
+        .zone
+        .as_ref()
+        .is_some_and(|z| e.hints_for_zones.contains(z));
+    if !e.hints_for_zones.is_empty() && !in_zone {
+        return Some(Reason::ZoneHints {
+            hints: e.hints_for_zones.clone(),
+            ours: node.zone.clone(),
+        });
+    }
+    None
+}
+
+fn policy_name(p: TrafficPolicy) -> &'static str {
+    match p {
+        TrafficPolicy::Cluster => "Cluster",
+        TrafficPolicy::Local => "Local",
+    }
+}
+
+/// The explanation as text.
+pub fn render(target: &Target, matches: &[Match], node: &NodeContext) -> String {
+    let mut out = String::new();
+    let key = VirtualKey::inet(target.protocol, target.addr, target.port);
+    if matches.is_empty() {
+        out.push_str(&format!(
+            "{key}: no Service port has this address (ClusterIP, externalIP, LoadBalancer IP, or node IP with a nodePort)\n"
+        ));
+        return out;
+    }
+    out.push_str(&format!(
+        "node {} (zone {})\n",
+        node.node_name,
+        opt(&node.zone)
+    ));
+    for m in matches {
+        let port_name = if m.port.name.is_empty() {
+            "(unnamed)".to_owned()
+        } else {
+            m.port.name.clone()
+        };
+        out.push_str(&format!(
+            "{key} is Service {} port {port_name} ({} {}) via {}\n",
+            m.service, m.port.protocol, m.port.port, m.via
+        ));
+        let kind = match m.info.kind {
+            ServiceKind::ClusterIp => "ClusterIP",
+            ServiceKind::NodePort => "NodePort",
+            ServiceKind::LoadBalancer => "LoadBalancer",
+            ServiceKind::ExternalName => "ExternalName",
+        };
+        let affinity = match m.info.session_affinity {
+            SessionAffinity::None => "None".to_owned(),
+            SessionAffinity::ClientIp { timeout_seconds } => format!("ClientIP {timeout_seconds}s"),
+        };
+        out.push_str(&format!(
+            "  type {kind}, internalTrafficPolicy {}, externalTrafficPolicy {}, sessionAffinity {affinity}\n",
+            policy_name(m.info.internal_traffic_policy),
+            policy_name(m.info.external_traffic_policy),
+        ));
+        if let Some(td) = &m.info.traffic_distribution {
+            let td = match td {
+                TrafficDistribution::PreferClose => "PreferClose",
+                TrafficDistribution::PreferSameZone => "PreferSameZone",
+                TrafficDistribution::PreferSameNode => "PreferSameNode",
+                TrafficDistribution::Other(s) => s.as_str(),
+            };
+            out.push_str(&format!("  trafficDistribution {td}\n"));
+        }
+        let real = m.endpoints.iter().filter(|v| v.real_server).count();
+        match &m.server {
+            Some(s) => out.push_str(&format!(
+                "  virtual server {s} with {real} real server{}\n",
+                if real == 1 { "" } else { "s" }
+            )),
+            None => out.push_str("  no virtual server: the engine builds none for this address\n"),
+        }
+        if m.endpoints.is_empty() {
+            out.push_str("  no endpoints (no EndpointSlice lists any)\n");
+        }
+        for v in &m.endpoints {
+            let e = &v.endpoint;
+            let addr = match (e.addr, v.target_port) {
+                (a, Some(p)) => DestKey { addr: a, port: p }.to_string(),
+                (a, None) => a.to_string(),
+            };
+            let mut line = format!(
+                "  {addr} ready={} serving={} terminating={} node={} zone={}",
+                e.ready,
+                e.serving,
+                e.terminating,
+                opt(&e.node_name),
+                opt(&e.zone)
+            );
+            if !e.hints_for_zones.is_empty() {
+                line.push_str(&format!(" hints.forZones={}", e.hints_for_zones.join(",")));
+            }
+            if !e.hints_for_nodes.is_empty() {
+                line.push_str(&format!(" hints.forNodes={}", e.hints_for_nodes.join(",")));
+            }
+            out.push_str(&line);
+            out.push('\n');
+            let verdict = if v.real_server {
+                "real server"
+            } else {
+                "not a real server"
+            };
+            out.push_str(&format!("    -> {verdict}: {}\n", v.reason));
+        }
+    }
+    out
+}
+
+/// Runs `kube-ipvs explain`: 0 when the target is a Service port, 1 when it is none, 2 on error.
+pub fn main(args: &ExplainArgs) -> ExitCode {
+    let fail = |msg: String| {
+        eprintln!("kube-ipvs explain: {msg}");
+        ExitCode::from(2)
+    };
+    let target: Target = match args.target.parse() {
+        Ok(t) => t,
+        Err(e) => return fail(e),
+    };
+    let (inputs, warnings) = match args.source.load() {
+        Ok(v) => v,
+        Err(e) => return fail(e.to_string()),
+    };
+    for w in warnings {
+        eprintln!("kube-ipvs explain: warning: {w}");
+    }
+    let matches = explain(&inputs, &target);
+    let mut out = std::io::stdout().lock();
+    let _ = out
+        .write_all(render(&target, &matches, inputs.node()).as_bytes())
+        .and_then(|()| out.flush());
+    if matches.is_empty() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}

@@ -1,0 +1,84 @@
+//! Reading the kernel into the diff engine's observed [`Table`]: the IPVS table through the
+//! IPVS handle and the addresses on `kube-ipvs0` through rtnetlink.
+//!
+//! Everything is read; nothing is filtered here. Deciding what the engine owns (exclude CIDRs,
+//! fwmark services) is the engine's job (`full_diff` and `Engine::resync` take the exclude
+//! list), so plan and check see the same table the daemon would. Entries the engine cannot
+//! represent (an unknown scheduler, an odd protocol) are listed as foreign instead of failing
+//! the read.
+
+use kube_ipvs_diff::Table;
+use kube_ipvs_netlink::ipvs::Ipvs;
+use kube_ipvs_netlink::link::Rtnl;
+
+use crate::apply::{ForeignEntry, entry_from_kernel};
+
+/// What the kernel holds, in the engine's terms.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observed {
+    /// Virtual servers, real servers and `kube-ipvs0` addresses.
+    pub table: Table,
+    /// Kernel entries the engine cannot represent; never touched.
+    pub foreign: Vec<ForeignEntry>,
+    /// Whether the dummy interface exists at all.
+    pub interface_exists: bool,
+}
+
+/// Builds the observed table from a dump (`Ipvs::table()`) and the interface's addresses
+/// (`None` when the interface does not exist). Pure, so it is tested without a kernel.
+pub fn from_dump(
+    dump: &[(
+        kube_ipvs_netlink::ipvs::Service,
+        Vec<kube_ipvs_netlink::ipvs::Destination>,
+    )],
+    addresses: Option<Vec<std::net::IpAddr>>,
+) -> Observed {
+    let mut out = Observed {
+        interface_exists: addresses.is_some(),
+        ..Observed::default()
+    };
+    for (svc, dests) in dump {
+        match entry_from_kernel(svc, dests) {
+            Ok(entry) => {
+                out.table.services.insert(entry.server.key, entry);
+            }
+            Err(f) => out.foreign.push(f),
+        }
+    }
+    out.table.addresses = addresses.into_iter().flatten().collect();
+    out
+}
+
+/// Reads the kernel: every IPVS service with its destinations, and the addresses on `ifname`.
+pub fn read(ipvs: &mut Ipvs, rtnl: &mut Rtnl, ifname: &str) -> kube_ipvs_netlink::Result<Observed> {
+    let dump = ipvs.table()?;
+    let addresses = match rtnl.link_index(ifname)? {
+        Some(_) => Some(rtnl.addresses(ifname)?),
+        None => None,
+    };
+    Ok(from_dump(&dump, addresses))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube_ipvs_netlink::ipvs::{Destination, ForwardMethod, Service, ServiceKey};
+
+    #[test]
+    fn dump_becomes_a_table_and_foreign_entries_are_listed() {
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().expect("literal");
+        let ours = Service::new(ServiceKey::tcp(ip("10.96.0.10"), 80), "rr");
+        let theirs = Service::new(ServiceKey::udp(ip("10.96.0.11"), 53), "none");
+        let d = Destination::new(ip("10.244.1.5"), 8080, ForwardMethod::Masq);
+        let obs = from_dump(
+            &[(ours, vec![d]), (theirs, vec![])],
+            Some(vec![ip("10.96.0.10")]),
+        );
+        assert_eq!(obs.table.services.len(), 1);
+        assert_eq!(obs.table.dest_count(), 1);
+        assert_eq!(obs.foreign.len(), 1);
+        assert!(obs.foreign[0].to_string().contains("UDP 10.96.0.11:53"));
+        assert!(obs.interface_exists);
+        assert!(!from_dump(&[], None).interface_exists);
+    }
+}

@@ -1,0 +1,178 @@
+//! `kube-ipvs plan`: the operations `run` would apply now, printed one per line, and with
+//! `--apply` applied once through the executor (the first piece of `run`: one resync, no
+//! watch, no timers).
+//!
+//! The ops come from the engine's own `resync` against the observed table, so what is printed
+//! is exactly what the daemon would do at startup. This module owns the command line and the
+//! text; the engine decides, [`crate::apply`] executes, [`crate::observe`] reads.
+
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use kube_ipvs_diff::{Engine, Inputs, Op, Table, UnknownCounts};
+use kube_ipvs_netlink::ipvs::Ipvs;
+use kube_ipvs_netlink::link::{DEFAULT_DUMMY, Rtnl};
+
+use crate::apply::{self, KernelHandles, Owners};
+use crate::observe;
+use crate::source::SourceArgs;
+
+/// The options of `kube-ipvs plan`.
+#[derive(Debug, Clone, clap::Args)]
+#[command(about = "Print the operations `run` would apply now (and with --apply, apply them once)")]
+pub struct PlanArgs {
+    /// Where the desired state comes from, and this node.
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// Diff against an empty table instead of the kernel: needs no root and no IPVS.
+    #[arg(long, conflicts_with = "apply")]
+    pub from_empty: bool,
+    /// Apply the plan once through the executor and report failed operations (a one-shot
+    /// sync: what `run` does at startup, without watching afterwards).
+    #[arg(long)]
+    pub apply: bool,
+}
+
+/// The ops that take `observed` to what `inputs` ask for, as the daemon's startup resync would
+/// compute them (no connection counts are known, so stale TCP real servers drain at weight 0).
+pub fn compute(inputs: &mut Inputs, observed: &Table) -> Vec<Op> {
+    Engine::new().resync(inputs, observed, Duration::ZERO, &UnknownCounts)
+}
+
+/// The plan as text: one op per line, then a summary with a count per kind of op.
+pub fn render(ops: &[Op]) -> String {
+    let mut out = String::new();
+    for op in ops {
+        out.push_str(&op.to_string());
+        out.push('\n');
+    }
+    if ops.is_empty() {
+        out.push_str("0 operations: the kernel already matches\n");
+        return out;
+    }
+    // Kinds in kernel order, so the summary reads like the plan above it.
+    let mut kinds: std::collections::BTreeMap<u8, (&str, usize)> = Default::default();
+    for op in ops {
+        kinds.entry(op.phase()).or_insert((kind_name(op), 0)).1 += 1;
+    }
+    let counts: Vec<String> = kinds
+        .values()
+        .map(|(name, n)| format!("{n} {name}"))
+        .collect();
+    let n = ops.len();
+    let noun = if n == 1 { "operation" } else { "operations" };
+    out.push_str(&format!("{n} {noun}: {}\n", counts.join(", ")));
+    out
+}
+
+fn kind_name(op: &Op) -> &'static str {
+    match op {
+        Op::AddAddress(_) => "add address",
+        Op::AddService(_) => "add service",
+        Op::UpdateService(_) => "update service",
+        Op::AddDest { .. } => "add dest",
+        Op::UpdateDest { .. } => "update dest",
+        Op::DeleteDest { .. } => "delete dest",
+        Op::DeleteService(_) => "delete service",
+        Op::RemoveAddress(_) => "remove address",
+    }
+}
+
+/// Runs `kube-ipvs plan`: 0 on success, 1 if `--apply` had failures, 2 on error.
+pub fn main(args: &PlanArgs) -> ExitCode {
+    let fail = |msg: String| {
+        eprintln!("kube-ipvs plan: {msg}");
+        ExitCode::from(2)
+    };
+    let (mut inputs, warnings) = match args.source.load() {
+        Ok(v) => v,
+        Err(e) => return fail(e.to_string()),
+    };
+    for w in warnings {
+        eprintln!("kube-ipvs plan: warning: {w}");
+    }
+    if args.from_empty {
+        let ops = compute(&mut inputs, &Table::default());
+        print(&render(&ops));
+        return ExitCode::SUCCESS;
+    }
+    let mut ipvs = match Ipvs::new() {
+        Ok(h) => h,
+        Err(e) => return fail(e.to_string()),
+    };
+    let mut rtnl = match Rtnl::new() {
+        Ok(h) => h,
+        Err(e) => return fail(e.to_string()),
+    };
+    let observed = match observe::read(&mut ipvs, &mut rtnl, DEFAULT_DUMMY) {
+        Ok(o) => o,
+        Err(e) => return fail(e.to_string()),
+    };
+    for f in &observed.foreign {
+        eprintln!("kube-ipvs plan: leaving foreign entry alone: {f}");
+    }
+    let owners = Owners::from_inputs(&inputs);
+    let ops = compute(&mut inputs, &observed.table);
+    print(&render(&ops));
+    if !args.apply {
+        return ExitCode::SUCCESS;
+    }
+    let mut kernel = KernelHandles {
+        ipvs: &mut ipvs,
+        rtnl: &mut rtnl,
+        ifname: DEFAULT_DUMMY,
+    };
+    let failures = apply::apply(&mut kernel, &ops, &owners);
+    for f in &failures {
+        eprintln!("kube-ipvs plan: failed: {f}");
+    }
+    print(&format!(
+        "applied {} of {} operations\n",
+        ops.len() - failures.len(),
+        ops.len()
+    ));
+    if failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn print(text: &str) {
+    let mut out = std::io::stdout().lock();
+    // A closed pipe (`kube-ipvs plan | head`) is not an error worth a message.
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube_ipvs_diff::{Protocol, RealServer, Scheduler, VirtualKey, VirtualServer};
+
+    #[test]
+    fn render_lists_ops_and_counts_them() {
+        let v = VirtualServer {
+            key: VirtualKey::inet(Protocol::Tcp, "10.96.0.10".parse().expect("literal"), 80),
+            scheduler: Scheduler::RR,
+            persistence: None,
+            netmask: 32,
+        };
+        let ops = vec![
+            Op::AddAddress("10.96.0.10".parse().expect("literal")),
+            Op::AddService(v),
+            Op::AddDest {
+                service: v.key,
+                dest: RealServer::masq("10.244.1.5".parse().expect("literal"), 8080, 1),
+            },
+        ];
+        assert_eq!(
+            render(&ops),
+            "add address 10.96.0.10 to kube-ipvs0\n\
+             add service TCP 10.96.0.10:80 rr\n\
+             add dest TCP 10.96.0.10:80 -> 10.244.1.5:8080 masq weight 1\n\
+             3 operations: 1 add address, 1 add service, 1 add dest\n"
+        );
+        assert_eq!(render(&[]), "0 operations: the kernel already matches\n");
+    }
+}

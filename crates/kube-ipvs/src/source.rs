@@ -1,0 +1,357 @@
+//! Where `plan`, `check` and `explain` get the desired state: manifest files (`--manifests`)
+//! or one complete listing from the API server, plus the node context flags they share.
+//!
+//! Both sources go through `kube-ipvs-watch`'s tracker, so translation and "bad objects are
+//! skipped" are exactly the daemon's. The result is the engine's [`Inputs`]. This module never
+//! touches the kernel.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube_ipvs_diff::{Cidr, Inputs, NodeContext, Options, Scheduler};
+use kube_ipvs_watch::translate::SERVICE_NAME_LABEL;
+use kube_ipvs_watch::{ChangeSet, Tracker, TranslateOptions};
+
+/// Why the desired state could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// A flag's value is unusable.
+    #[error("--{flag} {value:?}: {reason}")]
+    Flag {
+        /// The flag, without dashes.
+        flag: &'static str,
+        /// The value given.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The manifests could not be read or parsed.
+    #[error(transparent)]
+    Manifest(#[from] kube_ipvs_watch::Error),
+    /// The API server could not be reached or answered with an error.
+    #[error("{what}: {source}")]
+    Api {
+        /// What was being done.
+        what: String,
+        /// The client's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The node context was refused by the model.
+    #[error("node context: {0}")]
+    Node(kube_ipvs_diff::Error),
+    /// The async runtime for the API client could not start.
+    #[error("starting the API client runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// The desired-state flags shared by `plan`, `check` and `explain`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct SourceArgs {
+    /// Read Services and EndpointSlices (and optionally this node's Node) from YAML manifests:
+    /// a file or a directory of `.yaml`/`.yml` files. Without it, the API server is asked.
+    #[arg(long, value_name = "PATH")]
+    pub manifests: Option<PathBuf>,
+    /// The kubeconfig for the API server; default: in-cluster config, then `$KUBECONFIG`,
+    /// then `~/.kube/config`.
+    #[arg(long, value_name = "PATH", conflicts_with = "manifests")]
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name (default: the kernel's hostname, lowercased).
+    #[arg(long, value_name = "NAME")]
+    pub hostname_override: Option<String>,
+    /// This node's zone; default: the Node object's `topology.kubernetes.io/zone` label.
+    #[arg(long, value_name = "ZONE")]
+    pub node_zone: Option<String>,
+    /// An address NodePorts listen on (repeatable); default: the Node object's InternalIPs.
+    #[arg(long = "node-ip", value_name = "IP")]
+    pub node_ips: Vec<IpAddr>,
+    /// The IPVS scheduler for Services without a `kube-ipvs.io/scheduler` annotation.
+    #[arg(long, default_value = "rr")]
+    pub scheduler: String,
+    /// The Pod network(s), comma-separated. Accepted and checked for kube-proxy
+    /// compatibility; it does not change the IPVS table (it matters to masquerade rules).
+    #[arg(long, value_name = "CIDR[,CIDR]")]
+    pub cluster_cidr: Option<String>,
+    /// Networks whose virtual servers and addresses belong to someone else and are never
+    /// touched, comma-separated (kube-proxy's `--ipvs-exclude-cidrs`).
+    #[arg(long = "exclude-cidrs", value_name = "CIDR[,CIDR]")]
+    pub exclude_cidrs: Option<String>,
+    /// Take only Services labelled `service.kubernetes.io/service-proxy-name` with this value
+    /// (default: only unlabelled Services, as kube-proxy).
+    #[arg(long, value_name = "NAME")]
+    pub service_proxy_name: Option<String>,
+}
+
+fn cidr_list(flag: &'static str, value: Option<&str>) -> Result<Vec<Cidr>, SourceError> {
+    value
+        .into_iter()
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<Cidr>().map_err(|e| SourceError::Flag {
+                flag,
+                value: s.to_owned(),
+                reason: e.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// The kernel's hostname, as kube-proxy defaults the node name (lowercased, trimmed).
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .ok()
+        .map(|h| h.trim().to_lowercase())
+        .filter(|h| !h.is_empty())
+}
+
+impl SourceArgs {
+    /// The node name these flags give.
+    pub fn node_name(&self) -> Result<String, SourceError> {
+        match &self.hostname_override {
+            Some(n) if !n.trim().is_empty() => Ok(n.trim().to_lowercase()),
+            Some(n) => Err(SourceError::Flag {
+                flag: "hostname-override",
+                value: n.clone(),
+                reason: "empty node name".to_owned(),
+            }),
+            None => hostname().ok_or_else(|| SourceError::Flag {
+                flag: "hostname-override",
+                value: String::new(),
+                reason: "the hostname cannot be read; give the node name".to_owned(),
+            }),
+        }
+    }
+
+    /// The node context from the flags alone (before the Node object fills in the gaps).
+    pub fn node_context(&self) -> Result<NodeContext, SourceError> {
+        let default_scheduler: Scheduler =
+            self.scheduler
+                .parse()
+                .map_err(|e: kube_ipvs_diff::Error| SourceError::Flag {
+                    flag: "scheduler",
+                    value: self.scheduler.clone(),
+                    reason: e.to_string(),
+                })?;
+        cidr_list("cluster-cidr", self.cluster_cidr.as_deref())?;
+        let mut ctx = NodeContext::new(self.node_name()?);
+        ctx.zone.clone_from(&self.node_zone);
+        self.override_ips(&mut ctx);
+        ctx.default_scheduler = default_scheduler;
+        ctx.options = Options {
+            exclude_cidrs: cidr_list("exclude-cidrs", self.exclude_cidrs.as_deref())?,
+            ..Options::default()
+        };
+        Ok(ctx)
+    }
+
+    fn override_ips(&self, ctx: &mut NodeContext) {
+        if self.node_ips.is_empty() {
+            return;
+        }
+        ctx.node_ips_v4 = self
+            .node_ips
+            .iter()
+            .filter_map(|ip| match ip {
+                IpAddr::V4(a) => Some(*a),
+                IpAddr::V6(_) => None,
+            })
+            .collect();
+        ctx.node_ips_v6 = self
+            .node_ips
+            .iter()
+            .filter_map(|ip| match ip {
+                IpAddr::V6(a) => Some(*a),
+                IpAddr::V4(_) => None,
+            })
+            .collect();
+    }
+
+    fn translate_options(&self) -> TranslateOptions {
+        TranslateOptions {
+            service_proxy_name: self.service_proxy_name.clone(),
+        }
+    }
+
+    /// Reads the desired state: the manifests, or one complete listing from the API server.
+    /// Model rejections (which translation screens for, so they are unexpected) are returned
+    /// as warnings beside the inputs.
+    pub fn load(&self) -> Result<(Inputs, Vec<String>), SourceError> {
+        let ctx = self.node_context()?;
+        let opts = self.translate_options();
+        let cs = match &self.manifests {
+            Some(path) => kube_ipvs_watch::manifest::snapshot(path, &opts, Some(&ctx.node_name))?,
+            None => self.list_cluster(&opts, &ctx.node_name)?,
+        };
+        self.inputs_from(ctx, &cs)
+    }
+
+    /// Builds the inputs from a change set, letting the flags win over the Node object.
+    fn inputs_from(
+        &self,
+        ctx: NodeContext,
+        cs: &ChangeSet,
+    ) -> Result<(Inputs, Vec<String>), SourceError> {
+        let mut inputs = Inputs::new(ctx).map_err(SourceError::Node)?;
+        let warnings = cs
+            .apply_to(&mut inputs)
+            .into_iter()
+            .map(|e| e.to_string())
+            .collect();
+        let mut ctx = inputs.node().clone();
+        if self.node_zone.is_some() {
+            ctx.zone.clone_from(&self.node_zone);
+        }
+        self.override_ips(&mut ctx);
+        inputs.set_node(ctx).map_err(SourceError::Node)?;
+        Ok((inputs, warnings))
+    }
+
+    /// Lists Services, EndpointSlices and this node's Node once, as the daemon's first watch
+    /// would, and stops.
+    fn list_cluster(
+        &self,
+        opts: &TranslateOptions,
+        node_name: &str,
+    ) -> Result<ChangeSet, SourceError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(SourceError::Runtime)?;
+        rt.block_on(async {
+            let client = self.client().await?;
+            let api_err = |what: &str| {
+                let what = what.to_owned();
+                move |e: kube::Error| SourceError::Api {
+                    what,
+                    source: Box::new(e),
+                }
+            };
+            let selector = opts.label_selector();
+            let lp = kube::api::ListParams::default().labels(&selector);
+            let services = kube::Api::<Service>::all(client.clone())
+                .list(&lp)
+                .await
+                .map_err(api_err("list Services"))?;
+            let slice_selector = format!("{SERVICE_NAME_LABEL},{selector}");
+            let lp = kube::api::ListParams::default().labels(&slice_selector);
+            let slices = kube::Api::<EndpointSlice>::all(client.clone())
+                .list(&lp)
+                .await
+                .map_err(api_err("list EndpointSlices"))?;
+            let node = kube::Api::<Node>::all(client)
+                .get_opt(node_name)
+                .await
+                .map_err(api_err(&format!("get Node {node_name}")))?;
+            let mut t = Tracker::new(opts.clone());
+            t.relist_services(&services.items);
+            t.relist_slices(&slices.items);
+            if let Some(n) = &node {
+                t.apply_node(n);
+            }
+            Ok(t.take_change_set().unwrap_or_default())
+        })
+    }
+
+    async fn client(&self) -> Result<kube::Client, SourceError> {
+        let config_err = |what: String| {
+            move |e: Box<dyn std::error::Error + Send + Sync>| SourceError::Api { what, source: e }
+        };
+        let config = match &self.kubeconfig {
+            Some(path) => {
+                let what = format!("kubeconfig {}", path.display());
+                let kc = kube::config::Kubeconfig::read_from(path)
+                    .map_err(|e| config_err(what.clone())(Box::new(e)))?;
+                kube::Config::from_custom_kubeconfig(
+                    kc,
+                    &kube::config::KubeConfigOptions::default(),
+                )
+                .await
+                .map_err(|e| config_err(what)(Box::new(e)))?
+            }
+            None => kube::Config::infer()
+                .await
+                .map_err(|e| config_err("find the API server".to_owned())(Box::new(e)))?,
+        };
+        kube::Client::try_from(config)
+            .map_err(|e| config_err("create the API client".to_owned())(Box::new(e)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> SourceArgs {
+        SourceArgs {
+            hostname_override: Some("Node-1".into()),
+            scheduler: "rr".into(),
+            ..SourceArgs::default()
+        }
+    }
+
+    #[test]
+    fn flags_build_the_node_context() {
+        let mut a = args();
+        a.node_ips = vec!["192.168.1.10".parse().expect("literal")];
+        a.exclude_cidrs = Some("10.200.0.0/16, fd00:1::/64".into());
+        a.scheduler = "mh:fallback".into();
+        let ctx = a.node_context().expect("valid flags");
+        assert_eq!(ctx.node_name, "node-1");
+        assert_eq!(
+            ctx.node_ips_v4,
+            vec![std::net::Ipv4Addr::new(192, 168, 1, 10)]
+        );
+        assert_eq!(ctx.options.exclude_cidrs.len(), 2);
+        assert_eq!(ctx.default_scheduler.to_string(), "mh:fallback");
+    }
+
+    #[test]
+    fn bad_flags_name_the_flag_and_value() {
+        let mut a = args();
+        a.scheduler = "roundrobin".into();
+        let err = a.node_context().expect_err("bad scheduler");
+        assert!(
+            err.to_string().starts_with("--scheduler \"roundrobin\""),
+            "{err}"
+        );
+        let mut a = args();
+        a.exclude_cidrs = Some("10.0.0.0/40".into());
+        let err = a.node_context().expect_err("bad cidr");
+        assert!(
+            err.to_string()
+                .starts_with("--exclude-cidrs \"10.0.0.0/40\""),
+            "{err}"
+        );
+        let mut a = args();
+        a.cluster_cidr = Some("pods".into());
+        assert!(a.node_context().is_err());
+    }
+
+    #[test]
+    fn flags_win_over_the_node_object() {
+        let mut a = args();
+        a.node_zone = Some("zone-a".into());
+        let cs = ChangeSet {
+            node: Some(kube_ipvs_watch::NodeInfo {
+                zone: Some("zone-b".into()),
+                ips_v4: vec![std::net::Ipv4Addr::new(10, 0, 0, 7)],
+                ips_v6: vec![],
+            }),
+            ..ChangeSet::default()
+        };
+        let ctx = a.node_context().expect("valid");
+        let (inputs, warnings) = a.inputs_from(ctx, &cs).expect("valid");
+        assert!(warnings.is_empty());
+        assert_eq!(inputs.node().zone.as_deref(), Some("zone-a"));
+        // The Node object supplies what the flags left out.
+        assert_eq!(
+            inputs.node().node_ips_v4,
+            vec![std::net::Ipv4Addr::new(10, 0, 0, 7)]
+        );
+    }
+}
