@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher::{self, Event};
@@ -65,12 +65,92 @@ pub struct DriverStats {
     pub change_sets: u64,
 }
 
+/// How many already-queued events a flush takes in before it computes the change set. Large
+/// enough for a whole relist of a big cluster, bounded so a flood cannot postpone it forever.
+const DRAIN_LIMIT: usize = 100_000;
+
+/// The tracker with the relist buffers and counters: everything an event changes.
+struct Core {
+    tracker: Tracker,
+    services: Relist<Service>,
+    slices: Relist<EndpointSlice>,
+    node: Relist<Node>,
+    counts: DriverStats,
+    stats: Option<tokio::sync::watch::Sender<DriverStats>>,
+}
+
+impl Core {
+    fn publish(&self) {
+        if let Some(s) = &self.stats {
+            s.send_replace(self.counts);
+        }
+    }
+
+    fn error(&mut self, what: &str, e: &watcher::Error) {
+        self.counts.watch_errors += 1;
+        self.publish();
+        tracing::warn!("watch of {what} failed, keeping the last good state and retrying: {e}");
+    }
+
+    fn relisted(&mut self) {
+        self.counts.relists += 1;
+        self.publish();
+    }
+
+    fn on_service(&mut self, item: WatchItem<Service>) {
+        match item {
+            Ok(ev) => match self.services.feed(ev) {
+                Step::Nothing => {}
+                Step::Relisted(list) => {
+                    self.tracker.relist_services(&list);
+                    self.relisted();
+                }
+                Step::Apply(o) => self.tracker.apply_service(&o),
+                Step::Delete(o) => self.tracker.delete_service(&o),
+            },
+            Err(e) => self.error("Services", &e),
+        }
+    }
+
+    fn on_slice(&mut self, item: WatchItem<EndpointSlice>) {
+        match item {
+            Ok(ev) => match self.slices.feed(ev) {
+                Step::Nothing => {}
+                Step::Relisted(list) => {
+                    self.tracker.relist_slices(&list);
+                    self.relisted();
+                }
+                Step::Apply(o) => self.tracker.apply_slice(&o),
+                Step::Delete(o) => self.tracker.delete_slice(&o),
+            },
+            Err(e) => self.error("EndpointSlices", &e),
+        }
+    }
+
+    fn on_node(&mut self, item: WatchItem<Node>) {
+        match item {
+            Ok(ev) => match self.node.feed(ev) {
+                // A missing Node keeps the last known zone and addresses.
+                Step::Relisted(list) => {
+                    if let Some(n) = list.last() {
+                        self.tracker.apply_node(n);
+                    }
+                }
+                Step::Apply(n) => self.tracker.apply_node(&n),
+                Step::Nothing | Step::Delete(_) => {}
+            },
+            Err(e) => self.error("the Node", &e),
+        }
+    }
+}
+
 /// Runs until the receiver is dropped or every input stream ends. Change sets are sent at most
 /// once per `min_interval`; the first only after both Services and EndpointSlices were listed.
-/// Watch errors are logged and change nothing: the watchers retry with backoff, and until they
-/// succeed the last good state stands.
+/// Before a change set is computed, every event already queued is taken in, so one reload or
+/// one burst lands in one change set. Watch errors are logged and change nothing: the
+/// watchers retry with backoff, and until they succeed the last good state stands.
 pub async fn drive<S1, S2, S3>(
-    mut tracker: Tracker,
+    tracker: Tracker,
     services: S1,
     slices: S2,
     node: S3,
@@ -85,75 +165,54 @@ pub async fn drive<S1, S2, S3>(
     let mut services = std::pin::pin!(services.fuse());
     let mut slices = std::pin::pin!(slices.fuse());
     let mut node = std::pin::pin!(node.fuse());
-    let (mut svc_relist, mut slice_relist, mut node_relist) =
-        (Relist::new(), Relist::new(), Relist::new());
+    let mut core = Core {
+        tracker,
+        services: Relist::new(),
+        slices: Relist::new(),
+        node: Relist::new(),
+        counts: DriverStats::default(),
+        stats,
+    };
     let mut last_sent: Option<Instant> = None;
-    let mut counts = DriverStats::default();
-    let publish = |c: &DriverStats| {
-        if let Some(s) = &stats {
-            s.send_replace(*c);
-        }
-    };
-    let on_error = |what: &str, e: &watcher::Error, counts: &mut DriverStats| {
-        counts.watch_errors += 1;
-        tracing::warn!("watch of {what} failed, keeping the last good state and retrying: {e}");
-    };
     loop {
-        let due = tracker
+        let due = core
+            .tracker
             .has_pending()
             .then(|| last_sent.map_or_else(Instant::now, |t| t + min_interval));
         tokio::select! {
             // The timer comes first so a steady stream of events cannot starve the flush.
             biased;
             () = sleep_until_opt(due), if due.is_some() => {
-                if let Some(cs) = tracker.take_change_set() {
+                for _ in 0..DRAIN_LIMIT {
+                    let mut progressed = false;
+                    if let Some(Some(item)) = services.next().now_or_never() {
+                        core.on_service(item);
+                        progressed = true;
+                    }
+                    if let Some(Some(item)) = slices.next().now_or_never() {
+                        core.on_slice(item);
+                        progressed = true;
+                    }
+                    if let Some(Some(item)) = node.next().now_or_never() {
+                        core.on_node(item);
+                        progressed = true;
+                    }
+                    if !progressed {
+                        break;
+                    }
+                }
+                if let Some(cs) = core.tracker.take_change_set() {
                     if tx.send(cs).await.is_err() {
                         return;
                     }
-                    counts.change_sets += 1;
-                    publish(&counts);
+                    core.counts.change_sets += 1;
+                    core.publish();
                 }
                 last_sent = Some(Instant::now());
             }
-            Some(item) = services.next() => match item {
-                Ok(ev) => match svc_relist.feed(ev) {
-                    Step::Nothing => {}
-                    Step::Relisted(list) => {
-                        tracker.relist_services(&list);
-                        counts.relists += 1;
-                        publish(&counts);
-                    }
-                    Step::Apply(o) => tracker.apply_service(&o),
-                    Step::Delete(o) => tracker.delete_service(&o),
-                },
-                Err(e) => { on_error("Services", &e, &mut counts); publish(&counts); }
-            },
-            Some(item) = slices.next() => match item {
-                Ok(ev) => match slice_relist.feed(ev) {
-                    Step::Nothing => {}
-                    Step::Relisted(list) => {
-                        tracker.relist_slices(&list);
-                        counts.relists += 1;
-                        publish(&counts);
-                    }
-                    Step::Apply(o) => tracker.apply_slice(&o),
-                    Step::Delete(o) => tracker.delete_slice(&o),
-                },
-                Err(e) => { on_error("EndpointSlices", &e, &mut counts); publish(&counts); }
-            },
-            Some(item) = node.next() => match item {
-                Ok(ev) => match node_relist.feed(ev) {
-                    Step::Relisted(list) => {
-                        // A missing Node keeps the last known zone and addresses.
-                        if let Some(n) = list.last() {
-                            tracker.apply_node(n);
-                        }
-                    }
-                    Step::Apply(n) => tracker.apply_node(&n),
-                    Step::Nothing | Step::Delete(_) => {}
-                },
-                Err(e) => { on_error("the Node", &e, &mut counts); publish(&counts); }
-            },
+            Some(item) = services.next() => core.on_service(item),
+            Some(item) = slices.next() => core.on_slice(item),
+            Some(item) = node.next() => core.on_node(item),
             else => return,
         }
     }

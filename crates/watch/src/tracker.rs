@@ -314,3 +314,133 @@ impl Tracker {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+    use k8s_openapi::api::discovery::v1::{Endpoint as K8sEndpoint, EndpointPort};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn meta(name: &str, labels: &[(&str, &str)]) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("default".into()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            ),
+            ..ObjectMeta::default()
+        }
+    }
+
+    fn svc(name: &str, ip: &str) -> Service {
+        Service {
+            metadata: meta(name, &[]),
+            spec: Some(ServiceSpec {
+                cluster_ip: Some(ip.into()),
+                ports: Some(vec![ServicePort {
+                    port: 80,
+                    ..ServicePort::default()
+                }]),
+                ..ServiceSpec::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn slice(name: &str, service: &str, addr: &str) -> EndpointSlice {
+        EndpointSlice {
+            metadata: meta(name, &[("kubernetes.io/service-name", service)]),
+            address_type: "IPv4".into(),
+            endpoints: vec![K8sEndpoint {
+                addresses: vec![addr.into()],
+                ..K8sEndpoint::default()
+            }],
+            ports: Some(vec![EndpointPort {
+                port: Some(8080),
+                ..EndpointPort::default()
+            }]),
+        }
+    }
+
+    fn synced(services: &[Service], slices: &[EndpointSlice]) -> Tracker {
+        let mut t = Tracker::new(TranslateOptions::default());
+        t.relist_services(services);
+        t.relist_slices(slices);
+        assert!(t.take_change_set().is_some_and(|cs| cs.initial));
+        t
+    }
+
+    fn web() -> ServiceName {
+        ServiceName::new("default", "web")
+    }
+
+    #[test]
+    fn nothing_before_both_lists() {
+        let mut t = Tracker::new(TranslateOptions::default());
+        t.relist_services(&[svc("web", "10.96.0.1")]);
+        assert_eq!(t.take_change_set(), None);
+        t.relist_slices(&[]);
+        let cs = t.take_change_set().expect("first change set");
+        assert!(cs.initial && cs.services.contains_key(&web()));
+    }
+
+    #[test]
+    fn a_bad_update_keeps_the_last_good_state() {
+        let mut t = synced(&[svc("web", "10.96.0.1")], &[]);
+        t.apply_service(&svc("web", "10.96.0.999"));
+        assert_eq!(t.take_change_set(), None, "the bad update changed nothing");
+        // Also through a relist: the bad object keeps its old translation.
+        t.relist_services(&[svc("web", "10.96.0.999")]);
+        assert_eq!(t.take_change_set(), None);
+        t.apply_slice(&slice("web-1", "web", "10.0.0.1"));
+        t.apply_slice(&slice("web-1", "web", "not-an-ip"));
+        let cs = t.take_change_set().expect("the good slice");
+        assert_eq!(cs.services[&web()].endpoints.len(), 1);
+        assert!(cs.services[&web()].service.is_some());
+    }
+
+    #[test]
+    fn an_identical_relist_is_not_a_change_and_a_missing_object_is_removed() {
+        let s = [svc("web", "10.96.0.1"), svc("api", "10.96.0.2")];
+        let sl = [slice("web-1", "web", "10.0.0.1")];
+        let mut t = synced(&s, &sl);
+        t.relist_services(&s);
+        t.relist_slices(&sl);
+        assert_eq!(t.take_change_set(), None);
+        t.relist_services(&s[..1]);
+        let cs = t.take_change_set().expect("api removed");
+        assert_eq!(
+            cs.services.into_iter().collect::<Vec<_>>(),
+            vec![(ServiceName::new("default", "api"), ServiceChange::default())]
+        );
+    }
+
+    #[test]
+    fn a_slice_that_changes_its_service_label_moves() {
+        let mut t = synced(
+            &[svc("web", "10.96.0.1"), svc("api", "10.96.0.2")],
+            &[slice("s-1", "web", "10.0.0.1")],
+        );
+        t.apply_slice(&slice("s-1", "api", "10.0.0.1"));
+        let cs = t.take_change_set().expect("both change");
+        assert!(cs.services[&web()].endpoints.is_empty());
+        assert_eq!(
+            cs.services[&ServiceName::new("default", "api")]
+                .endpoints
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn a_service_that_becomes_headless_leaves() {
+        let mut t = synced(&[svc("web", "10.96.0.1")], &[]);
+        t.apply_service(&svc("web", "None"));
+        let cs = t.take_change_set().expect("web leaves");
+        assert_eq!(cs.services[&web()], ServiceChange::default());
+    }
+}
