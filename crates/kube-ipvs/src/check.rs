@@ -385,3 +385,224 @@ pub fn main(args: &CheckArgs) -> ExitCode {
         ExitCode::from(1)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube_ipvs_diff::{
+        Endpoint, EndpointPort, NodeContext, Protocol, ServiceInfo, ServiceName, ServicePort,
+    };
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("literal")
+    }
+
+    fn svc(cluster_ip: &str, port: u16, protocol: Protocol) -> ServiceInfo {
+        ServiceInfo {
+            cluster_ips: vec![ip(cluster_ip)],
+            ports: vec![ServicePort {
+                name: "p".into(),
+                protocol,
+                port,
+                node_port: None,
+            }],
+            ..ServiceInfo::default()
+        }
+    }
+
+    fn eps(addrs: &[&str], protocol: Protocol) -> Vec<Endpoint> {
+        addrs
+            .iter()
+            .map(|a| {
+                Endpoint::ready(
+                    ip(a),
+                    vec![EndpointPort {
+                        name: "p".into(),
+                        port: 8080,
+                        protocol,
+                    }],
+                )
+            })
+            .collect()
+    }
+
+    /// Two Services, web (TCP, two endpoints) and dns (UDP, one endpoint).
+    fn inputs() -> Inputs {
+        let mut i = Inputs::new(NodeContext::new("node-1")).expect("valid node");
+        let web = ServiceName::new("default", "web");
+        i.upsert_service(web.clone(), svc("10.96.0.10", 80, Protocol::Tcp))
+            .expect("valid");
+        i.set_endpoints(web, eps(&["10.244.1.1", "10.244.2.1"], Protocol::Tcp))
+            .expect("valid");
+        let dns = ServiceName::new("kube-system", "dns");
+        i.upsert_service(dns.clone(), svc("10.96.0.53", 53, Protocol::Udp))
+            .expect("valid");
+        i.set_endpoints(dns, eps(&["10.244.1.53"], Protocol::Udp))
+            .expect("valid");
+        i
+    }
+
+    /// A kernel that matches the inputs exactly, built with the engine's own ops.
+    fn synced_kernel() -> Observed {
+        let mut table = Table::default();
+        let ops = crate::plan::compute(&mut inputs(), &Table::default());
+        table
+            .apply_all(&ops)
+            .expect("the kernel model accepts the plan");
+        Observed {
+            table,
+            interface_exists: true,
+            ..Observed::default()
+        }
+    }
+
+    fn web_key() -> VirtualKey {
+        VirtualKey::inet(Protocol::Tcp, ip("10.96.0.10"), 80)
+    }
+
+    fn dest(addr: &str) -> DestKey {
+        DestKey {
+            addr: ip(addr),
+            port: 8080,
+        }
+    }
+
+    #[test]
+    fn in_sync_node() {
+        let r = check(&mut inputs(), &synced_kernel());
+        assert!(r.in_sync(), "{}", r.render());
+        assert_eq!(
+            r.render(),
+            "in sync: 2 virtual servers, 3 real servers, 2 addresses\n"
+        );
+    }
+
+    #[test]
+    fn stale_endpoint_is_grouped_under_its_service() {
+        let mut k = synced_kernel();
+        let entry = k.table.services.get_mut(&web_key()).expect("web");
+        entry.dests.remove(&dest("10.244.2.1"));
+        let stale = RealServer::masq(ip("10.244.9.9"), 8080, 1);
+        entry.dests.insert(stale.key, stale);
+        let r = check(&mut inputs(), &k);
+        assert!(!r.in_sync());
+        assert_eq!(
+            r.render(),
+            "default/web:\n\
+             \x20 missing real server TCP 10.96.0.10:80 -> 10.244.2.1:8080 masq weight 1\n\
+             \x20 stale real server TCP 10.96.0.10:80 -> 10.244.9.9:8080 masq weight 1\n\
+             NOT in sync: 2 findings in 1 groups (desired: 2 virtual servers, 3 real servers, 2 addresses)\n"
+        );
+    }
+
+    #[test]
+    fn missing_service_is_one_finding_not_one_per_real_server() {
+        let mut k = synced_kernel();
+        k.table.services.remove(&web_key());
+        let r = check(&mut inputs(), &k);
+        assert_eq!(r.finding_count(), 1);
+        assert_eq!(
+            r.groups["default/web"].findings,
+            vec![Finding::MissingVirtualServer {
+                server: VirtualServer {
+                    key: web_key(),
+                    scheduler: kube_ipvs_diff::Scheduler::RR,
+                    persistence: None,
+                    netmask: 32
+                },
+                dests: 2
+            }]
+        );
+    }
+
+    #[test]
+    fn missing_and_extra_addresses() {
+        let mut k = synced_kernel();
+        k.table.addresses.remove(&ip("10.96.0.53"));
+        k.table.addresses.insert(ip("10.96.7.7"));
+        k.table.addresses.insert(ip("10.200.0.1"));
+        let mut i = inputs();
+        let mut node = i.node().clone();
+        node.options.exclude_cidrs = vec!["10.200.0.0/16".parse().expect("valid")];
+        i.set_node(node).expect("valid");
+        let r = check(&mut i, &k);
+        assert_eq!(
+            r.groups["kube-system/dns"].findings,
+            vec![Finding::MissingAddress(ip("10.96.0.53"))]
+        );
+        assert_eq!(
+            r.groups["(no Service)"].findings,
+            vec![Finding::ExtraAddress(ip("10.96.7.7"))],
+            "the excluded address belongs to someone else"
+        );
+    }
+
+    #[test]
+    fn stale_service_wrong_weight_and_scheduler() {
+        let mut k = synced_kernel();
+        let entry = k.table.services.get_mut(&web_key()).expect("web");
+        entry.server.scheduler = "wrr".parse().expect("valid");
+        entry
+            .dests
+            .get_mut(&dest("10.244.1.1"))
+            .expect("dest")
+            .weight = 5;
+        let mut stale = entry.clone();
+        stale.server.key = VirtualKey::inet(Protocol::Tcp, ip("10.96.0.99"), 80);
+        k.table.services.insert(stale.server.key, stale);
+        let r = check(&mut inputs(), &k);
+        let text = r.render();
+        assert!(
+            text.contains("default/web:\n  wrong scheduler or flags on TCP 10.96.0.10:80: kernel has TCP 10.96.0.10:80 wrr, want TCP 10.96.0.10:80 rr\n  wrong weight of real server TCP 10.96.0.10:80 -> 10.244.1.1:8080: kernel has 5, want 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "(no Service):\n  stale virtual server TCP 10.96.0.99:80 (has 2 real servers)\n"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn draining_real_servers_and_empty_services_are_notes() {
+        let mut k = synced_kernel();
+        let draining = RealServer::masq(ip("10.244.3.1"), 8080, 0);
+        let entry = k.table.services.get_mut(&web_key()).expect("web");
+        entry.dests.insert(draining.key, draining);
+        let mut i = inputs();
+        i.set_endpoints(ServiceName::new("kube-system", "dns"), vec![])
+            .expect("valid");
+        let dns = VirtualKey::inet(Protocol::Udp, ip("10.96.0.53"), 53);
+        k.table.services.get_mut(&dns).expect("dns").dests.clear();
+        let r = check(&mut i, &k);
+        assert!(r.in_sync(), "{}", r.render());
+        assert_eq!(
+            r.groups["default/web"].notes,
+            vec![
+                "real server TCP 10.96.0.10:80 -> 10.244.3.1:8080 is draining (weight 0, no endpoint wants it)"
+            ]
+        );
+        assert!(r.groups["kube-system/dns"].notes[0].contains("no usable endpoints"));
+    }
+
+    #[test]
+    fn a_shared_address_names_every_service() {
+        let mut i = inputs();
+        let mut other = svc("10.96.0.11", 80, Protocol::Tcp);
+        other.external_ips = vec![ip("203.0.113.5")];
+        let mut web = svc("10.96.0.10", 80, Protocol::Tcp);
+        web.external_ips = vec![ip("203.0.113.5")];
+        web.ports[0].port = 81;
+        i.upsert_service(ServiceName::new("default", "web"), web)
+            .expect("valid");
+        i.upsert_service(ServiceName::new("shop", "front"), other)
+            .expect("valid");
+        let r = check(&mut i, &synced_kernel());
+        let shared = &r.groups["default/web, shop/front"];
+        assert_eq!(
+            shared.findings,
+            vec![Finding::MissingAddress(ip("203.0.113.5"))]
+        );
+    }
+}

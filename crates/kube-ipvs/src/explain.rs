@@ -586,3 +586,225 @@ pub fn main(args: &ExplainArgs) -> ExitCode {
         ExitCode::SUCCESS
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube_ipvs_diff::EndpointPort;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("literal")
+    }
+
+    fn http() -> Vec<EndpointPort> {
+        vec![EndpointPort {
+            name: "http".into(),
+            port: 8080,
+            protocol: Protocol::Tcp,
+        }]
+    }
+
+    fn ep(addr: &str, node: &str) -> Endpoint {
+        let mut e = Endpoint::ready(ip(addr), http());
+        e.node_name = Some(node.into());
+        e
+    }
+
+    fn service() -> ServiceInfo {
+        ServiceInfo {
+            kind: ServiceKind::NodePort,
+            cluster_ips: vec![ip("10.96.0.10")],
+            ports: vec![ServicePort {
+                name: "http".into(),
+                protocol: Protocol::Tcp,
+                port: 80,
+                node_port: Some(30080),
+            }],
+            ..ServiceInfo::default()
+        }
+    }
+
+    fn inputs(info: ServiceInfo, endpoints: Vec<Endpoint>) -> Inputs {
+        let mut node = NodeContext::new("node-1");
+        node.zone = Some("zone-a".into());
+        node.node_ips_v4 = vec!["192.168.56.10".parse().expect("literal")];
+        let mut i = Inputs::new(node).expect("valid node");
+        let name = ServiceName::new("default", "web");
+        i.upsert_service(name.clone(), info).expect("valid");
+        i.set_endpoints(name, endpoints).expect("valid");
+        i
+    }
+
+    /// The verdicts for the ClusterIP, by endpoint address.
+    fn verdicts(inputs: &Inputs, target: &str) -> Vec<(String, bool, Reason)> {
+        let target: Target = target.parse().expect("valid target");
+        let m = explain(inputs, &target);
+        assert_eq!(m.len(), 1, "one Service port matches {target:?}");
+        m[0].endpoints
+            .iter()
+            .map(|v| (v.endpoint.addr.to_string(), v.real_server, v.reason.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn targets_parse_with_default_protocol_and_ipv6_brackets() {
+        let t: Target = "10.96.0.10:80".parse().expect("valid");
+        assert_eq!((t.port, t.protocol), (80, Protocol::Tcp));
+        let t: Target = "[fd00::10]:53/UDP".parse().expect("valid");
+        assert_eq!((t.addr, t.protocol), (ip("fd00::10"), Protocol::Udp));
+        assert!("10.96.0.10".parse::<Target>().is_err());
+        assert!("10.96.0.10:80/icmp".parse::<Target>().is_err());
+        assert!("fd00::10:80".parse::<Target>().is_err());
+    }
+
+    #[test]
+    fn readiness_reasons() {
+        let mut not_ready = ep("10.244.2.1", "node-2");
+        not_ready.ready = false;
+        not_ready.serving = false;
+        let mut terminating = ep("10.244.3.1", "node-3");
+        terminating.ready = false;
+        terminating.terminating = true;
+        let mut gone = ep("10.244.4.1", "node-4");
+        gone.ready = false;
+        gone.serving = false;
+        gone.terminating = true;
+        let mut other_port = ep("10.244.5.1", "node-5");
+        other_port.ports[0].name = "metrics".into();
+        let i = inputs(
+            service(),
+            vec![
+                ep("10.244.1.1", "node-2"),
+                not_ready,
+                terminating.clone(),
+                gone,
+                other_port,
+            ],
+        );
+        assert_eq!(
+            verdicts(&i, "10.96.0.10:80"),
+            vec![
+                ("10.244.1.1".into(), true, Reason::Ready),
+                ("10.244.2.1".into(), false, Reason::NotReady),
+                ("10.244.3.1".into(), false, Reason::TerminatingWhileReady),
+                ("10.244.4.1".into(), false, Reason::TerminatingNotServing),
+                ("10.244.5.1".into(), false, Reason::NoMatchingPort),
+            ]
+        );
+        // With nothing ready, the serving-terminating endpoint is used.
+        let i = inputs(service(), vec![terminating]);
+        assert_eq!(
+            verdicts(&i, "10.96.0.10:80"),
+            vec![("10.244.3.1".into(), true, Reason::TerminatingFallback)]
+        );
+    }
+
+    #[test]
+    fn local_policy_reason_applies_to_the_nodeport_only() {
+        let mut info = service();
+        info.external_traffic_policy = TrafficPolicy::Local;
+        let i = inputs(
+            info,
+            vec![ep("10.244.1.1", "node-1"), ep("10.244.2.1", "node-2")],
+        );
+        assert_eq!(
+            verdicts(&i, "192.168.56.10:30080"),
+            vec![
+                ("10.244.1.1".into(), true, Reason::Ready),
+                (
+                    "10.244.2.1".into(),
+                    false,
+                    Reason::OtherNodeUnderLocal {
+                        policy: "externalTrafficPolicy",
+                        node: Some("node-2".into())
+                    }
+                ),
+            ]
+        );
+        assert!(
+            verdicts(&i, "10.96.0.10:80")
+                .iter()
+                .all(|(_, real, _)| *real),
+            "the ClusterIP follows internalTrafficPolicy (Cluster)"
+        );
+    }
+
+    #[test]
+    fn topology_reasons() {
+        let mut a = ep("10.244.1.1", "node-1");
+        a.hints_for_zones = vec!["zone-a".into()];
+        let mut b = ep("10.244.2.1", "node-2");
+        b.hints_for_zones = vec!["zone-b".into()];
+        let i = inputs(service(), vec![a.clone(), b]);
+        assert_eq!(
+            verdicts(&i, "10.96.0.10:80")[1],
+            (
+                "10.244.2.1".into(),
+                false,
+                Reason::ZoneHints {
+                    hints: vec!["zone-b".into()],
+                    ours: Some("zone-a".into())
+                }
+            )
+        );
+
+        let mut a = ep("10.244.1.1", "node-1");
+        a.hints_for_nodes = vec!["node-1".into()];
+        let mut b = ep("10.244.2.1", "node-2");
+        b.hints_for_nodes = vec!["node-2".into()];
+        let i = inputs(service(), vec![a, b]);
+        assert_eq!(
+            verdicts(&i, "10.96.0.10:80")[1].2,
+            Reason::NodeHints {
+                hints: vec!["node-2".into()]
+            }
+        );
+
+        let mut info = service();
+        info.traffic_distribution = Some(TrafficDistribution::PreferClose);
+        let mut a = ep("10.244.1.1", "node-1");
+        a.zone = Some("zone-a".into());
+        let mut b = ep("10.244.2.1", "node-2");
+        b.zone = Some("zone-b".into());
+        let i = inputs(info, vec![a.clone(), b.clone()]);
+        assert_eq!(
+            verdicts(&i, "10.96.0.10:80")[1],
+            (
+                "10.244.2.1".into(),
+                false,
+                Reason::OtherZoneByDistribution {
+                    zone: Some("zone-b".into()),
+                    ours: Some("zone-a".into())
+                }
+            )
+        );
+
+        let mut info = service();
+        info.traffic_distribution = Some(TrafficDistribution::PreferSameNode);
+        let i = inputs(info, vec![a, b]);
+        assert_eq!(
+            verdicts(&i, "10.96.0.10:80")[1].2,
+            Reason::OtherNodeByDistribution {
+                node: Some("node-2".into())
+            }
+        );
+    }
+
+    #[test]
+    fn other_family_and_no_match() {
+        let mut info = service();
+        info.cluster_ips.push(ip("fd00::10"));
+        let v6 = Endpoint::ready(ip("fd00:244::1"), http());
+        let i = inputs(info, vec![ep("10.244.1.1", "node-2"), v6]);
+        assert_eq!(
+            verdicts(&i, "10.96.0.10:80")[1],
+            ("fd00:244::1".into(), false, Reason::OtherFamily)
+        );
+        assert_eq!(verdicts(&i, "[fd00::10]:80")[1].1, true);
+        let target: Target = "10.96.0.10:81".parse().expect("valid");
+        assert!(explain(&i, &target).is_empty());
+        let target: Target = "10.96.0.10:80/udp".parse().expect("valid");
+        assert!(explain(&i, &target).is_empty());
+        assert!(render(&target, &[], i.node()).contains("no Service port has this address"));
+    }
+}

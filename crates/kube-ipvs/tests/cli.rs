@@ -1,0 +1,212 @@
+//! Host tests of `plan --from-empty`, `explain` and the error exits of `check`, by running the
+//! real binary on the example manifests. None of them needs root or IPVS.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn examples(file: &str) -> String {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/cluster")
+        .join(file);
+    p.to_str().expect("utf-8 path").to_owned()
+}
+
+fn kube_ipvs(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kube-ipvs"))
+        .args(args)
+        .output()
+        .expect("run kube-ipvs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn plan_from_empty_prints_the_ops_for_one_service() {
+    let out = kube_ipvs(&[
+        "plan",
+        "--from-empty",
+        "--manifests",
+        &examples("web.yaml"),
+        "--hostname-override",
+        "node-1",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "add address 10.96.0.10 to kube-ipvs0\n\
+         add service TCP 10.96.0.10:80 rr\n\
+         add dest TCP 10.96.0.10:80 -> 10.244.1.10:8080 masq weight 1\n\
+         add dest TCP 10.96.0.10:80 -> 10.244.2.10:8080 masq weight 1\n\
+         add dest TCP 10.96.0.10:80 -> 10.244.3.10:8080 masq weight 1\n\
+         5 operations: 1 add address, 1 add service, 3 add dest\n"
+    );
+}
+
+#[test]
+fn plan_from_empty_covers_the_whole_example_cluster() {
+    let out = kube_ipvs(&[
+        "plan",
+        "--from-empty",
+        "--manifests",
+        &examples(""),
+        "--hostname-override",
+        "node-1",
+        "--scheduler",
+        "wlc",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let plan = text(&out.stdout);
+    assert!(
+        plan.ends_with("25 operations: 5 add address, 7 add service, 13 add dest\n"),
+        "{plan}"
+    );
+    // The node flag's scheduler is the default; ClientIP affinity makes a persistent server.
+    assert!(
+        plan.contains("add service TCP 10.96.0.10:80 wlc\n"),
+        "{plan}"
+    );
+    assert!(
+        plan.contains("add service TCP 10.96.0.20:443 wlc persistent 600\n"),
+        "{plan}"
+    );
+    assert!(
+        plan.contains("add service UDP 10.96.0.53:53 wlc\n"),
+        "{plan}"
+    );
+    // The NodePort listens on the Node object's InternalIP; under Local only node-1's endpoint.
+    assert!(
+        plan.contains("add dest TCP 192.168.56.10:30080 -> 10.244.1.30:8080"),
+        "{plan}"
+    );
+    assert!(
+        !plan.contains("192.168.56.10:30080 -> 10.244.2.30"),
+        "{plan}"
+    );
+    assert!(!plan.contains("add address 192.168.56.10"), "{plan}");
+    // Only the ready endpoint of api.
+    assert!(plan.contains("10.96.0.40:80 -> 10.244.1.40:8080"), "{plan}");
+    assert!(
+        !plan.contains("10.244.2.40") && !plan.contains("10.244.3.40"),
+        "{plan}"
+    );
+
+    // Another node sees the NodePort with the other endpoint, on the address given by flag.
+    let out = kube_ipvs(&[
+        "plan",
+        "--from-empty",
+        "--manifests",
+        &examples(""),
+        "--hostname-override",
+        "node-2",
+        "--node-ip",
+        "192.168.56.11",
+    ]);
+    let plan = text(&out.stdout);
+    assert!(
+        plan.contains("add dest TCP 192.168.56.11:30080 -> 10.244.2.30:8080"),
+        "{plan}"
+    );
+    assert!(!plan.contains("192.168.56.10"), "{plan}");
+}
+
+#[test]
+fn explain_gives_each_endpoint_a_verdict() {
+    let out = kube_ipvs(&[
+        "explain",
+        "10.96.0.40:80",
+        "--manifests",
+        &examples(""),
+        "--hostname-override",
+        "node-1",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    assert!(
+        s.contains("TCP 10.96.0.40:80 is Service default/api port http (TCP 80) via ClusterIP\n"),
+        "{s}"
+    );
+    assert!(
+        s.contains("virtual server TCP 10.96.0.40:80 rr with 1 real server\n"),
+        "{s}"
+    );
+    assert!(s.contains("  10.244.1.40:8080 ready=true serving=true terminating=false node=node-1 zone=(none)\n    -> real server: ready\n"), "{s}");
+    assert!(s.contains("  10.244.2.40:8080 ready=false serving=false terminating=false node=node-2 zone=(none)\n    -> not a real server: not ready\n"), "{s}");
+    assert!(s.contains("  10.244.3.40:8080 ready=false serving=true terminating=true node=node-3 zone=(none)\n    -> not a real server: serving but terminating; terminating endpoints are used only when none is ready\n"), "{s}");
+
+    let out = kube_ipvs(&[
+        "explain",
+        "192.168.56.10:30080/tcp",
+        "--manifests",
+        &examples(""),
+        "--hostname-override",
+        "node-1",
+    ]);
+    let s = text(&out.stdout);
+    assert!(s.contains("-> not a real server: on node node-2, not this node, and externalTrafficPolicy is Local"), "{s}");
+}
+
+#[test]
+fn explain_exits_1_for_no_service_and_2_for_a_bad_target() {
+    let m = examples("");
+    let out = kube_ipvs(&[
+        "explain",
+        "10.96.0.10:81",
+        "--manifests",
+        &m,
+        "--hostname-override",
+        "node-1",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stdout).contains("no Service port has this address"));
+    let out = kube_ipvs(&[
+        "explain",
+        "10.96.0.10",
+        "--manifests",
+        &m,
+        "--hostname-override",
+        "node-1",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).starts_with("kube-ipvs explain: \"10.96.0.10\": expected IP:PORT"));
+}
+
+#[test]
+fn check_and_plan_exit_2_on_bad_input_before_touching_the_kernel() {
+    let dir = std::env::temp_dir().join(format!("kube-ipvs-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let bad = dir.join("bad.yaml");
+    std::fs::write(&bad, "kind: Service\nspec: [not, a, map\n").expect("write");
+    let bad = bad.to_str().expect("utf-8").to_owned();
+    let out = kube_ipvs(&[
+        "check",
+        "--manifests",
+        &bad,
+        "--hostname-override",
+        "node-1",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.starts_with("kube-ipvs check: manifest ") && err.contains("bad.yaml"),
+        "{err}"
+    );
+    let out = kube_ipvs(&[
+        "plan",
+        "--from-empty",
+        "--manifests",
+        &examples(""),
+        "--hostname-override",
+        "node-1",
+        "--scheduler",
+        "fastest",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).starts_with("kube-ipvs plan: --scheduler \"fastest\""),
+        "{}",
+        text(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
