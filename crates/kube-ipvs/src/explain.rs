@@ -800,7 +800,10 @@ mod tests {
             verdicts(&i, "10.96.0.10:80")[1],
             ("fd00:244::1".into(), false, Reason::OtherFamily)
         );
-        assert_eq!(verdicts(&i, "[fd00::10]:80")[1].1, true);
+        assert!(
+            verdicts(&i, "[fd00::10]:80")[1].1,
+            "the IPv6 endpoint backs the IPv6 ClusterIP"
+        );
         let target: Target = "10.96.0.10:81".parse().expect("valid");
         assert!(explain(&i, &target).is_empty());
         let target: Target = "10.96.0.10:80/udp".parse().expect("valid");
