@@ -38,6 +38,10 @@ pub struct CheckArgs {
     /// Where the desired state comes from, and this node.
     #[command(flatten)]
     pub source: SourceArgs,
+    /// Machine-readable output: `{"in_sync", "desired", "notes", "groups": [{"services",
+    /// "findings": [{"kind", "text"}], "notes"}]}`.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// One difference between the desired state and the kernel.
@@ -102,6 +106,23 @@ pub enum Finding {
     MissingAddress(IpAddr),
     /// An address on `kube-ipvs0` that no Service asks for.
     ExtraAddress(IpAddr),
+}
+
+impl Finding {
+    /// A stable name for the class of finding, for `--json`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Finding::MissingVirtualServer { .. } => "missing-virtual-server",
+            Finding::StaleVirtualServer { .. } => "stale-virtual-server",
+            Finding::WrongScheduler { .. } => "wrong-scheduler",
+            Finding::MissingRealServer { .. } => "missing-real-server",
+            Finding::StaleRealServer { .. } => "stale-real-server",
+            Finding::WrongWeight { .. } => "wrong-weight",
+            Finding::WrongForwarding { .. } => "wrong-forwarding",
+            Finding::MissingAddress(_) => "missing-address",
+            Finding::ExtraAddress(_) => "extra-address",
+        }
+    }
 }
 
 impl fmt::Display for Finding {
@@ -183,6 +204,64 @@ impl Report {
     /// The number of findings.
     pub fn finding_count(&self) -> usize {
         self.groups.values().map(|g| g.findings.len()).sum()
+    }
+
+    /// The report as JSON (its own output types, so the internal model can change freely).
+    pub fn to_json(&self) -> String {
+        #[derive(serde::Serialize)]
+        struct JsonFinding {
+            kind: &'static str,
+            text: String,
+        }
+        #[derive(serde::Serialize)]
+        struct JsonGroup<'a> {
+            services: &'a str,
+            findings: Vec<JsonFinding>,
+            notes: &'a [String],
+        }
+        #[derive(serde::Serialize)]
+        struct JsonDesired {
+            virtual_servers: usize,
+            real_servers: usize,
+            addresses: usize,
+        }
+        #[derive(serde::Serialize)]
+        struct JsonReport<'a> {
+            in_sync: bool,
+            desired: JsonDesired,
+            notes: &'a [String],
+            groups: Vec<JsonGroup<'a>>,
+        }
+        let (vs, rs, addrs) = self.desired;
+        let report = JsonReport {
+            in_sync: self.in_sync(),
+            desired: JsonDesired {
+                virtual_servers: vs,
+                real_servers: rs,
+                addresses: addrs,
+            },
+            notes: &self.notes,
+            groups: self
+                .groups
+                .iter()
+                .map(|(label, g)| JsonGroup {
+                    services: label,
+                    findings: g
+                        .findings
+                        .iter()
+                        .map(|f| JsonFinding {
+                            kind: f.kind(),
+                            text: f.to_string(),
+                        })
+                        .collect(),
+                    notes: &g.notes,
+                })
+                .collect(),
+        };
+        // Serialising plain strings, numbers and bools cannot fail.
+        let mut text = serde_json::to_string_pretty(&report).unwrap_or_default();
+        text.push('\n');
+        text
     }
 
     /// The report as text: each group with its findings and notes, then one summary line.
@@ -375,10 +454,13 @@ pub fn main(args: &CheckArgs) -> ExitCode {
         Err(e) => return fail(e.to_string()),
     };
     let report = check(&mut inputs, &observed);
+    let text = if args.json {
+        report.to_json()
+    } else {
+        report.render()
+    };
     let mut out = std::io::stdout().lock();
-    let _ = out
-        .write_all(report.render().as_bytes())
-        .and_then(|()| out.flush());
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
     if report.in_sync() {
         ExitCode::SUCCESS
     } else {
@@ -492,6 +574,22 @@ mod tests {
              \x20 missing real server TCP 10.96.0.10:80 -> 10.244.2.1:8080 masq weight 1\n\
              \x20 stale real server TCP 10.96.0.10:80 -> 10.244.9.9:8080 masq weight 1\n\
              NOT in sync: 2 findings in 1 groups (desired: 2 virtual servers, 3 real servers, 2 addresses)\n"
+        );
+    }
+
+    #[test]
+    fn json_lists_groups_with_finding_kinds() {
+        let mut k = synced_kernel();
+        k.table.addresses.remove(&ip("10.96.0.53"));
+        let r = check(&mut inputs(), &k);
+        let v: serde_json::Value = serde_json::from_str(&r.to_json()).expect("valid JSON");
+        assert_eq!(v["in_sync"], false);
+        assert_eq!(v["desired"]["real_servers"], 3);
+        assert_eq!(v["groups"][0]["services"], "kube-system/dns");
+        assert_eq!(v["groups"][0]["findings"][0]["kind"], "missing-address");
+        assert_eq!(
+            v["groups"][0]["findings"][0]["text"],
+            "missing address 10.96.0.53 on kube-ipvs0"
         );
     }
 

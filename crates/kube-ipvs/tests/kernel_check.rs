@@ -252,3 +252,59 @@ fn check_reports_a_missing_address() {
     ));
     assert!(!text.contains("10.96.9.9"), "{text}");
 }
+
+#[test]
+fn a_failed_op_is_reported_with_its_service_and_the_rest_applies() {
+    // The guest kernel (6.1) has no `twos` scheduler, so creating this virtual server fails
+    // with ENOENT while every other Service's ops must still apply.
+    assert!(
+        !std::path::Path::new("/sys/module/ip_vs_twos").exists(),
+        "this test needs a kernel without ip_vs_twos; pick another missing scheduler"
+    );
+    let dir = manifests("failed-op");
+    let odd = "apiVersion: v1\nkind: Service\nmetadata:\n  name: odd\n  namespace: default\n  \
+               annotations: {kube-ipvs.io/scheduler: twos}\nspec:\n  clusterIP: 10.96.0.77\n  \
+               ports:\n  - {name: http, port: 80, protocol: TCP}\n---\n\
+               apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: odd-1\n  \
+               namespace: default\n  labels: {kubernetes.io/service-name: odd}\naddressType: IPv4\n\
+               endpoints:\n- addresses: [10.244.1.77]\nports:\n- {name: http, port: 8080, protocol: TCP}\n";
+    std::fs::write(dir.join("odd.yaml"), odd).expect("write");
+    let out = kube_ipvs("plan", &dir, &["--apply"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a failed op makes plan --apply exit 1"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "failed: service default/odd: add service TCP 10.96.0.77:80 twos: \
+             add service TCP 10.96.0.77:80: unknown scheduler"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("failed: service default/odd: add dest TCP 10.96.0.77:80 -> 10.244.1.77:8080"),
+        "{err}"
+    );
+    assert!(
+        stdout(&out).contains("applied 26 of 28 operations"),
+        "{}",
+        stdout(&out)
+    );
+    // Everything else is in the kernel; check names only the failed Service.
+    let out = kube_ipvs("check", &dir, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = stdout(&out);
+    assert!(
+        text.contains(
+            "default/odd:\n  missing virtual server TCP 10.96.0.77:80 twos (wants 1 real server)\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("NOT in sync: 1 findings in 1 groups"),
+        "{text}"
+    );
+    assert!(ipvsadm_list(&[]).contains("TCP  10.96.0.10:80 rr"));
+}
