@@ -486,8 +486,13 @@ pub fn render(target: &Target, matches: &[Match], node: &NodeContext) -> String 
         } else {
             m.port.name.clone()
         };
+        let node_port = m
+            .port
+            .node_port
+            .map(|p| format!(", nodePort {p}"))
+            .unwrap_or_default();
         out.push_str(&format!(
-            "{key} is Service {} port {port_name} ({} {}) via {}\n",
+            "{key} is Service {} port {port_name} ({} {}{node_port}) via {}\n",
             m.service, m.port.protocol, m.port.port, m.via
         ));
         let kind = match m.info.kind {

@@ -45,8 +45,18 @@ pub fn from_dump(
             Err(f) => out.foreign.push(f),
         }
     }
-    out.table.addresses = addresses.into_iter().flatten().collect();
+    // The kernel gives an interface that is up an IPv6 link-local address of its own; the
+    // engine never binds one, so it is not service state and must not be "repaired" away.
+    out.table.addresses = addresses
+        .into_iter()
+        .flatten()
+        .filter(|a| !is_ipv6_link_local(a))
+        .collect();
     out
+}
+
+fn is_ipv6_link_local(a: &std::net::IpAddr) -> bool {
+    matches!(a, std::net::IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
 }
 
 /// Reads the kernel: every IPVS service with its destinations, and the addresses on `ifname`.
@@ -72,7 +82,12 @@ mod tests {
         let d = Destination::new(ip("10.244.1.5"), 8080, ForwardMethod::Masq);
         let obs = from_dump(
             &[(ours, vec![d]), (theirs, vec![])],
-            Some(vec![ip("10.96.0.10")]),
+            Some(vec![ip("10.96.0.10"), ip("fe80::1c2a:ff:fe00:1")]),
+        );
+        assert_eq!(
+            obs.table.addresses.iter().copied().collect::<Vec<_>>(),
+            vec![ip("10.96.0.10")],
+            "the kernel's own link-local address is not service state"
         );
         assert_eq!(obs.table.services.len(), 1);
         assert_eq!(obs.table.dest_count(), 1);
