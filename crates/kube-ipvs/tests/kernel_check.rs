@@ -308,3 +308,48 @@ fn a_failed_op_is_reported_with_its_service_and_the_rest_applies() {
     );
     assert!(ipvsadm_list(&[]).contains("TCP  10.96.0.10:80 rr"));
 }
+
+#[test]
+fn dual_stack_persistence_and_scheduler_flags_round_trip_through_the_kernel() {
+    // What the executor writes (IPv6 keys, a /128 persistence netmask, mh flags, UDP) must read
+    // back as exactly what the engine asked for, or check and plan would see drift forever.
+    let dir = PathBuf::from("/tmp/kube-ipvs-check-dual-stack");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create manifest dir");
+    let yaml = "apiVersion: v1\nkind: Service\nmetadata:\n  name: ds\n  namespace: default\n  \
+                annotations: {kube-ipvs.io/scheduler: \"mh:fallback,port\"}\nspec:\n  \
+                clusterIP: 10.96.0.66\n  clusterIPs: [10.96.0.66, \"fd00:96::66\"]\n  \
+                ipFamilies: [IPv4, IPv6]\n  sessionAffinity: ClientIP\n  \
+                sessionAffinityConfig: {clientIP: {timeoutSeconds: 300}}\n  ports:\n  \
+                - {name: dns, port: 53, protocol: UDP}\n---\n\
+                apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: ds-v4\n  \
+                namespace: default\n  labels: {kubernetes.io/service-name: ds}\naddressType: IPv4\n\
+                endpoints:\n- addresses: [10.244.1.66]\nports:\n- {name: dns, port: 5353, protocol: UDP}\n---\n\
+                apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: ds-v6\n  \
+                namespace: default\n  labels: {kubernetes.io/service-name: ds}\naddressType: IPv6\n\
+                endpoints:\n- addresses: [\"fd00:244::66\"]\nports:\n- {name: dns, port: 5353, protocol: UDP}\n";
+    std::fs::write(dir.join("ds.yaml"), yaml).expect("write");
+    let out = kube_ipvs("plan", &dir, &["--apply"]);
+    assert_eq!(out.status.code(), Some(0), "plan --apply");
+    assert!(
+        stdout(&out).contains("add service UDP [fd00:96::66]:53 mh:fallback,port persistent 300\n"),
+        "{}",
+        stdout(&out)
+    );
+    let out = kube_ipvs("check", &dir, &[]);
+    assert_eq!(out.status.code(), Some(0), "check after apply");
+    let out = kube_ipvs("plan", &dir, &[]);
+    assert_eq!(stdout(&out), "0 operations: the kernel already matches\n");
+    let v6 = ipvsadm_list(&["-u", "[fd00:96::66]:53"]);
+    assert!(v6.contains("mh-fallback,mh-port"), "{v6}");
+    assert!(v6.contains("persistent 300"), "{v6}");
+    assert!(v6.contains("-> [fd00:244::66]:5353"), "{v6}");
+    let v4 = ipvsadm_list(&["-u", "10.96.0.66:53"]);
+    assert!(v4.contains("-> 10.244.1.66:5353"), "{v4}");
+    assert!(
+        !v4.contains("fd00"),
+        "an endpoint backs only its own family\n{v4}"
+    );
+    let addrs = kube_ipvs0_addresses();
+    assert!(addrs.contains("fd00:96::66/128"), "{addrs}");
+}
