@@ -110,6 +110,8 @@ pub struct Engine {
     /// Whether a sync has run; the first one computes every Service, whatever the inputs
     /// recorded as changed.
     started: bool,
+    /// The graceful-termination timeout of the current sync (from the node options).
+    drain_timeout: Duration,
 }
 
 impl Engine {
@@ -140,6 +142,7 @@ impl Engine {
         counts: &dyn ConnectionCounts,
         keep: bool,
     ) -> Vec<Op> {
+        self.drain_timeout = inputs.node().options.graceful_termination_timeout;
         let changes = inputs.take_changes();
         let mut work: BTreeSet<ServiceName> = if changes.node || !self.started {
             self.started = true;
@@ -421,7 +424,10 @@ impl Engine {
         counts: &dyn ConnectionCounts,
         ops: &mut Sink,
     ) {
-        if !drains(service.protocol()) || counts.connections(&service, &dest.key) == Some(0) {
+        if !drains(service.protocol())
+            || counts.connections(&service, &dest.key) == Some(0)
+            || self.drain_timeout.is_zero()
+        {
             ops.push(Op::DeleteDest {
                 service,
                 dest: dest.key,

@@ -7,6 +7,40 @@
 //! - [`desired`]: the Service API's semantics, from one Service to its virtual servers.
 //! - [`table`]: the IPVS table as data, [`Op`]s, the kernel model and [`full_diff`].
 //! - [`engine`]: the incremental [`Engine`] with graceful termination.
+//!
+//! The semantic rules and where kube-proxy's IPVS mode differs are listed in `README.md` and
+//! in the [`desired`] module docs.
+//!
+//! ```
+//! use std::time::Duration;
+//! use kube_ipvs_diff::{
+//!     Endpoint, EndpointPort, Engine, Inputs, NodeContext, Protocol, ServiceInfo, ServiceName,
+//!     ServicePort, UnknownCounts,
+//! };
+//!
+//! let mut inputs = Inputs::new(NodeContext::new("node-a"))?;
+//! let web = ServiceName::new("default", "web");
+//! inputs.upsert_service(web.clone(), ServiceInfo {
+//!     cluster_ips: vec!["10.96.0.10".parse()?],
+//!     ports: vec![ServicePort { name: "http".into(), protocol: Protocol::Tcp, port: 80, node_port: None }],
+//!     ..ServiceInfo::default()
+//! })?;
+//! let port = EndpointPort { name: "http".into(), port: 8080, protocol: Protocol::Tcp };
+//! inputs.set_endpoints(web, vec![Endpoint::ready("10.1.0.1".parse()?, vec![port])])?;
+//!
+//! let mut engine = Engine::new();
+//! let plan: Vec<String> = engine
+//!     .sync(&mut inputs, Duration::ZERO, &UnknownCounts)
+//!     .iter()
+//!     .map(ToString::to_string)
+//!     .collect();
+//! assert_eq!(plan, [
+//!     "add address 10.96.0.10 to kube-ipvs0",
+//!     "add service TCP 10.96.0.10:80 rr",
+//!     "add dest TCP 10.96.0.10:80 -> 10.1.0.1:8080 masq weight 1",
+//! ]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 pub mod desired;
 pub mod engine;

@@ -450,3 +450,28 @@ fn endpoint_back_in_the_sync_where_its_drain_times_out_is_restored_not_readded()
         }]
     );
 }
+
+#[test]
+fn zero_drain_timeout_deletes_tcp_dests_at_once() {
+    let mut rig = Rig::new();
+    let mut n = node();
+    n.options.graceful_termination_timeout = Duration::ZERO;
+    rig.inputs.set_node(n).expect("valid");
+    let web = name("web");
+    rig.inputs
+        .upsert_service(web.clone(), svc("10.96.0.10"))
+        .expect("valid");
+    rig.inputs
+        .set_endpoints(web.clone(), vec![ep("10.1.0.1")])
+        .expect("valid");
+    rig.sync(T0, &UnknownCounts);
+    rig.inputs.set_endpoints(web, vec![]).expect("valid");
+    let ops = rig.sync(T0, &UnknownCounts);
+    assert_eq!(
+        ops,
+        vec![Op::DeleteDest {
+            service: tcp("10.96.0.10", 80),
+            dest: dest("10.1.0.1")
+        }]
+    );
+}
