@@ -343,10 +343,10 @@ fn owners(
 proptest! {
     #![proptest_config(config(256))]
 
-    /// Promises 1-3 through the incremental engine: after each round of random changes, the ops
+    /// Promises 1-4 through the incremental engine: after each round of random changes, the ops
     /// are accepted by the kernel model and bring it to what a fresh engine computes from
-    /// scratch; ops only touch Services that changed in that round; a round without changes
-    /// yields no ops.
+    /// scratch; ops only touch Services that changed in that round, one op per changed entry;
+    /// a round without changes yields no ops.
     #[test]
     fn incremental_sync_matches_full_recompute_and_touches_only_changed(
         start in arb_world(),
@@ -384,7 +384,10 @@ proptest! {
                     "op {} touches service {:?}, changed were {:?}", op, owner, changed
                 );
             }
+            let before = kernel.clone();
             kernel.apply_all(&ops).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            // Promise 4 on the incremental path: one op per entry that changed.
+            prop_assert_eq!(ops.len(), differing_entries(&kernel, &before));
 
             // From scratch: a fresh engine resyncing against an empty kernel.
             let mut fresh = Engine::new();
