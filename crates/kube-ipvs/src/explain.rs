@@ -13,11 +13,13 @@ use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
 use std::str::FromStr;
+use std::time::Duration;
 
 use kube_ipvs_diff::desired::dest_keys;
 use kube_ipvs_diff::{
-    DestKey, Endpoint, Inputs, NodeContext, Protocol, ServiceInfo, ServiceKind, ServiceName,
-    ServicePort, SessionAffinity, TrafficDistribution, TrafficPolicy, VirtualKey, service_table,
+    DestKey, Endpoint, Engine, Inputs, NodeContext, Protocol, ServiceInfo, ServiceKind,
+    ServiceName, ServicePort, SessionAffinity, TrafficDistribution, TrafficPolicy, UnknownCounts,
+    VirtualKey, service_table,
 };
 
 use crate::source::SourceArgs;
@@ -256,6 +258,9 @@ pub struct Match {
     pub server: Option<kube_ipvs_diff::VirtualServer>,
     /// Every endpoint of the Service with its verdict.
     pub endpoints: Vec<Verdict>,
+    /// The Service that holds this virtual server when another one asked for it first (the
+    /// engine's conflict rule); the verdicts are then what this Service would get.
+    pub taken_by: Option<ServiceName>,
 }
 
 /// Finds every Service port the target is, with each endpoint's verdict.
@@ -267,6 +272,10 @@ pub fn explain(inputs: &Inputs, target: &Target) -> Vec<Match> {
         .map(|a| IpAddr::V4(*a))
         .chain(node.node_ips_v6.iter().map(|a| IpAddr::V6(*a)))
         .collect();
+    // The engine decides contested virtual servers; run it on a copy to learn its owners.
+    let mut engine = Engine::new();
+    let _ = engine.sync(&mut inputs.clone(), Duration::ZERO, &UnknownCounts);
+    let conflicts = engine.conflicts();
     let mut names: Vec<&ServiceName> = inputs.service_names().collect();
     names.sort();
     let mut out = Vec::new();
@@ -299,7 +308,12 @@ pub fn explain(inputs: &Inputs, target: &Target) -> Vec<Match> {
                 .iter()
                 .map(|e| verdict(e, info, port, via, target, endpoints, node, &chosen))
                 .collect();
+            let taken_by = conflicts
+                .iter()
+                .find(|c| c.key == key && c.owner != *name)
+                .map(|c| c.owner.clone());
             out.push(Match {
+                taken_by,
                 service: name.clone(),
                 info: info.clone(),
                 port: port.clone(),
@@ -526,6 +540,13 @@ pub fn render(target: &Target, matches: &[Match], node: &NodeContext) -> String 
                 if real == 1 { "" } else { "s" }
             )),
             None => out.push_str("  no virtual server: the engine builds none for this address\n"),
+        }
+        if let Some(owner) = &m.taken_by {
+            out.push_str(&format!(
+                "  contested: {owner} asked for this virtual server first and holds it; \
+                 {} gets it only when {owner} lets go (below is what it would get)\n",
+                m.service
+            ));
         }
         if m.endpoints.is_empty() {
             out.push_str("  no endpoints (no EndpointSlice lists any)\n");
@@ -793,6 +814,34 @@ mod tests {
                 node: Some("node-2".into())
             }
         );
+    }
+
+    #[test]
+    fn a_contested_virtual_server_names_its_holder() {
+        let mut i = inputs(service(), vec![ep("10.244.1.1", "node-1")]);
+        let mut web = service();
+        web.external_ips = vec![ip("203.0.113.5")];
+        i.upsert_service(ServiceName::new("default", "web"), web)
+            .expect("valid");
+        let mut other = service();
+        other.cluster_ips = vec![ip("10.96.0.11")];
+        other.external_ips = vec![ip("203.0.113.5")];
+        i.upsert_service(ServiceName::new("shop", "front"), other)
+            .expect("valid");
+        let target: Target = "203.0.113.5:80".parse().expect("valid");
+        let m = explain(&i, &target);
+        assert_eq!(m.len(), 2);
+        let holders: Vec<Option<String>> = m
+            .iter()
+            .map(|m| m.taken_by.as_ref().map(ToString::to_string))
+            .collect();
+        // Exactly one of them holds it, and the other is told who.
+        assert!(
+            holders == [None, Some("default/web".to_owned())]
+                || holders == [Some("shop/front".to_owned()), None],
+            "{holders:?}"
+        );
+        assert!(render(&target, &m, i.node()).contains("contested: "));
     }
 
     #[test]
