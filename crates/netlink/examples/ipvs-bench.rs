@@ -19,6 +19,7 @@ struct Args {
     services: u32,
     dests: u32,
     ack_mode: AckMode,
+    read_only: bool,
 }
 
 fn parse_args() -> Result<Args> {
@@ -26,6 +27,7 @@ fn parse_args() -> Result<Args> {
         services: 10_000,
         dests: 10,
         ack_mode: AckMode::Every,
+        read_only: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -40,6 +42,7 @@ fn parse_args() -> Result<Args> {
                     other => bail!("--ack-mode {other:?}: expected every or errors-only"),
                 }
             }
+            "--read-only" => args.read_only = true,
             "--" => {}
             other => bail!(
                 "unknown argument {other:?}; usage: ipvs-bench [--services N] [--dests M] [--ack-mode every|errors-only]"
@@ -205,6 +208,30 @@ fn main() -> Result<()> {
         bail!("ipvsadm -S -n differs from what the crate programmed");
     }
     let ipvsadm_read = time_ipvsadm(&["-Ln"], None)?;
+    if args.read_only {
+        // Break the read down, to see where the time goes without the minutes `ipvsadm -R` takes.
+        let t = Instant::now();
+        let services = ipvs.services()?;
+        let services_only = t.elapsed();
+        let t = Instant::now();
+        for s in &services {
+            ipvs.destinations(&s.key)?;
+        }
+        let sequential = t.elapsed();
+        let t = Instant::now();
+        ipvs.table()?;
+        let whole = t.elapsed();
+        println!(
+            "read breakdown: services dump {:.1} ms, destination dumps {:.1} ms, table {:.1} ms, ipvsadm -Ln {:.1} ms, first crate read {:.1} ms",
+            ms(services_only),
+            ms(sequential),
+            ms(whole),
+            ms(ipvsadm_read),
+            ms(crate_read)
+        );
+        ipvs.flush()?;
+        return Ok(());
+    }
 
     ipvs.flush().context("flush between runs")?;
     let path = "/tmp/ipvs-bench.rules";

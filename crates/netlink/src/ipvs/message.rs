@@ -29,8 +29,7 @@ fn split<'a>(bytes: &'a [u8], nest: u16, what: &str) -> Result<(NlHeader, [u8; 4
     let genl = payload
         .get(..GENL_HDR_LEN)
         .ok_or_else(|| Error::decode(what, "no generic netlink header"))?;
-    for a in wire::attrs(&payload[GENL_HDR_LEN..]) {
-        let (kind, value, _) = a?;
+    for (kind, value, _) in wire::attrs(&payload[GENL_HDR_LEN..]) {
         if kind == nest {
             return Ok((header, [genl[0], genl[1], genl[2], genl[3]], value));
         }

@@ -38,10 +38,6 @@ use wire::Writer;
 /// than 32 KiB, and `recv` reports a larger one as an error instead of truncating it.
 const RECV_BUF: usize = 64 * 1024;
 
-/// Most destination dumps `table` starts with one `sendmsg`. Each finished dump's reply is one datagram of up to
-/// 32 KiB truesize in the receive buffer, so this stays far below the buffer `apply` sizes for acknowledgements.
-const MAX_DUMP_PIPELINE: usize = 128;
-
 /// `GENL_ID_CTRL`, the controller family that resolves family names.
 const GENL_ID_CTRL: u16 = 0x10;
 const CTRL_ATTR_FAMILY_ID: u16 = 1;
@@ -70,6 +66,9 @@ pub struct IpvsConfig {
     pub ack_cost: usize,
     /// How requests are acknowledged.
     pub ack_mode: AckMode,
+    /// Bytes of the buffer replies are read into. The kernel sizes each dump datagram to the largest buffer the
+    /// socket has read with (up to 32 KiB), so this also sets how much it allocates per dump batch.
+    pub recv_buf: usize,
     /// The generic netlink family to resolve; always "IPVS" except in tests of the missing-module path.
     pub family_name: &'static str,
 }
@@ -82,6 +81,7 @@ impl Default for IpvsConfig {
             ack_cost: 1024,
             ack_mode: AckMode::Every,
             family_name: "IPVS",
+            recv_buf: RECV_BUF,
         }
     }
 }
@@ -95,8 +95,6 @@ pub struct BatchStats {
     pub overruns: u64,
     /// Requests reported as [`Error::AckLost`].
     pub lost: u64,
-    /// Destination dumps `table` had to repeat because the socket was still busy with a longer dump.
-    pub dump_retries: u64,
 }
 
 /// The handle to the IPVS table of the caller's network namespace.
@@ -144,7 +142,7 @@ impl Ipvs {
             sock,
             family: 0,
             seq: 1,
-            recv_buf: Vec::with_capacity(RECV_BUF),
+            recv_buf: Vec::with_capacity(config.recv_buf.max(4096)),
             send_buf: Vec::new(),
             // The kernel refuses a sendmsg longer than sk_sndbuf - 32; keep a page of slack for the last message.
             max_batch_bytes: sndbuf.saturating_sub(4096).max(4096),
@@ -231,10 +229,12 @@ impl Ipvs {
                     }
                     GENL_ID_CTRL => {
                         let attrs = payload.get(wire::GENL_HDR_LEN..).unwrap_or(&[]);
-                        for a in wire::attrs(attrs) {
-                            let (kind, v, _) = a?;
+                        for (kind, v, _) in wire::attrs(attrs) {
                             if kind == CTRL_ATTR_FAMILY_ID {
-                                family = Some(wire::read_u16(v, "IPVS family id")?);
+                                family = Some(
+                                    wire::read_u16(v)
+                                        .map_err(|e| Error::decode("IPVS family id", e))?,
+                                );
                             }
                         }
                     }
@@ -514,8 +514,7 @@ impl Ipvs {
         let op = || format!("get service {key}");
         match self.doit(wire::CMD_GET_SERVICE, Some(key), &op) {
             Ok(Some(attrs)) => {
-                for a in wire::attrs(&attrs) {
-                    let (kind, v, _) = a?;
+                for (kind, v, _) in wire::attrs(&attrs) {
                     if kind == wire::CMD_ATTR_SERVICE {
                         return Service::parse(v).map(Some);
                     }
@@ -554,91 +553,20 @@ impl Ipvs {
         Ok(out)
     }
 
-    /// Every service with its destinations.
+    /// Every service with its destinations: one service dump, then one destination dump per service.
     ///
-    /// The destination dumps are pipelined: several GET_DEST dump requests go into one `sendmsg`. The kernel runs
-    /// the first batch of a dump inside `sendmsg`, and a dump whose destinations fit in that batch is finished
-    /// before the next request is read, so the next dump can start. A dump that does not finish keeps the socket
-    /// busy and the requests after it fail with EBUSY; those are retried, and the pipeline depth is halved so
-    /// services with many destinations degrade to one dump at a time instead of repeating work.
+    /// Pipelining several destination dumps into one `sendmsg` works (the kernel finishes a short dump inside
+    /// `sendmsg`, so the next can start; a long one makes the rest fail with EBUSY), but measured in the VM it was
+    /// slower than one dump at a time: each queued dump holds its own reply buffer, while sequential dumps reuse
+    /// one that is still hot. So this stays sequential.
     pub fn table(&mut self) -> Result<Vec<(Service, Vec<Destination>)>> {
         let services = self.services()?;
-        let mut dests: Vec<Vec<Destination>> = services.iter().map(|_| Vec::new()).collect();
-        let mut pending: std::collections::VecDeque<usize> = (0..services.len()).collect();
-        let mut depth = MAX_DUMP_PIPELINE;
-        let mut batch: Vec<usize> = Vec::with_capacity(MAX_DUMP_PIPELINE);
-        let mut rbuf = std::mem::take(&mut self.recv_buf);
-        let mut buf = std::mem::take(&mut self.send_buf);
-        let result = (|| -> Result<()> {
-            while !pending.is_empty() {
-                batch.clear();
-                buf.clear();
-                let first = self.seq;
-                while batch.len() < depth {
-                    let Some(i) = pending.pop_front() else { break };
-                    let seq = first.wrapping_add(batch.len() as u32);
-                    let mut w = Writer::new(&mut buf);
-                    let start = w.begin_msg(self.family, NLM_F_REQUEST | wire::NLM_F_DUMP, seq, 0);
-                    w.genl_header(wire::CMD_GET_DEST, wire::IPVS_GENL_VERSION);
-                    services[i].key.emit_nest(&mut w);
-                    w.end_msg(start);
-                    batch.push(i);
-                }
-                self.seq = first.wrapping_add(batch.len() as u32);
-                let op = || "list destinations of all services".to_owned();
-                self.sock
-                    .send(&buf)
-                    .map_err(|source| Error::Io { op: op(), source })?;
-                let mut open = batch.len();
-                let mut busy = Vec::new();
-                while open > 0 {
-                    self.sock
-                        .recv(&mut rbuf, true)
-                        .map_err(|source| Error::Io { op: op(), source })?;
-                    for m in wire::messages(&rbuf) {
-                        let (h, payload, whole) = m?;
-                        let k = h.seq.wrapping_sub(first) as usize;
-                        let Some(&i) = batch.get(k) else { continue };
-                        match h.kind {
-                            wire::NLMSG_DONE => open -= 1,
-                            wire::NLMSG_ERROR => match wire::error_code(payload)? {
-                                0 => {}
-                                libc::EBUSY => {
-                                    busy.push(i);
-                                    open -= 1;
-                                }
-                                errno => {
-                                    let op =
-                                        format!("list destinations of service {}", services[i].key);
-                                    return Err(map_read_errno(errno, op));
-                                }
-                            },
-                            kind if kind == self.family => {
-                                let family = services[i].key.family();
-                                dests[i]
-                                    .push(IpvsMessage::<Destination>::parse(whole, family)?.body);
-                            }
-                            _ => {}
-                        }
-                    }
-                }
-                if busy.is_empty() {
-                    depth = (depth * 2).min(MAX_DUMP_PIPELINE);
-                } else {
-                    depth = (depth / 2).max(1);
-                    self.stats.dump_retries += busy.len() as u64;
-                    for &i in busy.iter().rev() {
-                        dests[i].clear();
-                        pending.push_front(i);
-                    }
-                }
-            }
-            Ok(())
-        })();
-        self.recv_buf = rbuf;
-        self.send_buf = buf;
-        result?;
-        Ok(services.into_iter().zip(dests).collect())
+        let mut out = Vec::with_capacity(services.len());
+        for s in services {
+            let d = self.destinations(&s.key)?;
+            out.push((s, d));
+        }
+        Ok(out)
     }
 
     /// Dumps services and returns each reply message as received, for fixtures and debugging.

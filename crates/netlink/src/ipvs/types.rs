@@ -10,7 +10,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use netlink_packet_core::{DefaultNla, Emitable};
 
-use super::wire::{self, Writer};
+use super::wire::{self, Raw, Writer};
 use crate::error::{Error, Result};
 
 /// Address family of a service or destination.
@@ -34,13 +34,14 @@ impl Family {
 
     /// Decodes an `AF_*` number.
     pub fn from_raw(af: u16) -> Result<Self> {
+        Self::decode(af).map_err(|e| Error::decode("address family", format!("{e}: {af}")))
+    }
+
+    fn decode(af: u16) -> Raw<Self> {
         match i32::from(af) {
             libc::AF_INET => Ok(Family::Inet),
             libc::AF_INET6 => Ok(Family::Inet6),
-            _ => Err(Error::decode(
-                "address family",
-                format!("unsupported AF {af}"),
-            )),
+            _ => Err("unsupported address family"),
         }
     }
 
@@ -269,15 +270,12 @@ impl Netmask {
         }
     }
 
-    fn from_raw(family: Family, raw: [u8; 4]) -> Result<Self> {
+    fn from_raw(family: Family, raw: [u8; 4]) -> Raw<Self> {
         match family {
             Family::Inet => Ok(Netmask::V4(Ipv4Addr::from(raw))),
-            Family::Inet6 => {
-                let p = u32::from_ne_bytes(raw);
-                u8::try_from(p)
-                    .map(Netmask::V6)
-                    .map_err(|_| Error::decode("service netmask", format!("IPv6 prefix {p}")))
-            }
+            Family::Inet6 => u8::try_from(u32::from_ne_bytes(raw))
+                .map(Netmask::V6)
+                .map_err(|_| "IPv6 netmask prefix above 255"),
         }
     }
 }
@@ -328,20 +326,21 @@ impl Stats {
     }
 
     /// Parses a STATS or STATS64 nest; each counter is read at the width it was sent with.
-    fn parse(nest: &[u8], what: &str) -> Result<Self> {
+    fn parse(nest: &[u8]) -> Raw<Self> {
         let mut s = Stats::default();
-        for a in wire::attrs(nest) {
-            let (kind, value, _) = a?;
+        let mut it = wire::attrs(nest);
+        for (kind, value, _) in &mut it {
             if kind == STATS_PAD {
                 continue;
             }
             if let Some(slot) = s.field(kind) {
                 *slot = match value.len() {
-                    8 => wire::read_u64(value, what)?,
-                    _ => u64::from(wire::read_u32(value, what)?),
+                    8 => wire::read_u64(value)?,
+                    _ => u64::from(wire::read_u32(value)?),
                 };
             }
         }
+        it.finish()?;
         Ok(s)
     }
 
@@ -403,7 +402,10 @@ impl Service {
 
     /// Parses the attributes inside a SERVICE nest.
     pub fn parse(nest: &[u8]) -> Result<Self> {
-        const WHAT: &str = "service";
+        Self::parse_raw(nest).map_err(|e| Error::decode("service", e))
+    }
+
+    fn parse_raw(nest: &[u8]) -> Raw<Self> {
         let mut af = None;
         let mut protocol = None;
         let mut addr: Option<&[u8]> = None;
@@ -417,44 +419,40 @@ impl Service {
         let mut stats = None;
         let mut stats64 = None;
         let mut other = Vec::new();
-        for a in wire::attrs(nest) {
-            let (kind, v, whole) = a?;
+        let mut it = wire::attrs(nest);
+        for (kind, v, whole) in &mut it {
             match kind {
-                wire::SVC_AF => af = Some(Family::from_raw(wire::read_u16(v, WHAT)?)?),
-                wire::SVC_PROTOCOL => protocol = Some(Protocol::from_raw(wire::read_u16(v, WHAT)?)),
+                wire::SVC_AF => af = Some(Family::decode(wire::read_u16(v)?)?),
+                wire::SVC_PROTOCOL => protocol = Some(Protocol::from_raw(wire::read_u16(v)?)),
                 wire::SVC_ADDR => addr = Some(v),
-                wire::SVC_PORT => port = Some(wire::read_u16_be(v, WHAT)?),
-                wire::SVC_FWMARK => fwmark = Some(wire::read_u32(v, WHAT)?),
-                wire::SVC_SCHED_NAME => scheduler = Some(wire::read_str(v, WHAT)?),
-                wire::SVC_PE_NAME => pe_name = Some(wire::read_str(v, WHAT)?),
+                wire::SVC_PORT => port = Some(wire::read_u16_be(v)?),
+                wire::SVC_FWMARK => fwmark = Some(wire::read_u32(v)?),
+                wire::SVC_SCHED_NAME => scheduler = Some(wire::read_str(v)?),
+                wire::SVC_PE_NAME => pe_name = Some(wire::read_str(v)?),
                 wire::SVC_FLAGS => {
-                    let f = wire::read_u32(v, WHAT)?;
-                    let m = wire::read_u32(v.get(4..).unwrap_or(&[]), WHAT)?;
+                    let f = wire::read_u32(v)?;
+                    let m = wire::read_u32(v.get(4..).unwrap_or(&[]))?;
                     flags = Some(Flags { flags: f, mask: m });
                 }
-                wire::SVC_TIMEOUT => timeout = wire::read_u32(v, WHAT)?,
+                wire::SVC_TIMEOUT => timeout = wire::read_u32(v)?,
                 wire::SVC_NETMASK => {
-                    netmask = Some(wire::read_u32(v, WHAT)?.to_ne_bytes());
+                    netmask = Some(wire::read_u32(v)?.to_ne_bytes());
                 }
-                wire::SVC_STATS => stats = Some(Stats::parse(v, "service stats")?),
-                wire::SVC_STATS64 => stats64 = Some(Stats::parse(v, "service stats64")?),
+                wire::SVC_STATS => stats = Some(Stats::parse(v)?),
+                wire::SVC_STATS64 => stats64 = Some(Stats::parse(v)?),
                 _ => other.push(raw_nla(whole)),
             }
         }
-        let af = af.ok_or_else(|| Error::decode(WHAT, "no address family"))?;
+        it.finish()?;
+        let af = af.ok_or("no address family")?;
         let key = match (fwmark, protocol, addr, port) {
             (Some(mark), ..) if mark != 0 => ServiceKey::Fwmark { family: af, mark },
             (_, Some(protocol), Some(addr), Some(port)) => ServiceKey::Addr {
                 protocol,
-                addr: parse_addr(addr, af, WHAT)?,
+                addr: parse_addr(addr, af)?,
                 port,
             },
-            _ => {
-                return Err(Error::decode(
-                    WHAT,
-                    "neither a fwmark nor protocol, address and port",
-                ));
-            }
+            _ => return Err("neither a fwmark nor protocol, address and port"),
         };
         let netmask = match netmask {
             Some(raw) => Netmask::from_raw(af, raw)?,
@@ -678,43 +676,45 @@ impl Destination {
     /// Parses the attributes inside a DEST nest. `service_family` is used when the kernel omits ADDR_FAMILY
     /// (kernels before 4.15).
     pub fn parse(nest: &[u8], service_family: Family) -> Result<Self> {
-        const WHAT: &str = "destination";
+        Self::parse_raw(nest, service_family).map_err(|e| Error::decode("destination", e))
+    }
+
+    fn parse_raw(nest: &[u8], service_family: Family) -> Raw<Self> {
         let mut addr: Option<&[u8]> = None;
         let mut family = service_family;
         let mut d = Destination::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0, ForwardMethod::Masq);
         let mut tunnel: Option<Tunnel> = None;
-        for a in wire::attrs(nest) {
-            let (kind, v, whole) = a?;
+        let mut it = wire::attrs(nest);
+        for (kind, v, whole) in &mut it {
             match kind {
                 wire::DEST_ADDR => addr = Some(v),
-                wire::DEST_PORT => d.port = wire::read_u16_be(v, WHAT)?,
-                wire::DEST_FWD_METHOD => {
-                    d.forward = ForwardMethod::from_raw(wire::read_u32(v, WHAT)?)
-                }
-                wire::DEST_WEIGHT => d.weight = wire::read_u32(v, WHAT)?,
-                wire::DEST_U_THRESH => d.upper_threshold = wire::read_u32(v, WHAT)?,
-                wire::DEST_L_THRESH => d.lower_threshold = wire::read_u32(v, WHAT)?,
-                wire::DEST_ACTIVE_CONNS => d.active_conns = wire::read_u32(v, WHAT)?,
-                wire::DEST_INACT_CONNS => d.inactive_conns = wire::read_u32(v, WHAT)?,
-                wire::DEST_PERSIST_CONNS => d.persist_conns = wire::read_u32(v, WHAT)?,
-                wire::DEST_STATS => d.stats = Some(Stats::parse(v, "destination stats")?),
-                wire::DEST_STATS64 => d.stats64 = Some(Stats::parse(v, "destination stats64")?),
-                wire::DEST_ADDR_FAMILY => family = Family::from_raw(wire::read_u16(v, WHAT)?)?,
+                wire::DEST_PORT => d.port = wire::read_u16_be(v)?,
+                wire::DEST_FWD_METHOD => d.forward = ForwardMethod::from_raw(wire::read_u32(v)?),
+                wire::DEST_WEIGHT => d.weight = wire::read_u32(v)?,
+                wire::DEST_U_THRESH => d.upper_threshold = wire::read_u32(v)?,
+                wire::DEST_L_THRESH => d.lower_threshold = wire::read_u32(v)?,
+                wire::DEST_ACTIVE_CONNS => d.active_conns = wire::read_u32(v)?,
+                wire::DEST_INACT_CONNS => d.inactive_conns = wire::read_u32(v)?,
+                wire::DEST_PERSIST_CONNS => d.persist_conns = wire::read_u32(v)?,
+                wire::DEST_STATS => d.stats = Some(Stats::parse(v)?),
+                wire::DEST_STATS64 => d.stats64 = Some(Stats::parse(v)?),
+                wire::DEST_ADDR_FAMILY => family = Family::decode(wire::read_u16(v)?)?,
                 wire::DEST_TUN_TYPE => {
                     tunnel.get_or_insert_with(Tunnel::default).kind =
-                        TunnelType::from_raw(wire::read_u8(v, WHAT)?);
+                        TunnelType::from_raw(wire::read_u8(v)?);
                 }
                 wire::DEST_TUN_PORT => {
-                    tunnel.get_or_insert_with(Tunnel::default).port = wire::read_u16_be(v, WHAT)?
+                    tunnel.get_or_insert_with(Tunnel::default).port = wire::read_u16_be(v)?
                 }
                 wire::DEST_TUN_FLAGS => {
-                    tunnel.get_or_insert_with(Tunnel::default).flags = wire::read_u16(v, WHAT)?
+                    tunnel.get_or_insert_with(Tunnel::default).flags = wire::read_u16(v)?
                 }
                 _ => d.other.push(raw_nla(whole)),
             }
         }
-        let addr = addr.ok_or_else(|| Error::decode(WHAT, "no address"))?;
-        d.addr = parse_addr(addr, family, WHAT)?;
+        it.finish()?;
+        let addr = addr.ok_or("no address")?;
+        d.addr = parse_addr(addr, family)?;
         d.tunnel = tunnel;
         Ok(d)
     }
@@ -777,18 +777,23 @@ impl Info {
     }
 
     pub(crate) fn parse(attrs: &[u8]) -> Result<Self> {
+        Self::parse_raw(attrs).map_err(|e| Error::decode("IPVS info", e))
+    }
+
+    fn parse_raw(attrs: &[u8]) -> Raw<Self> {
         let mut info = Info {
             version: 0,
             conn_tab_size: 0,
         };
-        for a in wire::attrs(attrs) {
-            let (kind, v, _) = a?;
+        let mut it = wire::attrs(attrs);
+        for (kind, v, _) in &mut it {
             match kind {
-                wire::INFO_VERSION => info.version = wire::read_u32(v, "ipvs info")?,
-                wire::INFO_CONN_TAB_SIZE => info.conn_tab_size = wire::read_u32(v, "ipvs info")?,
+                wire::INFO_VERSION => info.version = wire::read_u32(v)?,
+                wire::INFO_CONN_TAB_SIZE => info.conn_tab_size = wire::read_u32(v)?,
                 _ => {}
             }
         }
+        it.finish()?;
         Ok(info)
     }
 }
@@ -806,16 +811,21 @@ pub struct Timeouts {
 
 impl Timeouts {
     pub(crate) fn parse(attrs: &[u8]) -> Result<Self> {
+        Self::parse_raw(attrs).map_err(|e| Error::decode("IPVS timeouts", e))
+    }
+
+    fn parse_raw(attrs: &[u8]) -> Raw<Self> {
         let mut t = Timeouts::default();
-        for a in wire::attrs(attrs) {
-            let (kind, v, _) = a?;
+        let mut it = wire::attrs(attrs);
+        for (kind, v, _) in &mut it {
             match kind {
-                wire::CMD_ATTR_TIMEOUT_TCP => t.tcp = wire::read_u32(v, "timeouts")?,
-                wire::CMD_ATTR_TIMEOUT_TCP_FIN => t.tcp_fin = wire::read_u32(v, "timeouts")?,
-                wire::CMD_ATTR_TIMEOUT_UDP => t.udp = wire::read_u32(v, "timeouts")?,
+                wire::CMD_ATTR_TIMEOUT_TCP => t.tcp = wire::read_u32(v)?,
+                wire::CMD_ATTR_TIMEOUT_TCP_FIN => t.tcp_fin = wire::read_u32(v)?,
+                wire::CMD_ATTR_TIMEOUT_UDP => t.udp = wire::read_u32(v)?,
                 _ => {}
             }
         }
+        it.finish()?;
         Ok(t)
     }
 
@@ -838,14 +848,11 @@ pub(crate) fn addr_bytes(addr: &IpAddr) -> [u8; 16] {
     }
 }
 
-fn parse_addr(v: &[u8], family: Family, what: &str) -> Result<IpAddr> {
+fn parse_addr(v: &[u8], family: Family) -> Raw<IpAddr> {
     match family {
         Family::Inet => match v.get(..4) {
             Some(b) => Ok(IpAddr::V4(Ipv4Addr::new(b[0], b[1], b[2], b[3]))),
-            None => Err(Error::decode(
-                what,
-                format!("IPv4 address of {} bytes", v.len()),
-            )),
+            None => Err("IPv4 address shorter than 4 bytes"),
         },
         Family::Inet6 => match v.get(..16) {
             Some(b) => {
@@ -853,10 +860,7 @@ fn parse_addr(v: &[u8], family: Family, what: &str) -> Result<IpAddr> {
                 a.copy_from_slice(b);
                 Ok(IpAddr::V6(Ipv6Addr::from(a)))
             }
-            None => Err(Error::decode(
-                what,
-                format!("IPv6 address of {} bytes", v.len()),
-            )),
+            None => Err("IPv6 address shorter than 16 bytes"),
         },
     }
 }

@@ -221,83 +221,97 @@ pub(crate) fn error_code(payload: &[u8]) -> Result<i32> {
     Ok(code.saturating_neg())
 }
 
-pub(crate) fn read_u8(v: &[u8], what: &str) -> Result<u8> {
-    v.first()
-        .copied()
-        .ok_or_else(|| Error::decode(what, "empty u8 attribute"))
+/// Decoding result of one attribute value. The error is a static description, so the hot parse loop moves small
+/// values around; the caller turns it into an [`Error::Decode`] naming the object once.
+pub(crate) type Raw<T> = std::result::Result<T, &'static str>;
+
+pub(crate) fn read_u8(v: &[u8]) -> Raw<u8> {
+    v.first().copied().ok_or("empty u8 attribute")
 }
 
-pub(crate) fn read_u16(v: &[u8], what: &str) -> Result<u16> {
-    match v.get(..2) {
-        Some(b) => Ok(u16::from_ne_bytes([b[0], b[1]])),
-        None => Err(Error::decode(
-            what,
-            format!("u16 attribute of {} bytes", v.len()),
-        )),
+pub(crate) fn read_u16(v: &[u8]) -> Raw<u16> {
+    match v {
+        [a, b, ..] => Ok(u16::from_ne_bytes([*a, *b])),
+        _ => Err("u16 attribute shorter than 2 bytes"),
     }
 }
 
-pub(crate) fn read_u16_be(v: &[u8], what: &str) -> Result<u16> {
-    read_u16(v, what).map(u16::from_be)
+pub(crate) fn read_u16_be(v: &[u8]) -> Raw<u16> {
+    read_u16(v).map(u16::from_be)
 }
 
-pub(crate) fn read_u32(v: &[u8], what: &str) -> Result<u32> {
-    match v.get(..4) {
-        Some(b) => Ok(u32::from_ne_bytes([b[0], b[1], b[2], b[3]])),
-        None => Err(Error::decode(
-            what,
-            format!("u32 attribute of {} bytes", v.len()),
-        )),
+pub(crate) fn read_u32(v: &[u8]) -> Raw<u32> {
+    match v {
+        [a, b, c, d, ..] => Ok(u32::from_ne_bytes([*a, *b, *c, *d])),
+        _ => Err("u32 attribute shorter than 4 bytes"),
     }
 }
 
-pub(crate) fn read_u64(v: &[u8], what: &str) -> Result<u64> {
+pub(crate) fn read_u64(v: &[u8]) -> Raw<u64> {
     match v.get(..8) {
         Some(b) => {
             let mut a = [0u8; 8];
             a.copy_from_slice(b);
             Ok(u64::from_ne_bytes(a))
         }
-        None => Err(Error::decode(
-            what,
-            format!("u64 attribute of {} bytes", v.len()),
-        )),
+        None => Err("u64 attribute shorter than 8 bytes"),
     }
 }
 
 /// Reads a NUL-terminated (or unterminated) string attribute.
-pub(crate) fn read_str(v: &[u8], what: &str) -> Result<String> {
+pub(crate) fn read_str(v: &[u8]) -> Raw<String> {
     let end = v.iter().position(|&b| b == 0).unwrap_or(v.len());
     std::str::from_utf8(&v[..end])
         .map(str::to_owned)
-        .map_err(|e| Error::decode(what, e))
+        .map_err(|_| "string attribute is not UTF-8")
 }
 
-/// Iterates the attributes in `buf` as (type without flag bits, value, the whole raw attribute).
-pub(crate) fn attrs(buf: &[u8]) -> impl Iterator<Item = Result<(u16, &[u8], &[u8])>> + '_ {
-    let mut rest = buf;
-    std::iter::from_fn(move || {
+/// Iterates attributes as (type without flag bits, value, the whole raw attribute). A malformed length ends the
+/// iteration and sets `bad`, which the caller checks once after its loop.
+pub(crate) struct Attrs<'a> {
+    rest: &'a [u8],
+    pub(crate) bad: bool,
+}
+
+pub(crate) fn attrs(buf: &[u8]) -> Attrs<'_> {
+    Attrs {
+        rest: buf,
+        bad: false,
+    }
+}
+
+impl<'a> Iterator for Attrs<'a> {
+    type Item = (u16, &'a [u8], &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let rest = self.rest;
         if rest.len() < NLA_HEADER_SIZE {
             return None;
         }
         let len = u16::from_ne_bytes([rest[0], rest[1]]) as usize;
         let kind = u16::from_ne_bytes([rest[2], rest[3]]);
         if len < NLA_HEADER_SIZE || len > rest.len() {
-            let n = rest.len();
-            rest = &[];
-            return Some(Err(Error::decode(
-                "netlink attribute",
-                format!("attribute length {len} with {n} bytes left"),
-            )));
+            self.bad = true;
+            self.rest = &[];
+            return None;
         }
-        let whole = &rest[..len];
-        let value = &rest[NLA_HEADER_SIZE..len];
         let aligned = (len + 3) & !3;
-        rest = rest.get(aligned..).unwrap_or(&[]);
-        Some(Ok((
+        self.rest = rest.get(aligned..).unwrap_or(&[]);
+        Some((
             kind & netlink_packet_core::NLA_TYPE_MASK,
-            value,
-            whole,
-        )))
-    })
+            &rest[NLA_HEADER_SIZE..len],
+            &rest[..len],
+        ))
+    }
+}
+
+impl Attrs<'_> {
+    /// Fails if the iteration stopped at a malformed attribute.
+    pub(crate) fn finish(&self) -> Raw<()> {
+        if self.bad {
+            Err("malformed attribute length")
+        } else {
+            Ok(())
+        }
+    }
 }
