@@ -622,10 +622,19 @@ impl NodeContext {
     }
 }
 
+fn is_link_local(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(a) => a.is_link_local(),
+        IpAddr::V6(a) => a.segments()[0] & 0xffc0 == 0xfe80,
+    }
+}
+
 /// Why an address cannot be a virtual server address, if it cannot.
 fn unusable_vip(ip: IpAddr) -> Option<&'static str> {
     if ip.is_unspecified() {
         Some("is the unspecified address")
+    } else if ip.is_loopback() {
+        Some("is a loopback address")
     } else if ip.is_multicast() {
         Some("is a multicast address")
     } else if ip == IpAddr::V4(Ipv4Addr::BROADCAST) {
@@ -733,6 +742,13 @@ pub fn validate_endpoints(name: &ServiceName, endpoints: &[Endpoint]) -> Result<
         };
         if ep.addr.is_unspecified() || ep.addr.is_multicast() {
             return Err(bad("not a unicast address".to_owned()));
+        }
+        // The EndpointSlice API rejects these too; from manifests they would let a Service
+        // reach into the node itself.
+        if ep.addr.is_loopback() || is_link_local(ep.addr) {
+            return Err(bad(
+                "loopback and link-local addresses cannot be endpoints".to_owned()
+            ));
         }
         if let Some(p) = ep.ports.iter().find(|p| p.port == 0) {
             return Err(bad(format!("port {:?} is 0", p.name)));
@@ -992,6 +1008,26 @@ mod tests {
             "unspecified externalIP"
         );
         assert!(inputs.is_empty());
+    }
+
+    #[test]
+    fn endpoints_in_loopback_or_link_local_are_rejected() {
+        let mut inputs = Inputs::new(NodeContext::new("n1")).expect("valid node");
+        for bad in ["127.0.0.1", "::1", "169.254.169.254", "fe80::1"] {
+            let ep = Endpoint::ready(bad.parse().expect("literal"), vec![]);
+            let err = inputs.set_endpoints(web(), vec![ep]).expect_err(bad);
+            assert!(
+                err.to_string()
+                    .starts_with(&format!("service default/web: endpoint {bad}: ")),
+                "{err}"
+            );
+        }
+        let mut bad = info();
+        bad.cluster_ips = vec!["127.0.0.1".parse().expect("literal")];
+        assert!(
+            inputs.upsert_service(web(), bad).is_err(),
+            "loopback ClusterIP"
+        );
     }
 
     #[test]
