@@ -21,7 +21,7 @@
 //!    otherwise if every ready endpoint has zone hints and one names this node's zone, only
 //!    those are used; otherwise all. Without any hints (no EndpointSlice controller, e.g. from
 //!    manifests) `PreferClose`/`PreferSameZone` derive zone hints from each endpoint's zone and
-//!    `PreferSameNode` node hints from its node, as the controller would.
+//!    `PreferSameNode` node and zone hints from its node and zone, as the controller would.
 //! 6. **Dual-stack**: an endpoint only backs virtual servers of its own family; externalIPs, LB
 //!    IPs and NodePorts exist only for families the Service has a ClusterIP of (as kube-proxy's
 //!    per-family proxiers do).
@@ -195,7 +195,7 @@ enum Derive {
     Given,
     /// Each endpoint is hinted for its own zone.
     Zone,
-    /// Each endpoint is hinted for its own node.
+    /// Each endpoint is hinted for its own node and its own zone.
     Node,
 }
 
@@ -217,7 +217,9 @@ fn derived_hints(info: &ServiceInfo, endpoints: &[Endpoint]) -> Derive {
 
 fn zone_hinted(e: &Endpoint, derive: Derive, zone: &str) -> Option<bool> {
     match derive {
-        Derive::Zone => e.zone.as_deref().map(|z| z == zone),
+        // PreferSameNode's controller sets zone hints too, as the fallback when this node has
+        // no endpoint.
+        Derive::Zone | Derive::Node => e.zone.as_deref().map(|z| z == zone),
         _ if e.hints_for_zones.is_empty() => None,
         _ => Some(e.hints_for_zones.iter().any(|z| z == zone)),
     }

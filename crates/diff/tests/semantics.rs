@@ -391,3 +391,25 @@ fn removed_service_produces_nothing() {
     let t = service_table(None, &[ep("10.1.0.1")], &node());
     assert_eq!(t, ServiceTable::default());
 }
+
+/// Rule 5: `trafficDistribution: PreferSameNode` without hints prefers this node's endpoints,
+/// and falls back to this zone's when the node has none.
+#[test]
+fn rule5_prefer_same_node_without_hints_prefers_node_then_zone() {
+    let mut s = svc("10.96.0.10");
+    s.traffic_distribution = Some(TrafficDistribution::PreferSameNode);
+    let placed = |addr: &str, node: &str, zone: &str| {
+        let mut e = on_node(ep(addr), node);
+        e.zone = Some(zone.into());
+        e
+    };
+    let eps = [
+        placed("10.1.0.1", "node-a", "zone-a"),
+        placed("10.1.0.2", "node-b", "zone-a"),
+        placed("10.1.0.3", "node-c", "zone-b"),
+    ];
+    let t = service_table(Some(&s), &eps, &node());
+    assert_eq!(dests(&t, tcp("10.96.0.10", 80)), set(&["10.1.0.1"]));
+    let t = service_table(Some(&s), &eps[1..], &node());
+    assert_eq!(dests(&t, tcp("10.96.0.10", 80)), set(&["10.1.0.2"]));
+}
