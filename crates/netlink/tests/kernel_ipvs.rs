@@ -589,3 +589,42 @@ fn persistence_engine_round_trips_or_is_reported_unknown() {
         Err(e) => panic!("unexpected error {e:?}"),
     }
 }
+
+/// A large table is read with one socket per CPU; the result must equal one dump per service, in dump order.
+#[test]
+fn parallel_table_equals_one_dump_per_service() {
+    let mut h = ipvs();
+    let mut reqs = Vec::new();
+    for s in 0..600u32 {
+        let key = ServiceKey::tcp(IpAddr::V4(Ipv4Addr::from(0x0a60_0000 + s)), 80);
+        reqs.push(Request::NewService(Service::new(key, "rr")));
+        // A few services get 300 destinations (more than one dump batch); the rest get 0 to 4.
+        let n = if s % 100 == 7 { 300 } else { s % 5 };
+        for d in 0..n {
+            let addr = IpAddr::V4(Ipv4Addr::from(0x0b00_0000 + s * 1024 + d));
+            reqs.push(Request::NewDest {
+                service: key,
+                dest: dest(&addr.to_string(), 80, ForwardMethod::Route, 1),
+            });
+        }
+    }
+    assert!(h.apply(&reqs).iter().all(Result::is_ok));
+    let services = h.services().expect("services");
+    let table = h.table().expect("table");
+    assert_eq!(
+        table.iter().map(|(s, _)| s.key).collect::<Vec<_>>(),
+        services.iter().map(|s| s.key).collect::<Vec<_>>()
+    );
+    let mut total = 0;
+    for (s, ds) in &table {
+        assert_eq!(
+            ds,
+            &h.destinations(&s.key).expect("single dump"),
+            "destinations of {}",
+            s.key
+        );
+        total += ds.len();
+    }
+    assert_eq!(total, reqs.len() - 600);
+    println!("MEASURE cpus {:?}", std::thread::available_parallelism());
+}
