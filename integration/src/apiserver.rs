@@ -150,6 +150,10 @@ struct State {
     /// Watches from a resourceVersion below this get 410 Gone.
     oldest_watchable: u64,
     watchers: Vec<Watcher>,
+    /// How many watches are registered, for tests that must wait until a client is watching.
+    watch_count: tokio::sync::watch::Sender<usize>,
+    /// Every watch request: its kind and the resourceVersion it started from (0 for none).
+    watch_starts: Vec<(Kind, u64)>,
     /// Continue tokens: snapshot id to (resourceVersion, remaining items).
     snapshots: HashMap<u64, Snapshot>,
     next_snapshot: u64,
@@ -199,6 +203,8 @@ impl TestApiServer {
             history_limit: DEFAULT_HISTORY,
             oldest_watchable: 0,
             watchers: Vec::new(),
+            watch_count: tokio::sync::watch::Sender::new(0),
+            watch_starts: Vec::new(),
             snapshots: HashMap::new(),
             next_snapshot: 0,
             availability: Availability::Up,
@@ -216,6 +222,9 @@ impl TestApiServer {
                     drop(stream);
                     continue;
                 }
+                // Go's net package, and so the real API server, disables Nagle on every
+                // connection; without it small watch events wait for delayed ACKs (~40 ms).
+                let _ = stream.set_nodelay(true);
                 let conn_state = accept_state.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| {
@@ -410,9 +419,28 @@ impl TestApiServer {
     /// server does. Clients see a broken body and must re-watch.
     pub fn drop_watches(&self) {
         let mut st = lock(&self.state);
-        for w in st.watchers.drain(..) {
-            let _ = w.tx.send(WatchMsg::Abort);
-        }
+        st.abort_watches();
+    }
+
+    /// Ends every open watch cleanly, after what was already queued for it, as the server does
+    /// when a watch reaches its `timeoutSeconds`. Clients resume from their last version.
+    pub fn close_watches(&self) {
+        let mut st = lock(&self.state);
+        st.watchers.clear();
+        st.watch_count.send_replace(0);
+    }
+
+    /// Waits until at least `n` watches are open: a client has finished its lists and is
+    /// watching, so a change made now reaches it as a watch event, not in a list.
+    pub async fn wait_watches(&self, n: usize) {
+        let mut rx = lock(&self.state).watch_count.subscribe();
+        // The sender lives as long as the server, which `self` keeps alive.
+        let _ = rx.wait_for(|c| *c >= n).await;
+    }
+
+    /// Every watch request so far: its kind and the resourceVersion it started from.
+    pub fn watch_starts(&self) -> Vec<(Kind, u64)> {
+        lock(&self.state).watch_starts.clone()
     }
 
     /// Forgets the event history and every continue token, as etcd compaction does: the next
@@ -424,9 +452,7 @@ impl TestApiServer {
         // One past the current version, so even a client that is fully caught up must re-list.
         st.oldest_watchable = st.rv + 1;
         st.snapshots.clear();
-        for w in st.watchers.drain(..) {
-            let _ = w.tx.send(WatchMsg::Abort);
-        }
+        st.abort_watches();
     }
 
     /// Sets how many events the history keeps.
@@ -444,9 +470,7 @@ impl TestApiServer {
             Availability::Unavailable
         };
         if !available {
-            for w in st.watchers.drain(..) {
-                let _ = w.tx.send(WatchMsg::Abort);
-            }
+            st.abort_watches();
         }
     }
 
@@ -454,9 +478,7 @@ impl TestApiServer {
     pub fn set_refusing(&self) {
         let mut st = lock(&self.state);
         st.availability = Availability::Refusing;
-        for w in st.watchers.drain(..) {
-            let _ = w.tx.send(WatchMsg::Abort);
-        }
+        st.abort_watches();
     }
 
     /// Delays every response (list, get, and the start of a watch) by `latency`.
@@ -518,6 +540,19 @@ fn event_line(kind_type: &str, obj: &Value) -> Bytes {
 }
 
 impl State {
+    fn count_watches(&mut self) {
+        self.watchers.retain(|w| !w.tx.is_closed());
+        self.watch_count.send_replace(self.watchers.len());
+    }
+
+    /// Cuts every open watch mid-stream.
+    fn abort_watches(&mut self) {
+        for w in self.watchers.drain(..) {
+            let _ = w.tx.send(WatchMsg::Abort);
+        }
+        self.watch_count.send_replace(0);
+    }
+
     /// Appends an event to the history and fans it out to the open watches whose selectors
     /// see it, turning selector transitions into ADDED/DELETED as the real server does.
     fn record(&mut self, ev: StoredEvent) {
@@ -1046,6 +1081,8 @@ fn watch(
             bookmarks,
             tx,
         });
+        st.watch_starts.push((kind, from));
+        st.count_watches();
     }
     stream_response(rx, timeout)
 }

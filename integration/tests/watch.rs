@@ -11,7 +11,7 @@ use common::{client, next, node, service, slice};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube_ipvs_diff::{Inputs, NodeContext, ServiceName};
-use kube_ipvs_integration::TestApiServer;
+use kube_ipvs_integration::{Kind, TestApiServer};
 use kube_ipvs_watch::cluster::{self, ClusterWatch};
 use kube_ipvs_watch::{ServiceChange, WatchConfig};
 
@@ -133,6 +133,7 @@ async fn dropped_watch_loses_and_repeats_nothing() {
         .create(&service("default", "a", "10.96.0.1", 80))
         .expect("create");
     let (mut w, _) = start(&url).await;
+    server.wait_watches(3).await;
     let relists = w.stats.borrow().relists;
     let requests = server.requests();
     server.drop_watches();
@@ -205,6 +206,7 @@ async fn bookmarks_let_a_watch_resume_past_other_kinds_churn() {
         .create(&service("default", "a", "10.96.0.1", 80))
         .expect("create");
     let (mut w, _) = start(&url).await;
+    server.wait_watches(3).await;
     let relists = w.stats.borrow().relists;
     // Churn on another kind pushes the Service watch's last version out of the history.
     for i in 0..10 {
@@ -213,13 +215,9 @@ async fn bookmarks_let_a_watch_resume_past_other_kinds_churn() {
             .expect("apply");
     }
     server.send_bookmarks();
-    // The bookmark must be processed before the cut; a change behind it proves it was.
-    server
-        .create(&slice("default", "a-1", "a", &[("10.0.0.1", true)]))
-        .expect("create");
-    let cs = next(&mut w.changes).await;
-    assert!(cs.services.contains_key(&name("a")));
-    server.drop_watches();
+    let bookmark = server.resource_version();
+    // A clean end delivers what was queued first, so the bookmark is read before the resume.
+    server.close_watches();
     server
         .create(&service("default", "b", "10.96.0.2", 80))
         .expect("create");
@@ -230,6 +228,40 @@ async fn bookmarks_let_a_watch_resume_past_other_kinds_churn() {
         relists,
         "resumed from the bookmark, no 410"
     );
+    assert!(
+        server.watch_starts().contains(&(Kind::Service, bookmark)),
+        "the Service watch resumed from the bookmark's version: {:?}",
+        server.watch_starts()
+    );
+}
+
+#[tokio::test]
+async fn without_bookmarks_the_same_churn_forces_a_relist() {
+    // The control for the test above: the same sequence without the bookmark must 410.
+    let (server, url) = TestApiServer::start().await.expect("server");
+    server.set_history_limit(4);
+    server
+        .create(&service("default", "a", "10.96.0.1", 80))
+        .expect("create");
+    let (mut w, _) = start(&url).await;
+    server.wait_watches(3).await;
+    let relists = w.stats.borrow().relists;
+    for i in 0..10 {
+        server
+            .apply(&node("node-z", &format!("z{i}"), "192.168.0.99"))
+            .expect("apply");
+    }
+    server.close_watches();
+    server
+        .create(&service("default", "b", "10.96.0.2", 80))
+        .expect("create");
+    let cs = next(&mut w.changes).await;
+    assert_eq!(
+        cs.services.keys().collect::<Vec<_>>(),
+        [&name("b")],
+        "only b, once"
+    );
+    assert!(w.stats.borrow().relists > relists, "a 410 and a relist");
 }
 
 #[tokio::test]

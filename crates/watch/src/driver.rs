@@ -219,7 +219,9 @@ pub async fn drive<S1, S2, S3>(
 }
 
 async fn sleep_until_opt(due: Option<Instant>) {
-    if let Some(d) = due {
+    // A deadline already passed returns at once: the timer wheel would round it up to its
+    // next 1 ms tick, which is most of the latency of a single event.
+    if let Some(d) = due.filter(|d| *d > Instant::now()) {
         tokio::time::sleep_until(d).await;
     }
 }
