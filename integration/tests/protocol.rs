@@ -257,3 +257,30 @@ async fn unavailable_server_answers_503_and_recovers() {
         .await
         .expect("served again");
 }
+
+#[tokio::test]
+async fn streaming_lists_send_initial_events_and_the_end_bookmark() {
+    use kube::runtime::watcher::{self, Event};
+    let (server, url) = TestApiServer::start().await.expect("server");
+    server
+        .create(&service("default", "a", "10.96.0.1", 80))
+        .expect("create");
+    server
+        .create(&service("default", "b", "10.96.0.2", 80))
+        .expect("create");
+    let api: Api<Service> = Api::all(client(&url));
+    let mut w = watcher::watcher(api, watcher::Config::default().streaming_lists()).boxed();
+    let mut seen = Vec::new();
+    while seen.last().map(String::as_str) != Some("InitDone") {
+        let ev = w.try_next().await.expect("event").expect("open stream");
+        seen.push(ev.to_string());
+    }
+    assert_eq!(seen, ["Init", "InitApply(a)", "InitApply(b)", "InitDone"]);
+    server
+        .create(&service("default", "c", "10.96.0.3", 80))
+        .expect("create");
+    match w.try_next().await.expect("event").expect("open stream") {
+        Event::Apply(s) => assert_eq!(s.metadata.name.as_deref(), Some("c")),
+        other => panic!("expected Apply(c), got {other}"),
+    }
+}
