@@ -245,12 +245,17 @@ pub fn spawn(cfg: ManifestConfig) -> ClusterWatch {
     let tracker = Tracker::new(cfg.translate.clone());
     let min_interval = cfg.min_interval;
     let poller = tokio::spawn(poll(cfg, (svc_tx, slice_tx, node_tx)));
+    let (services, slices, node, stores) = crate::cluster::reflect(
+        receiver_stream(svc_rx),
+        receiver_stream(slice_rx),
+        receiver_stream(node_rx),
+    );
     let task = tokio::spawn(async move {
         drive(
             tracker,
-            receiver_stream(svc_rx),
-            receiver_stream(slice_rx),
-            receiver_stream(node_rx),
+            services,
+            slices,
+            node,
             min_interval,
             tx,
             Some(stats_tx),
@@ -262,6 +267,7 @@ pub fn spawn(cfg: ManifestConfig) -> ClusterWatch {
         changes,
         stats,
         task,
+        stores,
     }
 }
 
