@@ -38,10 +38,6 @@ use wire::Writer;
 /// than 32 KiB, and `recv` reports a larger one as an error instead of truncating it.
 const RECV_BUF: usize = 64 * 1024;
 
-/// Most sockets `table` reads destinations with, and the table size from which it uses more than one.
-const MAX_TABLE_WORKERS: usize = 4;
-const PARALLEL_TABLE_MIN: usize = 256;
-
 /// `GENL_ID_CTRL`, the controller family that resolves family names.
 const GENL_ID_CTRL: u16 = 0x10;
 const CTRL_ATTR_FAMILY_ID: u16 = 1;
@@ -559,62 +555,18 @@ impl Ipvs {
 
     /// Every service with its destinations: one service dump, then one destination dump per service.
     ///
-    /// The destination dumps of a large table are spread over one extra socket per available CPU, each on its
-    /// own scoped thread: the kernel fills dump messages in the reader's context, so this is where the time goes,
-    /// and IPVS only holds its mutex while filling one batch. Pipelining several dumps into one `sendmsg` on one
-    /// socket was tried and measured slower in the VM (each queued dump holds its own 32 KiB reply buffer).
+    /// Two faster-looking variants were measured in the VM and dropped: pipelining several destination dumps
+    /// into one `sendmsg` (the kernel finishes a short dump inside `sendmsg`, and later ones fail with EBUSY while
+    /// a long one runs) was slower, since each queued dump holds its own reply buffer; and reading with one socket
+    /// per CPU on scoped threads was no faster, since the kernel's filling of dump messages dominates.
     pub fn table(&mut self) -> Result<Vec<(Service, Vec<Destination>)>> {
         let services = self.services()?;
-        let workers = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(MAX_TABLE_WORKERS);
-        if workers <= 1 || services.len() < PARALLEL_TABLE_MIN {
-            let mut out = Vec::with_capacity(services.len());
-            for s in services {
-                let d = self.destinations(&s.key)?;
-                out.push((s, d));
-            }
-            return Ok(out);
+        let mut out = Vec::with_capacity(services.len());
+        for s in services {
+            let d = self.destinations(&s.key)?;
+            out.push((s, d));
         }
-        let config = IpvsConfig {
-            rcvbuf: 1 << 20,
-            sndbuf: 1 << 16,
-            ..IpvsConfig::default()
-        };
-        let mut helpers = Vec::with_capacity(workers - 1);
-        for _ in 1..workers {
-            helpers.push(Ipvs::with_config(config)?);
-        }
-        let per = services.len().div_ceil(workers);
-        let keys: Vec<ServiceKey> = services.iter().map(|s| s.key).collect();
-        let mut chunks = keys.chunks(per);
-        let mine = chunks.next().unwrap_or(&[]);
-        let parts: Vec<Result<Vec<Vec<Destination>>>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = helpers
-                .iter_mut()
-                .zip(chunks)
-                .map(|(h, chunk)| {
-                    scope.spawn(move || chunk.iter().map(|k| h.destinations(k)).collect())
-                })
-                .collect();
-            let first: Result<Vec<Vec<Destination>>> =
-                mine.iter().map(|k| self.destinations(k)).collect();
-            let mut parts = vec![first];
-            for handle in handles {
-                parts.push(handle.join().unwrap_or_else(|_| {
-                    Err(Error::Io {
-                        op: "list destinations of all services".to_owned(),
-                        source: io::Error::other("destination reader thread panicked"),
-                    })
-                }));
-            }
-            parts
-        });
-        let mut dests = Vec::with_capacity(services.len());
-        for part in parts {
-            dests.extend(part?);
-        }
-        Ok(services.into_iter().zip(dests).collect())
+        Ok(out)
     }
 
     /// Dumps services and returns each reply message as received, for fixtures and debugging.
