@@ -121,7 +121,7 @@ proptest! {
         t.relist_slices(&[]);
         let mut consumer = Inputs::new(NodeContext::new("n")).expect("node");
         let mut last = state(&consumer);
-        let mut flush = |t: &mut Tracker, consumer: &mut Inputs, last: &mut BTreeMap<_, _>| {
+        let flush = |t: &mut Tracker, consumer: &mut Inputs, last: &mut BTreeMap<_, _>| {
             if let Some(cs) = t.take_change_set() {
                 prop_assert!(cs.apply_to(consumer).is_empty());
                 let now = state(consumer);
