@@ -327,3 +327,65 @@ async fn slow_responses_only_delay() {
     let cs = next(&mut w.changes).await;
     assert_eq!(cs.services.keys().collect::<Vec<_>>(), [&name("b")]);
 }
+
+#[tokio::test]
+async fn other_proxies_headless_and_bad_objects_are_skipped_and_the_rest_flows() {
+    use kube_ipvs_watch::TranslateOptions;
+    let (server, url) = TestApiServer::start().await.expect("server");
+    let labelled = |n: &str, ip: &str, proxy: &str| {
+        let mut s = service("default", n, ip, 80);
+        s.metadata.labels = Some(
+            [(
+                "service.kubernetes.io/service-proxy-name".to_owned(),
+                proxy.to_owned(),
+            )]
+            .into(),
+        );
+        s
+    };
+    server
+        .create(&service("default", "plain", "10.96.0.1", 80))
+        .expect("create");
+    server
+        .create(&labelled("theirs", "10.96.0.2", "cilium"))
+        .expect("create");
+    server
+        .create(&labelled("ours", "10.96.0.3", "kube-ipvs"))
+        .expect("create");
+    let mut headless = service("default", "headless", "None", 80);
+    if let Some(spec) = headless.spec.as_mut() {
+        spec.cluster_ips = Some(vec!["None".into()]);
+    }
+    server.create(&headless).expect("create");
+    server
+        .create(&service("default", "bad", "10.96.0.999", 80))
+        .expect("create");
+
+    let names = |cs: &kube_ipvs_watch::ChangeSet| {
+        cs.services
+            .iter()
+            .filter(|(_, c)| c.service.is_some())
+            .map(|(n, _)| n.name.clone())
+            .collect::<Vec<_>>()
+    };
+    let (_w, first) = start(&url).await;
+    assert_eq!(
+        names(&first),
+        ["plain"],
+        "kube-proxy's rule without a proxy name"
+    );
+
+    let mut cfg = config();
+    cfg.translate = TranslateOptions {
+        service_proxy_name: Some("kube-ipvs".into()),
+    };
+    let mut w = cluster::spawn(client(&url), cfg);
+    let first = next(&mut w.changes).await;
+    assert_eq!(names(&first), ["ours", "plain"]);
+    // The bad object is skipped, and later changes still flow.
+    server
+        .create(&service("default", "later", "10.96.0.4", 80))
+        .expect("create");
+    let cs = next(&mut w.changes).await;
+    assert_eq!(names(&cs), ["later"]);
+}
