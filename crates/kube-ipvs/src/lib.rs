@@ -7,6 +7,7 @@ pub mod dump;
 pub mod explain;
 pub mod ipvsadm;
 pub mod kernel;
+pub mod masquerade;
 pub mod observe;
 pub mod plan;
 pub mod source;

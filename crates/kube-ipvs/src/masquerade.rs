@@ -1,0 +1,774 @@
+//! The masquerade helper: the few `nat` table rules that SNAT Service traffic which would
+//! otherwise not find its way back (clients outside the Pod network, NodePorts under
+//! `externalTrafficPolicy: Cluster`, hairpin), applied atomically with
+//! `iptables-restore --noflush` into chains kube-ipvs owns.
+//!
+//! The module owns two chains per family, [`POSTROUTING_CHAIN`] and [`MASQ_CHAIN`], and one jump
+//! rule from the built-in `POSTROUTING` chain (recognised by its comment, [`JUMP_COMMENT`]). It
+//! must never touch any other chain or rule: `--noflush` keeps the rest of the table, and
+//! [`Masquerade::cleanup`] deletes only the jump and our chains.
+//!
+//! # Why the rule count does not grow with the number of Services
+//!
+//! The rules run in `POSTROUTING`, after IPVS has forwarded the packet, and use the kernel's
+//! `ipvs` match (`-m ipvs --vdir ORIGINAL --vmethod MASQ`), which is true exactly for the
+//! original-direction packets of connections IPVS forwards in masquerade mode. So one rule covers
+//! every Service; which of them to masquerade is then decided by the client's address
+//! (`--cluster-cidr`), the virtual address (`--vaddr` of each node IP, for NodePorts), and the
+//! hairpin rule. The chain marks such packets with the masquerade bit and the last rules of
+//! [`POSTROUTING_CHAIN`] clear the bit and `MASQUERADE` them, the way kube-proxy does; packets
+//! others marked with the same bit (kube-proxy's `KUBE-MARK-MASQ` convention) are masqueraded
+//! too.
+//!
+//! What does grow with configuration: one rule per cluster CIDR, one per node IP, one per
+//! `(node IP, Local-policy NodePort)` pair (such Services must keep the client's address, and the
+//! `ipvs` match cannot see a Service's policy) and, with [`Hairpin::Endpoints`], one per local
+//! endpoint. Hairpin is the one case with no exact constant-size form: "source equals
+//! destination" is not an iptables match. [`Hairpin::LocalPodCidrs`] is constant-size and
+//! masquerades all Service traffic between two Pods of this node (a superset of hairpin: such
+//! connections lose the client Pod's address); [`Hairpin::Endpoints`] is exact and costs one rule
+//! per local endpoint (what kube-proxy's `KUBE-LOOP-BACK` ipset holds).
+//!
+//! The `ipvs` match needs IPVS to keep conntrack entries (`net.ipv4.vs.conntrack = 1`, per
+//! network namespace); [`Masquerade::ensure`] sets it.
+//!
+//! Nothing from the API server reaches a command line or a shell: the tools are spawned with
+//! fixed arguments and the rules are written to their standard input, built only from parsed
+//! addresses, CIDRs, ports and our own constants.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use kube_ipvs_diff::{Cidr, Protocol};
+
+/// Our chain jumped to from `POSTROUTING`: sends IPVS masquerade traffic to [`MASQ_CHAIN`], then
+/// masquerades what is marked.
+pub const POSTROUTING_CHAIN: &str = "KUBE-IPVS-POSTROUTING";
+/// Our chain that decides which IPVS traffic to mark for masquerade.
+pub const MASQ_CHAIN: &str = "KUBE-IPVS-MASQ";
+/// The comment on the jump rule from `POSTROUTING`, by which it is found again.
+pub const JUMP_COMMENT: &str = "kube-ipvs service traffic requiring SNAT";
+/// The sysctl that makes IPVS keep conntrack entries, which the `ipvs` match and `MASQUERADE` need.
+const IPVS_CONNTRACK_SYSCTL: &str = "/proc/sys/net/ipv4/vs/conntrack";
+
+/// Errors of the masquerade helper; each names the tool, family or setting involved.
+#[derive(Debug, thiserror::Error)]
+pub enum MasqueradeError {
+    /// The configuration cannot be turned into rules.
+    #[error("masquerade config: {0}")]
+    Config(String),
+    /// A tool could not be started (missing binary, permissions).
+    #[error("masquerade: cannot run {tool}: {source}")]
+    Spawn {
+        tool: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A tool ran and failed.
+    #[error("masquerade: {tool} {args} failed ({status}): {stderr}")]
+    Failed {
+        tool: String,
+        args: String,
+        status: String,
+        stderr: String,
+    },
+    /// `iptables --version` printed something that names no backend we know.
+    #[error("masquerade: cannot tell the iptables backend from {tool} --version output {output:?}")]
+    UnknownBackend { tool: String, output: String },
+    /// The IPVS conntrack sysctl could not be set.
+    #[error("masquerade: cannot set {path} to 1 (is ip_vs loaded?): {source}")]
+    Sysctl {
+        path: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The module's result type.
+pub type Result<T, E = MasqueradeError> = std::result::Result<T, E>;
+
+/// An IP family; each gets its own tools (`iptables*` or `ip6tables*`) and rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    fn of(addr: IpAddr) -> Self {
+        if addr.is_ipv4() { Self::V4 } else { Self::V6 }
+    }
+
+    fn host_prefix(self) -> u8 {
+        match self {
+            Self::V4 => 32,
+            Self::V6 => 128,
+        }
+    }
+
+    fn tool_prefix(self) -> &'static str {
+        match self {
+            Self::V4 => "iptables",
+            Self::V6 => "ip6tables",
+        }
+    }
+}
+
+/// Which iptables backend to program. Rules written through one backend are invisible to the
+/// other, so this must be the one the node's other components use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// Ask `iptables --version`, which prints `(nf_tables)` or `(legacy)`.
+    Auto,
+    /// `iptables-legacy*` (x_tables).
+    Legacy,
+    /// `iptables-nft*` (nf_tables).
+    Nft,
+}
+
+impl Backend {
+    fn suffix(self) -> &'static str {
+        match self {
+            Self::Legacy => "-legacy",
+            Self::Nft => "-nft",
+            // Resolved before any tool is named; the plain tool follows the system's choice.
+            Self::Auto => "",
+        }
+    }
+
+    /// The backend named in `iptables --version` output: `(nf_tables)` or `(legacy)`; versions
+    /// before 1.8 print neither and only have the legacy backend.
+    pub fn from_version_output(output: &str) -> Option<Self> {
+        if output.contains("(nf_tables)") {
+            Some(Self::Nft)
+        } else if output.contains("(legacy)") {
+            Some(Self::Legacy)
+        } else if output.starts_with("iptables v1.") || output.starts_with("ip6tables v1.") {
+            let minor = output
+                .split_once("v1.")
+                .and_then(|(_, rest)| rest.split('.').next())
+                .and_then(|m| m.parse::<u32>().ok());
+            minor.filter(|m| *m < 8).map(|_| Self::Legacy)
+        } else {
+            None
+        }
+    }
+}
+
+/// How hairpin traffic (a Pod reaching itself through a Service) is recognised; see the module
+/// docs for the trade-off.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hairpin {
+    /// Masquerade Service traffic whose source and destination are both in one of these
+    /// networks (this node's Pod CIDRs). Constant size; also masquerades other same-node
+    /// Pod-to-Pod Service traffic.
+    LocalPodCidrs(Vec<Cidr>),
+    /// Masquerade Service traffic whose source and destination are the same one of these
+    /// addresses (this node's endpoints). Exact; one rule per address, so the caller re-runs
+    /// [`Masquerade::ensure`] when local endpoints change.
+    Endpoints(Vec<IpAddr>),
+}
+
+/// A NodePort whose Service has `externalTrafficPolicy: Local`: its traffic keeps the client's
+/// address (no NodePort masquerade).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LocalNodePort {
+    pub protocol: Protocol,
+    pub port: u16,
+}
+
+/// What to masquerade, and with which tools.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The families to program (both on a dual-stack node).
+    pub families: Vec<Family>,
+    /// The Pod network(s) (`--cluster-cidr`): Service traffic from outside them is masqueraded.
+    /// Ignored with `masquerade_all`. Empty and not `masquerade_all` means no
+    /// masquerade for outside clients (kube-proxy's behaviour without `--cluster-cidr`).
+    pub cluster_cidrs: Vec<Cidr>,
+    /// Masquerade all Service traffic (`--masquerade-all`).
+    pub masquerade_all: bool,
+    /// The node's addresses NodePorts listen on: NodePort traffic to them is masqueraded.
+    pub node_ips: Vec<IpAddr>,
+    /// NodePorts under `externalTrafficPolicy: Local`, exempt from the NodePort masquerade.
+    pub local_node_ports: Vec<LocalNodePort>,
+    /// How hairpin traffic is recognised.
+    pub hairpin: Hairpin,
+    /// The packet mark bit used for masquerade (kube-proxy's `--iptables-masquerade-bit`,
+    /// default 14, i.e. `0x4000`).
+    pub mark_bit: u8,
+    /// The iptables backend.
+    pub backend: Backend,
+    /// Where the iptables tools are; `None` looks them up on `PATH`.
+    pub bin_dir: Option<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            families: vec![Family::V4],
+            cluster_cidrs: Vec::new(),
+            masquerade_all: false,
+            node_ips: Vec::new(),
+            local_node_ports: Vec::new(),
+            hairpin: Hairpin::Endpoints(Vec::new()),
+            mark_bit: 14,
+            backend: Backend::Auto,
+            bin_dir: None,
+        }
+    }
+}
+
+/// What [`Masquerade::cleanup`] removed from one family's `nat` table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Removed {
+    pub family: Option<Family>,
+    /// The tool that removed them (e.g. `iptables-nft-restore`).
+    pub tool: String,
+    /// Jump rules deleted from the built-in chains.
+    pub jumps: usize,
+    /// Our chains deleted.
+    pub chains: Vec<String>,
+}
+
+/// The masquerade rules for one node, ready to apply.
+#[derive(Debug, Clone)]
+pub struct Masquerade {
+    config: Config,
+    backend: Backend,
+}
+
+impl Masquerade {
+    /// Checks the configuration and resolves [`Backend::Auto`] by running `iptables --version`.
+    pub fn new(config: Config) -> Result<Self> {
+        validate(&config)?;
+        let backend = match config.backend {
+            Backend::Auto => detect_backend(config.bin_dir.as_deref())?,
+            b => b,
+        };
+        Ok(Self { config, backend })
+    }
+
+    /// The backend in use (never [`Backend::Auto`]).
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Makes the kernel hold exactly our rules: sets `net.ipv4.vs.conntrack`, then per family
+    /// replaces our chains' contents and adds the jump from `POSTROUTING` if it is missing, in one
+    /// `iptables-restore --noflush` transaction. Running it again with the same config changes
+    /// nothing.
+    pub fn ensure(&self) -> Result<()> {
+        enable_ipvs_conntrack()?;
+        for &family in &self.config.families {
+            let save = run_tool(&self.tool(family, "-save"), &["-t", "nat"], None)?;
+            let has_jump = !jump_lines(&save).is_empty();
+            let rules = restore_input(&self.config, family, !has_jump)?;
+            run_tool(
+                &self.tool(family, "-restore"),
+                &["-w", "--noflush"],
+                Some(&rules),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Removes the jump rule(s) and our chains from the configured backend and families, and
+    /// says what it removed. Nothing of ours present is not an error.
+    pub fn cleanup(&self) -> Result<Vec<Removed>> {
+        self.config
+            .families
+            .iter()
+            .map(|&f| cleanup_family(self.config.bin_dir.as_deref(), self.backend, f))
+            .collect()
+    }
+
+    fn tool(&self, family: Family, what: &str) -> PathBuf {
+        tool_path(self.config.bin_dir.as_deref(), self.backend, family, what)
+    }
+}
+
+/// `kube-ipvs cleanup`'s part: removes our rules from both backends and both families, skipping
+/// tools that are not installed, and says what it removed.
+pub fn cleanup_everywhere(bin_dir: Option<&Path>) -> Result<Vec<Removed>> {
+    let mut removed = Vec::new();
+    for backend in [Backend::Legacy, Backend::Nft] {
+        for family in [Family::V4, Family::V6] {
+            let save = tool_path(bin_dir, backend, family, "-save");
+            if bin_dir.is_some() && !save.exists() {
+                continue;
+            }
+            match cleanup_family(bin_dir, backend, family) {
+                Ok(r) => removed.push(r),
+                Err(MasqueradeError::Spawn { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(removed)
+}
+
+fn cleanup_family(bin_dir: Option<&Path>, backend: Backend, family: Family) -> Result<Removed> {
+    let save = run_tool(
+        &tool_path(bin_dir, backend, family, "-save"),
+        &["-t", "nat"],
+        None,
+    )?;
+    let restore = tool_path(bin_dir, backend, family, "-restore");
+    let (input, removed) = cleanup_input(&save);
+    let removed = Removed {
+        family: Some(family),
+        tool: restore.display().to_string(),
+        ..removed
+    };
+    if removed.jumps > 0 || !removed.chains.is_empty() {
+        run_tool(&restore, &["-w", "--noflush"], Some(&input))?;
+    }
+    Ok(removed)
+}
+
+/// The `iptables-restore` input that deletes what `iptables-save -t nat` output shows of ours:
+/// each jump rule (by its saved spec, `-A` turned into `-D`), then our chains (flushed, then
+/// deleted).
+fn cleanup_input(save: &str) -> (String, Removed) {
+    let jumps = jump_lines(save);
+    let chains: Vec<String> = [POSTROUTING_CHAIN, MASQ_CHAIN]
+        .into_iter()
+        .filter(|c| save.lines().any(|l| l.starts_with(&format!(":{c} "))))
+        .map(str::to_owned)
+        .collect();
+    let mut input = String::from("*nat\n");
+    for j in &jumps {
+        if let Some(spec) = j.strip_prefix("-A ") {
+            let _ = writeln!(input, "-D {spec}");
+        }
+    }
+    for c in &chains {
+        let _ = writeln!(input, "-F {c}");
+    }
+    for c in &chains {
+        let _ = writeln!(input, "-X {c}");
+    }
+    input.push_str("COMMIT\n");
+    let removed = Removed {
+        jumps: jumps.len(),
+        chains,
+        ..Removed::default()
+    };
+    (input, removed)
+}
+
+/// The rules in `iptables-save` output that jump to our chain from a chain not ours.
+fn jump_lines(save: &str) -> Vec<&str> {
+    save.lines()
+        .filter(|l| {
+            l.starts_with("-A ")
+                && !l.starts_with(&format!("-A {POSTROUTING_CHAIN} "))
+                && !l.starts_with(&format!("-A {MASQ_CHAIN} "))
+                && l.ends_with(&format!("-j {POSTROUTING_CHAIN}"))
+        })
+        .collect()
+}
+
+fn validate(config: &Config) -> Result<()> {
+    let bad = |s: String| Err(MasqueradeError::Config(s));
+    if config.mark_bit > 31 {
+        return bad(format!(
+            "mark bit {} is out of range 0..=31",
+            config.mark_bit
+        ));
+    }
+    if config.families.is_empty() {
+        return bad("no IP family to program".into());
+    }
+    for ip in config.node_ips.iter().chain(match &config.hairpin {
+        Hairpin::Endpoints(eps) => eps.as_slice(),
+        Hairpin::LocalPodCidrs(_) => &[],
+    }) {
+        if ip.is_unspecified() || ip.is_multicast() {
+            return bad(format!("address {ip} is not a unicast address"));
+        }
+    }
+    for p in &config.local_node_ports {
+        if p.port == 0 {
+            return bad(format!(
+                "Local-policy NodePort {:?}/0 has no port",
+                p.protocol
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn protocol_name(p: Protocol) -> &'static str {
+    match p {
+        Protocol::Tcp => "tcp",
+        Protocol::Udp => "udp",
+        Protocol::Sctp => "sctp",
+    }
+}
+
+fn cidr_text(c: &Cidr) -> String {
+    format!("{}/{}", c.addr(), c.prefix())
+}
+
+fn host_text(ip: IpAddr) -> String {
+    format!("{ip}/{}", Family::of(ip).host_prefix())
+}
+
+/// The `iptables-restore --noflush` input for one family: our two chains declared (which empties
+/// them and only them), their rules, and the jump from `POSTROUTING` when `add_jump`.
+pub fn restore_input(config: &Config, family: Family, add_jump: bool) -> Result<String> {
+    validate(config)?;
+    let mark = 1u32 << config.mark_bit;
+    let in_family = |ip: &IpAddr| Family::of(*ip) == family;
+    let ipvs = "-m ipvs --vdir ORIGINAL --vmethod MASQ";
+    let mut r = String::new();
+    r.push_str("*nat\n");
+    let _ = writeln!(r, ":{POSTROUTING_CHAIN} - [0:0]");
+    let _ = writeln!(r, ":{MASQ_CHAIN} - [0:0]");
+    if add_jump {
+        let _ = writeln!(
+            r,
+            "-I POSTROUTING -m comment --comment \"{JUMP_COMMENT}\" -j {POSTROUTING_CHAIN}"
+        );
+    }
+    let _ = writeln!(r, "-A {POSTROUTING_CHAIN} {ipvs} -j {MASQ_CHAIN}");
+    let _ = writeln!(
+        r,
+        "-A {POSTROUTING_CHAIN} -m mark ! --mark {mark:#x}/{mark:#x} -j RETURN"
+    );
+    // The bit is cleared so that a packet that is encapsulated and comes through POSTROUTING
+    // again is not masqueraded twice.
+    let _ = writeln!(r, "-A {POSTROUTING_CHAIN} -j MARK --xor-mark {mark:#x}");
+    let _ = writeln!(
+        r,
+        "-A {POSTROUTING_CHAIN} -m comment --comment \"kube-ipvs masquerade\" -j MASQUERADE --random-fully"
+    );
+
+    let mark_it = format!("-j MARK --or-mark {mark:#x}");
+    if config.masquerade_all {
+        let _ = writeln!(
+            r,
+            "-A {MASQ_CHAIN} -m comment --comment \"masquerade-all\" {mark_it}"
+        );
+        r.push_str("COMMIT\n");
+        return Ok(r);
+    }
+    // Hairpin first: it is masqueraded whatever the source network or policy.
+    match &config.hairpin {
+        Hairpin::LocalPodCidrs(cidrs) => {
+            for c in cidrs.iter().filter(|c| in_family(&c.addr())) {
+                let c = cidr_text(c);
+                let _ = writeln!(
+                    r,
+                    "-A {MASQ_CHAIN} -s {c} -d {c} -m comment --comment \"hairpin\" {mark_it}"
+                );
+            }
+        }
+        Hairpin::Endpoints(eps) => {
+            for ep in eps.iter().filter(|ip| in_family(ip)) {
+                let h = host_text(*ep);
+                let _ = writeln!(
+                    r,
+                    "-A {MASQ_CHAIN} -s {h} -d {h} -m comment --comment \"hairpin\" {mark_it}"
+                );
+            }
+        }
+    }
+    // NodePorts: Local-policy ones keep the client's address, the rest are masqueraded so that
+    // replies come back through this node.
+    for node in config.node_ips.iter().filter(|ip| in_family(ip)) {
+        let h = host_text(*node);
+        for p in &config.local_node_ports {
+            let _ = writeln!(
+                r,
+                "-A {MASQ_CHAIN} -m ipvs --vaddr {h} --vport {} --vproto {} -m comment --comment \"local nodeport\" -j RETURN",
+                p.port,
+                protocol_name(p.protocol)
+            );
+        }
+        let _ = writeln!(
+            r,
+            "-A {MASQ_CHAIN} -m ipvs --vaddr {h} -m comment --comment \"nodeport\" {mark_it}"
+        );
+    }
+    let cidrs: Vec<&Cidr> = config
+        .cluster_cidrs
+        .iter()
+        .filter(|c| in_family(&c.addr()))
+        .collect();
+    if !cidrs.is_empty() {
+        for c in cidrs {
+            let _ = writeln!(r, "-A {MASQ_CHAIN} -s {} -j RETURN", cidr_text(c));
+        }
+        let _ = writeln!(
+            r,
+            "-A {MASQ_CHAIN} -m comment --comment \"outside cluster-cidr\" {mark_it}"
+        );
+    }
+    r.push_str("COMMIT\n");
+    Ok(r)
+}
+
+fn tool_path(bin_dir: Option<&Path>, backend: Backend, family: Family, what: &str) -> PathBuf {
+    let name = format!("{}{}{what}", family.tool_prefix(), backend.suffix());
+    match bin_dir {
+        Some(d) => d.join(name),
+        None => PathBuf::from(name),
+    }
+}
+
+/// Runs `<bin_dir>/iptables --version` and reads the backend from it.
+pub fn detect_backend(bin_dir: Option<&Path>) -> Result<Backend> {
+    let tool = tool_path(bin_dir, Backend::Auto, Family::V4, "");
+    let out = run_tool(&tool, &["--version"], None)?;
+    Backend::from_version_output(out.trim()).ok_or_else(|| MasqueradeError::UnknownBackend {
+        tool: tool.display().to_string(),
+        output: out.trim().to_owned(),
+    })
+}
+
+/// Sets `net.ipv4.vs.conntrack = 1` in this network namespace (it also covers IPv6).
+pub fn enable_ipvs_conntrack() -> Result<()> {
+    match std::fs::read_to_string(IPVS_CONNTRACK_SYSCTL) {
+        Ok(v) if v.trim() == "1" => Ok(()),
+        _ => {
+            std::fs::write(IPVS_CONNTRACK_SYSCTL, "1\n").map_err(|source| MasqueradeError::Sysctl {
+                path: IPVS_CONNTRACK_SYSCTL,
+                source,
+            })
+        }
+    }
+}
+
+/// Runs a tool with fixed arguments, `stdin` written to its standard input; returns its stdout.
+fn run_tool(tool: &Path, args: &[&str], stdin: Option<&str>) -> Result<String> {
+    let name = tool.display().to_string();
+    let spawn_err = |source| MasqueradeError::Spawn {
+        tool: name.clone(),
+        source,
+    };
+    let mut child = Command::new(tool)
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(spawn_err)?;
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        // Dropping the pipe at the end of this block closes it, which ends the tool's input.
+        pipe.write_all(text.as_bytes()).map_err(spawn_err)?;
+    }
+    let out = child.wait_with_output().map_err(spawn_err)?;
+    if !out.status.success() {
+        return Err(MasqueradeError::Failed {
+            tool: name,
+            args: args.join(" "),
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cidr(s: &str) -> Cidr {
+        s.parse().expect("test CIDR")
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("test address")
+    }
+
+    fn rules(config: &Config, family: Family) -> Vec<String> {
+        restore_input(config, family, false)
+            .expect("valid config")
+            .lines()
+            .filter(|l| l.starts_with("-A "))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn cluster_cidr_rules_return_for_pods_and_mark_the_rest() {
+        let config = Config {
+            cluster_cidrs: vec![cidr("10.244.0.0/16"), cidr("fd00:244::/56")],
+            ..Config::default()
+        };
+        let r = rules(&config, Family::V4);
+        assert_eq!(
+            r,
+            [
+                "-A KUBE-IPVS-POSTROUTING -m ipvs --vdir ORIGINAL --vmethod MASQ -j KUBE-IPVS-MASQ",
+                "-A KUBE-IPVS-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN",
+                "-A KUBE-IPVS-POSTROUTING -j MARK --xor-mark 0x4000",
+                "-A KUBE-IPVS-POSTROUTING -m comment --comment \"kube-ipvs masquerade\" -j MASQUERADE --random-fully",
+                "-A KUBE-IPVS-MASQ -s 10.244.0.0/16 -j RETURN",
+                "-A KUBE-IPVS-MASQ -m comment --comment \"outside cluster-cidr\" -j MARK --or-mark 0x4000",
+            ]
+        );
+        // The IPv6 rules carry only the IPv6 network.
+        let r6 = rules(&config, Family::V6);
+        assert!(r6.contains(&"-A KUBE-IPVS-MASQ -s fd00:244::/56 -j RETURN".to_owned()));
+        assert!(!r6.iter().any(|l| l.contains("10.244")));
+    }
+
+    #[test]
+    fn masquerade_all_is_one_unconditional_mark() {
+        let config = Config {
+            masquerade_all: true,
+            cluster_cidrs: vec![cidr("10.244.0.0/16")],
+            node_ips: vec![ip("192.0.2.10")],
+            mark_bit: 0,
+            ..Config::default()
+        };
+        let r = rules(&config, Family::V4);
+        let masq: Vec<_> = r
+            .iter()
+            .filter(|l| l.starts_with("-A KUBE-IPVS-MASQ "))
+            .collect();
+        assert_eq!(
+            masq,
+            ["-A KUBE-IPVS-MASQ -m comment --comment \"masquerade-all\" -j MARK --or-mark 0x1"]
+        );
+    }
+
+    #[test]
+    fn rule_count_depends_on_config_not_services() {
+        let config = Config {
+            cluster_cidrs: vec![cidr("10.244.0.0/16")],
+            node_ips: vec![ip("192.0.2.10"), ip("2001:db8::10")],
+            local_node_ports: vec![LocalNodePort {
+                protocol: Protocol::Tcp,
+                port: 30080,
+            }],
+            hairpin: Hairpin::LocalPodCidrs(vec![cidr("10.244.1.0/24")]),
+            ..Config::default()
+        };
+        let r = rules(&config, Family::V4);
+        let masq: Vec<_> = r
+            .iter()
+            .filter(|l| l.starts_with("-A KUBE-IPVS-MASQ "))
+            .collect();
+        assert_eq!(
+            masq,
+            [
+                "-A KUBE-IPVS-MASQ -s 10.244.1.0/24 -d 10.244.1.0/24 -m comment --comment \"hairpin\" -j MARK --or-mark 0x4000",
+                "-A KUBE-IPVS-MASQ -m ipvs --vaddr 192.0.2.10/32 --vport 30080 --vproto tcp -m comment --comment \"local nodeport\" -j RETURN",
+                "-A KUBE-IPVS-MASQ -m ipvs --vaddr 192.0.2.10/32 -m comment --comment \"nodeport\" -j MARK --or-mark 0x4000",
+                "-A KUBE-IPVS-MASQ -s 10.244.0.0/16 -j RETURN",
+                "-A KUBE-IPVS-MASQ -m comment --comment \"outside cluster-cidr\" -j MARK --or-mark 0x4000",
+            ]
+        );
+    }
+
+    #[test]
+    fn hairpin_endpoints_are_host_routes() {
+        let config = Config {
+            families: vec![Family::V6],
+            hairpin: Hairpin::Endpoints(vec![ip("10.244.1.5"), ip("fd00::5")]),
+            ..Config::default()
+        };
+        let r = rules(&config, Family::V6);
+        assert!(r.contains(
+            &"-A KUBE-IPVS-MASQ -s fd00::5/128 -d fd00::5/128 -m comment --comment \"hairpin\" -j MARK --or-mark 0x4000".to_owned()
+        ));
+        assert!(!r.iter().any(|l| l.contains("10.244.1.5")));
+    }
+
+    #[test]
+    fn jump_is_inserted_only_when_asked() {
+        let config = Config::default();
+        let with = restore_input(&config, Family::V4, true).expect("valid");
+        let without = restore_input(&config, Family::V4, false).expect("valid");
+        let jump = "-I POSTROUTING -m comment --comment \"kube-ipvs service traffic requiring SNAT\" -j KUBE-IPVS-POSTROUTING";
+        assert!(with.lines().any(|l| l == jump));
+        assert!(!without.contains("-I POSTROUTING"));
+        assert!(
+            with.starts_with("*nat\n:KUBE-IPVS-POSTROUTING - [0:0]\n:KUBE-IPVS-MASQ - [0:0]\n")
+        );
+        assert!(with.ends_with("COMMIT\n"));
+    }
+
+    #[test]
+    fn bad_config_is_refused_with_the_setting() {
+        let e = restore_input(
+            &Config {
+                mark_bit: 32,
+                ..Config::default()
+            },
+            Family::V4,
+            false,
+        )
+        .expect_err("bit 32");
+        assert!(e.to_string().contains("mark bit 32"), "{e}");
+        let e = restore_input(
+            &Config {
+                node_ips: vec![ip("0.0.0.0")],
+                ..Config::default()
+            },
+            Family::V4,
+            false,
+        )
+        .expect_err("unspecified");
+        assert!(e.to_string().contains("0.0.0.0"), "{e}");
+    }
+
+    #[test]
+    fn backend_from_version_output() {
+        assert_eq!(
+            Backend::from_version_output("iptables v1.8.9 (nf_tables)"),
+            Some(Backend::Nft)
+        );
+        assert_eq!(
+            Backend::from_version_output("iptables v1.8.7 (legacy)"),
+            Some(Backend::Legacy)
+        );
+        assert_eq!(
+            Backend::from_version_output("iptables v1.6.1"),
+            Some(Backend::Legacy)
+        );
+        assert_eq!(Backend::from_version_output("iptables v1.8.0"), None);
+        assert_eq!(Backend::from_version_output("command not found"), None);
+    }
+
+    #[test]
+    fn cleanup_deletes_only_our_jumps_and_chains() {
+        let save = "\
+# Generated by iptables-save v1.8.9 (nf_tables)
+*nat
+:PREROUTING ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:KUBE-IPVS-MASQ - [0:0]
+:KUBE-IPVS-POSTROUTING - [0:0]
+:KUBE-POSTROUTING - [0:0]
+-A POSTROUTING -m comment --comment \"kube-ipvs service traffic requiring SNAT\" -j KUBE-IPVS-POSTROUTING
+-A POSTROUTING -j KUBE-POSTROUTING
+-A KUBE-IPVS-POSTROUTING -m ipvs --vdir ORIGINAL --vmethod MASQ -j KUBE-IPVS-MASQ
+COMMIT
+";
+        let (input, removed) = cleanup_input(save);
+        assert_eq!(removed.jumps, 1);
+        assert_eq!(removed.chains, ["KUBE-IPVS-POSTROUTING", "KUBE-IPVS-MASQ"]);
+        assert_eq!(
+            input,
+            "*nat\n\
+             -D POSTROUTING -m comment --comment \"kube-ipvs service traffic requiring SNAT\" -j KUBE-IPVS-POSTROUTING\n\
+             -F KUBE-IPVS-POSTROUTING\n-F KUBE-IPVS-MASQ\n-X KUBE-IPVS-POSTROUTING\n-X KUBE-IPVS-MASQ\nCOMMIT\n"
+        );
+        let (_, none) = cleanup_input("*nat\n:POSTROUTING ACCEPT [0:0]\nCOMMIT\n");
+        assert_eq!((none.jumps, none.chains.len()), (0, 0));
+    }
+}
