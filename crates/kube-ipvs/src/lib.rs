@@ -10,4 +10,5 @@ pub mod kernel;
 pub mod masquerade;
 pub mod observe;
 pub mod plan;
+pub mod run;
 pub mod source;

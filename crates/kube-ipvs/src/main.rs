@@ -29,6 +29,8 @@ enum Command {
     Check(kube_ipvs::check::CheckArgs),
     /// Explain which Service IP:PORT[/PROTO] is and why each endpoint is or is not used here.
     Explain(kube_ipvs::explain::ExplainArgs),
+    /// Run the node agent: keep the kernel's IPVS table in sync with the cluster.
+    Run(kube_ipvs::run::RunArgs),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +40,7 @@ fn main() -> ExitCode {
         Command::Plan(args) => kube_ipvs::plan::main(&args),
         Command::Check(args) => kube_ipvs::check::main(&args),
         Command::Explain(args) => kube_ipvs::explain::main(&args),
+        Command::Run(args) => kube_ipvs::run::main(&args),
     }
 }
 

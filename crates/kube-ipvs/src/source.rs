@@ -257,7 +257,8 @@ impl SourceArgs {
         })
     }
 
-    async fn client(&self) -> Result<kube::Client, SourceError> {
+    /// The API client these flags describe (`--kubeconfig`, else the inferred config).
+    pub async fn client(&self) -> Result<kube::Client, SourceError> {
         let config_err = |what: String| {
             move |e: Box<dyn std::error::Error + Send + Sync>| SourceError::Api { what, source: e }
         };

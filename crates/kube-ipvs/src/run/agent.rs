@@ -1,0 +1,502 @@
+//! The sync loop: change sets in, kernel operations out.
+//!
+//! At startup the agent waits for the first complete change set, dumps the kernel and applies
+//! only the difference ([`Engine::resync`]): it adopts what is there and never flushes, so a
+//! restart leaves established connections alone. Afterwards each change set is an incremental
+//! sync of the changed Services; every sync period a full reconcile dumps the kernel again and
+//! repairs drift (someone ran `ipvsadm -C`, an address vanished), counting what it repaired.
+//! An operation the kernel refuses is reported with its Service and retried by a full sync with
+//! exponential backoff per Service; the other operations of the same batch still apply, so one
+//! broken Service never blocks the others. Stopping leaves the kernel as it is.
+//!
+//! The kernel is reached through [`NodeKernel`] (the executor's [`Kernel`] plus reading), so the
+//! loop runs against an in-memory kernel in tests, and time is tokio's, so tests pause it. This
+//! module decides nothing about the table itself: the engine does.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube_ipvs_diff::{Cidr, DestKey, Engine, Inputs, Op, VirtualKey};
+use kube_ipvs_netlink::ipvs::Ipvs;
+use kube_ipvs_netlink::link::Rtnl;
+use kube_ipvs_watch::ChangeSet;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::health::Shared;
+use super::metrics::SyncKind;
+use crate::apply::{self, Kernel, KernelHandles, Owners, names_label};
+use crate::observe::{self, Observed};
+
+/// Connection counts (active + inactive) by virtual server and real server.
+pub type Counts = HashMap<(VirtualKey, DestKey), u64>;
+
+/// What the agent needs from the kernel beyond the executor's seam.
+pub trait NodeKernel: Kernel {
+    /// Dumps the IPVS table and `kube-ipvs0`'s addresses, with each real server's connections.
+    fn observe(&mut self) -> Result<(Observed, Counts), String>;
+    /// The connections of the real servers of these virtual servers (for draining).
+    fn connection_counts(&mut self, services: &BTreeSet<VirtualKey>) -> Counts;
+    /// The node's own addresses (not `kube-ipvs0`'s, not loopback, not link-local).
+    fn node_addresses(&mut self) -> Result<Vec<IpAddr>, String>;
+}
+
+/// The real kernel: the IPVS handle and rtnetlink.
+pub struct RealKernel {
+    /// The IPVS generic netlink handle.
+    pub ipvs: Ipvs,
+    /// rtnetlink.
+    pub rtnl: Rtnl,
+    /// The dummy interface (`kube-ipvs0`).
+    pub ifname: String,
+}
+
+impl RealKernel {
+    fn handles(&mut self) -> KernelHandles<'_> {
+        KernelHandles {
+            ipvs: &mut self.ipvs,
+            rtnl: &mut self.rtnl,
+            ifname: &self.ifname,
+        }
+    }
+}
+
+impl Kernel for RealKernel {
+    fn apply_requests(
+        &mut self,
+        requests: &[kube_ipvs_netlink::ipvs::Request],
+    ) -> Vec<Result<(), String>> {
+        self.handles().apply_requests(requests)
+    }
+    fn ensure_interface(&mut self) -> Result<(), String> {
+        self.handles().ensure_interface()
+    }
+    fn add_address(&mut self, addr: IpAddr) -> Result<(), String> {
+        self.handles().add_address(addr)
+    }
+    fn remove_address(&mut self, addr: IpAddr) -> Result<(), String> {
+        self.handles().remove_address(addr)
+    }
+}
+
+fn dest_counts(
+    counts: &mut Counts,
+    key: VirtualKey,
+    dests: &[kube_ipvs_netlink::ipvs::Destination],
+) {
+    for d in dests {
+        let dk = DestKey {
+            addr: d.addr,
+            port: d.port,
+        };
+        counts.insert(
+            (key, dk),
+            u64::from(d.active_conns) + u64::from(d.inactive_conns),
+        );
+    }
+}
+
+impl NodeKernel for RealKernel {
+    fn observe(&mut self) -> Result<(Observed, Counts), String> {
+        let dump = self.ipvs.table().map_err(|e| e.to_string())?;
+        let addresses = match self
+            .rtnl
+            .link_index(&self.ifname)
+            .map_err(|e| e.to_string())?
+        {
+            Some(_) => Some(
+                self.rtnl
+                    .addresses(&self.ifname)
+                    .map_err(|e| e.to_string())?,
+            ),
+            None => None,
+        };
+        let observed = observe::from_dump(&dump, addresses);
+        let mut counts = Counts::new();
+        for (svc, dests) in &dump {
+            if let Ok(entry) = apply::entry_from_kernel(svc, &[]) {
+                dest_counts(&mut counts, entry.server.key, dests);
+            }
+        }
+        Ok((observed, counts))
+    }
+
+    fn connection_counts(&mut self, services: &BTreeSet<VirtualKey>) -> Counts {
+        let mut counts = Counts::new();
+        for key in services {
+            // An unreadable virtual server leaves its counts unknown, which the engine treats
+            // as "may have connections": the safe side.
+            if let Ok(dests) = self.ipvs.destinations(&apply::service_key(key)) {
+                dest_counts(&mut counts, *key, &dests);
+            }
+        }
+        counts
+    }
+
+    fn node_addresses(&mut self) -> Result<Vec<IpAddr>, String> {
+        let ours = self
+            .rtnl
+            .link_index(&self.ifname)
+            .map_err(|e| e.to_string())?;
+        let all = self.rtnl.local_addresses().map_err(|e| e.to_string())?;
+        Ok(all
+            .into_iter()
+            .filter(|a| Some(a.ifindex) != ours)
+            .map(|a| a.addr)
+            .filter(|a| !a.is_loopback() && !is_link_local(a))
+            .collect())
+    }
+}
+
+fn is_link_local(a: &IpAddr) -> bool {
+    match a {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => v6.segments()[0] & 0xffc0 == 0xfe80,
+    }
+}
+
+/// How the loop behaves.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Full reconcile interval.
+    pub sync_period: Duration,
+    /// First retry delay after a failed operation; doubles per failure.
+    pub retry_min: Duration,
+    /// Longest retry delay.
+    pub retry_max: Duration,
+    /// NodePort addresses from `--node-ip` (fixed); wins over `nodeport_cidrs`.
+    pub node_ips: Vec<IpAddr>,
+    /// NodePorts on the node's addresses inside these, re-read at each full sync.
+    pub nodeport_cidrs: Vec<Cidr>,
+}
+
+/// Why the loop stopped on its own.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The desired-state source stopped sending change sets.
+    #[error("the desired-state source stopped")]
+    SourceEnded,
+}
+
+/// A Service (or group of Services) waiting for a failed operation to be retried.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    attempts: u32,
+    due: Instant,
+}
+
+/// The sync loop's state.
+pub struct Agent<K> {
+    kernel: K,
+    engine: Engine,
+    inputs: Inputs,
+    cfg: AgentConfig,
+    shared: Arc<Shared>,
+    epoch: Instant,
+    /// Failed Services (by label) and when they are retried.
+    retry: BTreeMap<String, Pending>,
+    /// The NodePort addresses we impose on the node context, if any.
+    node_ips: Option<(Vec<Ipv4Addr>, Vec<Ipv6Addr>)>,
+    /// Whether a full sync has read the kernel; until then the engine's idea of the kernel is
+    /// empty and an incremental sync would re-add what is already there.
+    adopted: bool,
+}
+
+impl<K: NodeKernel> Agent<K> {
+    /// An agent with an empty engine: its first sync adopts whatever the kernel holds.
+    pub fn new(kernel: K, inputs: Inputs, cfg: AgentConfig, shared: Arc<Shared>) -> Self {
+        let node_ips = (!cfg.node_ips.is_empty()).then(|| split(&cfg.node_ips));
+        Self {
+            kernel,
+            engine: Engine::new(),
+            inputs,
+            cfg,
+            shared,
+            epoch: Instant::now(),
+            retry: BTreeMap::new(),
+            node_ips,
+            adopted: false,
+        }
+    }
+
+    /// The kernel (for tests).
+    pub fn kernel(&self) -> &K {
+        &self.kernel
+    }
+
+    /// The engine's clock.
+    fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    /// Runs until `shutdown` completes (then the kernel is left as it is) or the source ends.
+    pub async fn run(
+        &mut self,
+        mut changes: mpsc::Receiver<ChangeSet>,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<(), AgentError> {
+        tokio::pin!(shutdown);
+        let first = tokio::select! {
+            cs = changes.recv() => cs,
+            () = &mut shutdown => return Ok(()),
+        };
+        let Some(cs) = first else {
+            return Err(AgentError::SourceEnded);
+        };
+        self.take(&cs);
+        self.full_sync(SyncKind::Startup);
+        let period = self.cfg.sync_period;
+        let mut reconcile = tokio::time::interval_at(Instant::now() + period, period);
+        reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let retry_due = self.retry.values().map(|p| p.due).min();
+            let drain_due = self
+                .engine
+                .next_deadline(&self.inputs)
+                .map(|d| self.epoch + d);
+            let wake = [retry_due, drain_due].into_iter().flatten().min();
+            tokio::select! {
+                () = &mut shutdown => return Ok(()),
+                cs = changes.recv() => {
+                    let Some(cs) = cs else { return Err(AgentError::SourceEnded) };
+                    self.take(&cs);
+                    // Whatever else is already queued goes into the same sync.
+                    while let Ok(more) = changes.try_recv() {
+                        self.take(&more);
+                    }
+                    self.incremental_sync();
+                }
+                _ = reconcile.tick() => self.full_sync(SyncKind::Reconcile),
+                () = sleep_until(wake) => {
+                    if retry_due.is_some_and(|d| d <= Instant::now()) {
+                        self.full_sync(SyncKind::Retry);
+                    } else {
+                        self.incremental_sync();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Applies a change set to the inputs, keeping our NodePort addresses over the Node's.
+    fn take(&mut self, cs: &ChangeSet) {
+        for e in cs.apply_to(&mut self.inputs) {
+            tracing::warn!("skipping an object the model refused: {e}");
+        }
+        if cs.node.is_some() {
+            self.impose_node_ips();
+        }
+    }
+
+    fn impose_node_ips(&mut self) {
+        let Some((v4, v6)) = &self.node_ips else {
+            return;
+        };
+        let mut ctx = self.inputs.node().clone();
+        ctx.node_ips_v4.clone_from(v4);
+        ctx.node_ips_v6.clone_from(v6);
+        if let Err(e) = self.inputs.set_node(ctx) {
+            tracing::warn!("node addresses refused: {e}");
+        }
+    }
+
+    /// Re-reads the node's addresses for `--nodeport-addresses`.
+    fn refresh_node_addresses(&mut self) {
+        if !self.cfg.node_ips.is_empty() || self.cfg.nodeport_cidrs.is_empty() {
+            return;
+        }
+        match self.kernel.node_addresses() {
+            Ok(all) => {
+                let mut chosen: Vec<IpAddr> = all
+                    .into_iter()
+                    .filter(|a| self.cfg.nodeport_cidrs.iter().any(|c| c.contains(*a)))
+                    .collect();
+                chosen.sort();
+                chosen.dedup();
+                let next = split(&chosen);
+                if self.node_ips.as_ref() != Some(&next) {
+                    tracing::info!("NodePort addresses: {chosen:?}");
+                    self.node_ips = Some(next);
+                    self.impose_node_ips();
+                }
+            }
+            Err(e) => {
+                self.shared.with_metrics(|m| m.kernel_errors += 1);
+                tracing::warn!("reading the node's addresses: {e}");
+            }
+        }
+    }
+
+    /// Changed Services only, plus expiry of draining real servers.
+    fn incremental_sync(&mut self) {
+        if !self.adopted {
+            self.full_sync(SyncKind::Retry);
+            return;
+        }
+        let start = Instant::now();
+        let draining: BTreeSet<VirtualKey> = self.engine.draining().map(|(s, _, _)| *s).collect();
+        let counts = if draining.is_empty() {
+            Counts::new()
+        } else {
+            self.kernel.connection_counts(&draining)
+        };
+        let now = self.now();
+        let ops = self.engine.sync(&mut self.inputs, now, &counts);
+        if ops.is_empty() {
+            self.finish(SyncKind::Incremental, start, 0, &[]);
+            return;
+        }
+        let failures = self.apply(&ops);
+        let mut delta: (i64, i64) = (0, 0);
+        for op in &ops {
+            if failures.iter().any(|f| &f.op == op) {
+                continue;
+            }
+            match op {
+                Op::AddService(_) => delta.0 += 1,
+                Op::DeleteService(_) => delta.0 -= 1,
+                Op::AddDest { .. } => delta.1 += 1,
+                Op::DeleteDest { .. } => delta.1 -= 1,
+                _ => {}
+            }
+        }
+        self.shared.with_metrics(|m| {
+            m.services = m.services.saturating_add_signed(delta.0);
+            m.real_servers = m.real_servers.saturating_add_signed(delta.1);
+        });
+        let labels: BTreeSet<String> = failures.iter().map(|f| names_label(&f.services)).collect();
+        for label in labels {
+            self.schedule_retry(label);
+        }
+        self.finish(SyncKind::Incremental, start, ops.len(), &failures);
+    }
+
+    /// Dumps the kernel and applies the whole difference.
+    fn full_sync(&mut self, kind: SyncKind) {
+        let start = Instant::now();
+        self.refresh_node_addresses();
+        let (observed, counts) = match self.kernel.observe() {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!("{} sync: reading the kernel: {e}", kind.label());
+                self.shared.with_metrics(|m| m.kernel_errors += 1);
+                self.schedule_retry("(reading the kernel)".to_owned());
+                return;
+            }
+        };
+        self.adopted = true;
+        let now = self.now();
+        let ops = self
+            .engine
+            .resync(&mut self.inputs, &observed.table, now, &counts);
+        let failures = self.apply(&ops);
+        let desired = self.engine.desired_table();
+        let failed: BTreeSet<String> = failures.iter().map(|f| names_label(&f.services)).collect();
+        // A full sync retried everything: what did not fail again is done.
+        self.retry.retain(|label, _| failed.contains(label));
+        for label in failed {
+            self.schedule_retry(label);
+        }
+        let applied = (ops.len() - failures.len()) as u64;
+        self.shared.with_metrics(|m| {
+            m.services = desired.services.len() as u64;
+            m.real_servers = desired.dest_count() as u64;
+            m.foreign_entries = observed.foreign.len() as u64;
+            if kind == SyncKind::Reconcile {
+                m.drift_repaired += applied;
+            }
+            m.full_sync_duration.observe(start.elapsed());
+        });
+        if kind == SyncKind::Reconcile && applied > 0 {
+            tracing::warn!("reconcile repaired {applied} operations of drift");
+        }
+        self.finish(kind, start, ops.len(), &failures);
+    }
+
+    /// Applies ops; failures are logged with their Services and counted.
+    fn apply(&mut self, ops: &[Op]) -> Vec<apply::Failure> {
+        // Owners cost a walk over every Service, so they are only worked out for failures.
+        let mut failures = apply::apply(&mut self.kernel, ops, &Owners::default());
+        if !failures.is_empty() {
+            let owners = Owners::from_inputs(&self.inputs);
+            for f in &mut failures {
+                f.services = owners.of(&f.op).to_vec();
+                tracing::warn!("failed: {f}");
+            }
+            let n = failures.len() as u64;
+            self.shared.with_metrics(|m| m.kernel_errors += n);
+        }
+        failures
+    }
+
+    fn schedule_retry(&mut self, label: String) {
+        let attempts = self.retry.get(&label).map_or(0, |p| p.attempts) + 1;
+        let delay = self
+            .cfg
+            .retry_min
+            .saturating_mul(1u32 << (attempts - 1).min(16))
+            .min(self.cfg.retry_max);
+        tracing::info!(
+            "retrying {label} in {:.1}s (attempt {attempts})",
+            delay.as_secs_f64()
+        );
+        self.retry.insert(
+            label,
+            Pending {
+                attempts,
+                due: Instant::now() + delay,
+            },
+        );
+    }
+
+    fn finish(&mut self, kind: SyncKind, start: Instant, ops: usize, failures: &[apply::Failure]) {
+        let applied = (ops - failures.len()) as u64;
+        let elapsed = start.elapsed();
+        let pending = self.retry.len() as u64;
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        self.shared.with_metrics(|m| {
+            m.sync_duration.observe(elapsed);
+            m.add_operations(kind, applied);
+            m.last_sync_timestamp = wall;
+            m.pending_retries = pending;
+        });
+        self.shared.synced();
+        if ops > 0 || kind == SyncKind::Startup {
+            tracing::info!(
+                "{} sync: applied {applied} of {ops} operations in {:.1} ms",
+                kind.label(),
+                elapsed.as_secs_f64() * 1000.0
+            );
+        }
+    }
+}
+
+fn split(ips: &[IpAddr]) -> (Vec<Ipv4Addr>, Vec<Ipv6Addr>) {
+    let v4 = ips
+        .iter()
+        .filter_map(|ip| match ip {
+            IpAddr::V4(a) => Some(*a),
+            IpAddr::V6(_) => None,
+        })
+        .collect();
+    let v6 = ips
+        .iter()
+        .filter_map(|ip| match ip {
+            IpAddr::V6(a) => Some(*a),
+            IpAddr::V4(_) => None,
+        })
+        .collect();
+    (v4, v6)
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,736 @@
+//! The settings of `kube-ipvs run`: its flags, kube-proxy's `KubeProxyConfiguration` file
+//! (`--config`), and the one validated [`Settings`] value both resolve to.
+//!
+//! Flags win over the file, the file over the defaults. Every value is checked here, before
+//! anything touches the kernel, and an error names the setting as the user wrote it
+//! (`--scheduler` or `ipvs.scheduler`). A kubeadm cluster's kube-proxy ConfigMap must load
+//! unchanged, so every key kube-proxy knows is accepted, even those that mean nothing to IPVS
+//! mode; a key kube-proxy does not know is an error naming it. This module reads no kernel state.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kube_ipvs_diff::{Cidr, NodeContext};
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+
+use crate::source::SourceArgs;
+
+/// The only `apiVersion` of `KubeProxyConfiguration` there is.
+pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
+/// kube-proxy's default `healthzBindAddress`.
+pub const DEFAULT_HEALTHZ: &str = "0.0.0.0:10256";
+/// kube-proxy's default `metricsBindAddress`.
+pub const DEFAULT_METRICS: &str = "127.0.0.1:10249";
+/// kube-proxy's default `ipvs.syncPeriod`.
+pub const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(30);
+/// The default minimum interval between incremental syncs (kube-proxy's `minSyncPeriod`).
+pub const DEFAULT_MIN_SYNC_PERIOD: Duration = Duration::from_secs(1);
+
+/// Why the settings are unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The config file is not a valid `KubeProxyConfiguration`.
+    #[error("config file {path}: {reason}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message (it names an unknown key).
+        reason: String,
+    },
+    /// One setting has an unusable value.
+    #[error("{setting} {value:?}: {reason}")]
+    Setting {
+        /// The flag (`--scheduler`) or file key (`ipvs.scheduler`).
+        setting: String,
+        /// The value given.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl ConfigError {
+    fn setting(setting: &str, value: &str, reason: impl Into<String>) -> Self {
+        ConfigError::Setting {
+            setting: setting.to_owned(),
+            value: value.to_owned(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Whether the problem is the config file as a whole (rather than one setting's value).
+    pub fn is_file_error(&self) -> bool {
+        matches!(self, ConfigError::Read { .. } | ConfigError::Parse { .. })
+    }
+}
+
+/// The command line of `kube-ipvs run`. Values are kept as given; [`Settings::resolve`] checks
+/// them, so a bad value is reported with its flag name in our words.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct RunArgs {
+    /// kube-proxy's `KubeProxyConfiguration` file (e.g. the kube-proxy ConfigMap's
+    /// `config.conf`); flags given on the command line win over it.
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// Read Services and EndpointSlices (and optionally this node's Node) from YAML manifests,
+    /// a file or a directory, re-read when they change; without it the API server is watched.
+    #[arg(long, value_name = "PATH")]
+    pub manifests: Option<PathBuf>,
+    /// The kubeconfig for the API server; default: in-cluster config, then `$KUBECONFIG`.
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name (default: the kernel's hostname, lowercased).
+    #[arg(long, value_name = "NAME")]
+    pub hostname_override: Option<String>,
+    /// This node's zone; default: the Node object's `topology.kubernetes.io/zone` label.
+    #[arg(long, value_name = "ZONE")]
+    pub node_zone: Option<String>,
+    /// An address NodePorts listen on (repeatable); default: the Node object's InternalIPs, or
+    /// the node's addresses inside `--nodeport-addresses`.
+    #[arg(long = "node-ip", value_name = "IP")]
+    pub node_ips: Vec<IpAddr>,
+    /// The IPVS scheduler for Services without a `kube-ipvs.io/scheduler` annotation (any
+    /// kernel scheduler: rr, wrr, lc, wlc, lblc, lblcr, dh, sh, mh, sed, nq, fo, ovf, twos;
+    /// `sh`/`mh` take `:fallback,port`). Default rr.
+    #[arg(long, value_name = "NAME")]
+    pub scheduler: Option<String>,
+    /// The Pod network(s), comma-separated (for the masquerade rules).
+    #[arg(long, value_name = "CIDR[,CIDR]")]
+    pub cluster_cidr: Option<String>,
+    /// Masquerade all traffic to Services (for the masquerade rules).
+    #[arg(long)]
+    pub masquerade_all: bool,
+    /// NodePorts listen on the node's addresses inside these networks, comma-separated,
+    /// re-read on every full reconcile.
+    #[arg(long, value_name = "CIDR[,CIDR]")]
+    pub nodeport_addresses: Option<String>,
+    /// How often the whole kernel table is dumped and drift repaired (e.g. `30s`, `1m0s`).
+    #[arg(long, value_name = "DURATION")]
+    pub sync_period: Option<String>,
+    /// The minimum interval between incremental syncs (changes are batched meanwhile).
+    #[arg(long, value_name = "DURATION")]
+    pub min_sync_period: Option<String>,
+    /// Set `arp_ignore=1` and `arp_announce=2` so Service addresses on `kube-ipvs0` are not
+    /// answered for by ARP (needed by some load balancers).
+    #[arg(long)]
+    pub strict_arp: bool,
+    /// Networks whose virtual servers and addresses belong to someone else and are never
+    /// touched, comma-separated.
+    #[arg(long, value_name = "CIDR[,CIDR]")]
+    pub exclude_cidrs: Option<String>,
+    /// IPVS timeout for established TCP connections (e.g. `900s`); unset leaves the kernel's.
+    #[arg(long, value_name = "DURATION")]
+    pub tcp_timeout: Option<String>,
+    /// IPVS timeout for TCP connections after a FIN; unset leaves the kernel's.
+    #[arg(long, value_name = "DURATION")]
+    pub tcpfin_timeout: Option<String>,
+    /// IPVS timeout for UDP; unset leaves the kernel's.
+    #[arg(long, value_name = "DURATION")]
+    pub udp_timeout: Option<String>,
+    /// Where `/healthz` and `/livez` are served (IP or IP:PORT; default 0.0.0.0:10256).
+    #[arg(long, value_name = "IP:PORT")]
+    pub healthz_bind_address: Option<String>,
+    /// Where Prometheus `/metrics` is served (IP or IP:PORT; default 127.0.0.1:10249).
+    #[arg(long, value_name = "IP:PORT")]
+    pub metrics_bind_address: Option<String>,
+    /// Take only Services labelled `service.kubernetes.io/service-proxy-name` with this value.
+    #[arg(long, value_name = "NAME")]
+    pub service_proxy_name: Option<String>,
+}
+
+/// The `ipvs` section of `KubeProxyConfiguration`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct IpvsSection {
+    scheduler: Option<String>,
+    sync_period: Option<String>,
+    min_sync_period: Option<String>,
+    #[serde(rename = "excludeCIDRs")]
+    exclude_cidrs: Option<Vec<String>>,
+    #[serde(rename = "strictARP")]
+    strict_arp: Option<bool>,
+    tcp_timeout: Option<String>,
+    tcp_fin_timeout: Option<String>,
+    udp_timeout: Option<String>,
+}
+
+/// The `iptables` section: only `masqueradeAll` means something in IPVS mode (kube-proxy's
+/// IPVS proxier reads it from here too).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[expect(
+    dead_code,
+    reason = "kube-proxy keys that mean nothing to IPVS mode are accepted and ignored"
+)]
+struct IptablesSection {
+    masquerade_all: Option<bool>,
+    masquerade_bit: Option<IgnoredAny>,
+    localhost_node_ports: Option<IgnoredAny>,
+    sync_period: Option<IgnoredAny>,
+    min_sync_period: Option<IgnoredAny>,
+}
+
+/// `clientConnection`: only the kubeconfig path is ours; rates and content types are the
+/// client library's business.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[expect(
+    dead_code,
+    reason = "kube-proxy keys that mean nothing to IPVS mode are accepted and ignored"
+)]
+struct ClientConnection {
+    kubeconfig: Option<String>,
+    accept_content_types: Option<IgnoredAny>,
+    content_type: Option<IgnoredAny>,
+    qps: Option<IgnoredAny>,
+    burst: Option<IgnoredAny>,
+}
+
+/// kube-proxy's `KubeProxyConfiguration`, every key it knows. Keys that do not apply to IPVS
+/// mode are accepted and ignored so a kubeadm ConfigMap loads unchanged.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[expect(
+    dead_code,
+    reason = "kube-proxy keys that mean nothing to IPVS mode are accepted and ignored"
+)]
+struct ProxyConfig {
+    api_version: Option<String>,
+    kind: Option<String>,
+    mode: Option<String>,
+    #[serde(rename = "clusterCIDR")]
+    cluster_cidr: Option<String>,
+    healthz_bind_address: Option<String>,
+    metrics_bind_address: Option<String>,
+    hostname_override: Option<String>,
+    node_port_addresses: Option<Vec<String>>,
+    client_connection: Option<ClientConnection>,
+    ipvs: Option<IpvsSection>,
+    iptables: Option<IptablesSection>,
+    bind_address: Option<IgnoredAny>,
+    bind_address_hard_fail: Option<IgnoredAny>,
+    config_sync_period: Option<IgnoredAny>,
+    conntrack: Option<IgnoredAny>,
+    detect_local: Option<IgnoredAny>,
+    detect_local_mode: Option<IgnoredAny>,
+    enable_profiling: Option<IgnoredAny>,
+    feature_gates: Option<IgnoredAny>,
+    logging: Option<IgnoredAny>,
+    nftables: Option<IgnoredAny>,
+    oom_score_adj: Option<IgnoredAny>,
+    port_range: Option<IgnoredAny>,
+    show_hidden_metrics_for_version: Option<IgnoredAny>,
+    winkernel: Option<IgnoredAny>,
+    windows_run_as_service: Option<IgnoredAny>,
+}
+
+/// Reads and checks a `KubeProxyConfiguration` file.
+fn read_file(path: &Path) -> Result<ProxyConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse_file(path, &text)
+}
+
+fn parse_file(path: &Path, text: &str) -> Result<ProxyConfig, ConfigError> {
+    let parse_err = |reason: String| ConfigError::Parse {
+        path: path.to_owned(),
+        reason,
+    };
+    let cfg: ProxyConfig = serde_saphyr::from_str(text).map_err(|e| parse_err(e.to_string()))?;
+    match cfg.api_version.as_deref() {
+        Some(API_VERSION) => {}
+        Some(other) => {
+            return Err(parse_err(format!(
+                "apiVersion {other:?} is not {API_VERSION:?}"
+            )));
+        }
+        None => {
+            return Err(parse_err(format!(
+                "apiVersion missing; want {API_VERSION:?}"
+            )));
+        }
+    }
+    match cfg.kind.as_deref() {
+        Some("KubeProxyConfiguration") => {}
+        other => {
+            return Err(parse_err(format!(
+                "kind {other:?} is not \"KubeProxyConfiguration\""
+            )));
+        }
+    }
+    Ok(cfg)
+}
+
+/// A value and the name of the setting it came from, so errors name what the user wrote.
+type Named<T> = (T, String);
+
+/// The flag's value if given, else the file's if set to something other than kube-proxy's
+/// "unset" (empty string, `0s`, null).
+fn pick(
+    flag: Option<&str>,
+    flag_name: &str,
+    file: Option<&str>,
+    key: &str,
+) -> Option<Named<String>> {
+    if let Some(v) = flag {
+        return Some((v.to_owned(), format!("--{flag_name}")));
+    }
+    file.filter(|v| !v.trim().is_empty())
+        .map(|v| (v.to_owned(), key.to_owned()))
+}
+
+/// Parses a Go duration (`30s`, `1m0s`, `1h30m`, `500ms`, `0`), as kube-proxy's flags and file
+/// take them.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if s.is_empty() {
+        return Err("empty duration".to_owned());
+    }
+    if s.starts_with('-') {
+        return Err("negative duration".to_owned());
+    }
+    let mut rest = s.strip_prefix('+').unwrap_or(s);
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(|| format!("missing unit after {rest:?} (use s, m, h, ms...)"))?;
+        let (num, tail) = rest.split_at(num_len);
+        let value: f64 = num
+            .parse()
+            .map_err(|_| format!("{num:?} is not a number"))?;
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let scale = match unit {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            other => return Err(format!("unknown unit {other:?} (use ns, us, ms, s, m, h)")),
+        };
+        total += value * scale;
+        rest = tail;
+    }
+    Duration::try_from_secs_f64(total).map_err(|e| e.to_string())
+}
+
+fn duration(v: &Named<String>) -> Result<Duration, ConfigError> {
+    parse_duration(&v.0).map_err(|r| ConfigError::setting(&v.1, &v.0, r))
+}
+
+/// An IPVS timeout in whole seconds; zero means "leave the kernel's".
+fn timeout_secs(v: Option<Named<String>>) -> Result<Option<u32>, ConfigError> {
+    let Some(v) = v else { return Ok(None) };
+    let d = duration(&v)?;
+    if d.subsec_nanos() != 0 {
+        return Err(ConfigError::setting(
+            &v.1,
+            &v.0,
+            "IPVS timeouts are whole seconds",
+        ));
+    }
+    let secs = u32::try_from(d.as_secs())
+        .map_err(|_| ConfigError::setting(&v.1, &v.0, "longer than the kernel can hold"))?;
+    Ok((secs > 0).then_some(secs))
+}
+
+/// `IP:PORT`, or an IP alone with the default's port (kube-proxy accepts both).
+fn bind_address(v: Option<Named<String>>, default: &str) -> Result<SocketAddr, ConfigError> {
+    let Some((value, setting)) = v else {
+        return default
+            .parse()
+            .map_err(|_| ConfigError::setting("default bind address", default, "unparsable"));
+    };
+    if let Ok(a) = value.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let port = default
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse::<u16>().ok())
+        .unwrap_or(0);
+    value
+        .parse::<IpAddr>()
+        .map(|ip| SocketAddr::new(ip, port))
+        .map_err(|_| ConfigError::setting(&setting, &value, "not an IP or IP:PORT"))
+}
+
+fn cidrs(v: Option<Named<String>>) -> Result<Vec<Cidr>, ConfigError> {
+    let Some((value, setting)) = v else {
+        return Ok(Vec::new());
+    };
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<Cidr>()
+                .map_err(|e| ConfigError::setting(&setting, s, e.to_string()))
+        })
+        .collect()
+}
+
+/// IPVS connection timeouts in seconds; `None` leaves the kernel's value.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Established TCP.
+    pub tcp: Option<u32>,
+    /// TCP after FIN.
+    pub tcp_fin: Option<u32>,
+    /// UDP.
+    pub udp: Option<u32>,
+}
+
+/// Everything `run` needs, checked.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The desired-state source and node flags, in the form `plan`/`check` use, so all three
+    /// read the same state.
+    pub source: SourceArgs,
+    /// The node context those give before the Node object is seen (validated).
+    pub node: NodeContext,
+    /// The Pod networks.
+    pub cluster_cidrs: Vec<Cidr>,
+    /// Masquerade everything to Services (consumed by the masquerade rules, not the table).
+    pub masquerade_all: bool,
+    /// NodePorts listen on local addresses inside these; empty: the Node object's addresses.
+    pub nodeport_cidrs: Vec<Cidr>,
+    /// Full reconcile interval.
+    pub sync_period: Duration,
+    /// Minimum interval between incremental syncs.
+    pub min_sync_period: Duration,
+    /// Strict ARP sysctls.
+    pub strict_arp: bool,
+    /// IPVS timeouts to set.
+    pub timeouts: Timeouts,
+    /// `/healthz` and `/livez`.
+    pub healthz: SocketAddr,
+    /// `/metrics`.
+    pub metrics: SocketAddr,
+}
+
+impl Settings {
+    /// Merges the flags with the config file (if any) and checks every value.
+    pub fn resolve(args: &RunArgs) -> Result<Settings, ConfigError> {
+        let file = match &args.config {
+            Some(path) => read_file(path)?,
+            None => ProxyConfig::default(),
+        };
+        Self::merge(args, file)
+    }
+
+    fn merge(args: &RunArgs, file: ProxyConfig) -> Result<Settings, ConfigError> {
+        if let Some(mode) = file.mode.as_deref().filter(|m| !m.is_empty())
+            && mode != "ipvs"
+        {
+            return Err(ConfigError::setting(
+                "mode",
+                mode,
+                "kube-ipvs only implements the ipvs mode; use \"ipvs\" or leave it empty",
+            ));
+        }
+        let ipvs = file.ipvs.unwrap_or_default();
+        let iptables = file.iptables.unwrap_or_default();
+        let client = file.client_connection.unwrap_or_default();
+        let joined = |v: &Option<Vec<String>>| v.as_ref().map(|l| l.join(","));
+
+        let scheduler = pick(
+            args.scheduler.as_deref(),
+            "scheduler",
+            ipvs.scheduler.as_deref(),
+            "ipvs.scheduler",
+        )
+        .unwrap_or_else(|| ("rr".to_owned(), "--scheduler".to_owned()));
+        let exclude = pick(
+            args.exclude_cidrs.as_deref(),
+            "exclude-cidrs",
+            joined(&ipvs.exclude_cidrs).as_deref(),
+            "ipvs.excludeCIDRs",
+        );
+        let cluster = pick(
+            args.cluster_cidr.as_deref(),
+            "cluster-cidr",
+            file.cluster_cidr.as_deref(),
+            "clusterCIDR",
+        );
+        let hostname = pick(
+            args.hostname_override.as_deref(),
+            "hostname-override",
+            file.hostname_override.as_deref(),
+            "hostnameOverride",
+        );
+        let kubeconfig = pick(
+            args.kubeconfig.as_deref().and_then(Path::to_str),
+            "kubeconfig",
+            client.kubeconfig.as_deref(),
+            "clientConnection.kubeconfig",
+        );
+        if args.manifests.is_some()
+            && let Some((_, setting)) = &kubeconfig
+            && setting.starts_with("--")
+        {
+            return Err(ConfigError::setting(
+                "--kubeconfig",
+                "",
+                "--manifests and --kubeconfig are two sources; give one",
+            ));
+        }
+
+        let sync_period = match pick(
+            args.sync_period.as_deref(),
+            "sync-period",
+            ipvs.sync_period.as_deref(),
+            "ipvs.syncPeriod",
+        ) {
+            Some(v) => {
+                let d = duration(&v)?;
+                // kube-proxy's file uses 0s for "default"; a flag of 0 is a mistake.
+                if d.is_zero() && v.1.starts_with("--") {
+                    return Err(ConfigError::setting(
+                        &v.1,
+                        &v.0,
+                        "must be greater than zero",
+                    ));
+                }
+                if d.is_zero() { DEFAULT_SYNC_PERIOD } else { d }
+            }
+            None => DEFAULT_SYNC_PERIOD,
+        };
+        let min_sync_period = match pick(
+            args.min_sync_period.as_deref(),
+            "min-sync-period",
+            ipvs.min_sync_period.as_deref(),
+            "ipvs.minSyncPeriod",
+        ) {
+            Some(v) => {
+                let d = duration(&v)?;
+                if d > sync_period {
+                    return Err(ConfigError::setting(
+                        &v.1,
+                        &v.0,
+                        format!("longer than the sync period ({sync_period:?})"),
+                    ));
+                }
+                d
+            }
+            None => DEFAULT_MIN_SYNC_PERIOD.min(sync_period),
+        };
+        let timeouts = Timeouts {
+            tcp: timeout_secs(pick(
+                args.tcp_timeout.as_deref(),
+                "tcp-timeout",
+                ipvs.tcp_timeout.as_deref(),
+                "ipvs.tcpTimeout",
+            ))?,
+            tcp_fin: timeout_secs(pick(
+                args.tcpfin_timeout.as_deref(),
+                "tcpfin-timeout",
+                ipvs.tcp_fin_timeout.as_deref(),
+                "ipvs.tcpFinTimeout",
+            ))?,
+            udp: timeout_secs(pick(
+                args.udp_timeout.as_deref(),
+                "udp-timeout",
+                ipvs.udp_timeout.as_deref(),
+                "ipvs.udpTimeout",
+            ))?,
+        };
+        let healthz = bind_address(
+            pick(
+                args.healthz_bind_address.as_deref(),
+                "healthz-bind-address",
+                file.healthz_bind_address.as_deref(),
+                "healthzBindAddress",
+            ),
+            DEFAULT_HEALTHZ,
+        )?;
+        let metrics = bind_address(
+            pick(
+                args.metrics_bind_address.as_deref(),
+                "metrics-bind-address",
+                file.metrics_bind_address.as_deref(),
+                "metricsBindAddress",
+            ),
+            DEFAULT_METRICS,
+        )?;
+        let nodeport_cidrs = cidrs(pick(
+            args.nodeport_addresses.as_deref(),
+            "nodeport-addresses",
+            joined(&file.node_port_addresses).as_deref(),
+            "nodePortAddresses",
+        ))?;
+        let cluster_cidrs = cidrs(cluster.clone())?;
+        // Checked here so the error names the setting; the source re-parses the same text.
+        cidrs(exclude.clone())?;
+
+        let source = SourceArgs {
+            manifests: args.manifests.clone(),
+            kubeconfig: if args.manifests.is_some() {
+                None
+            } else {
+                kubeconfig.map(|(v, _)| PathBuf::from(v))
+            },
+            hostname_override: hostname.as_ref().map(|(v, _)| v.clone()),
+            node_zone: args.node_zone.clone(),
+            node_ips: args.node_ips.clone(),
+            scheduler: scheduler.0.clone(),
+            cluster_cidr: cluster.map(|(v, _)| v),
+            exclude_cidrs: exclude.map(|(v, _)| v),
+            service_proxy_name: args.service_proxy_name.clone(),
+        };
+        scheduler
+            .0
+            .parse::<kube_ipvs_diff::Scheduler>()
+            .map_err(|e| ConfigError::setting(&scheduler.1, &scheduler.0, e.to_string()))?;
+        let node = source.node_context().map_err(|e| match e {
+            crate::source::SourceError::Flag {
+                flag,
+                value,
+                reason,
+            } => {
+                let setting = match (flag, &hostname) {
+                    ("hostname-override", Some((_, s))) => s.clone(),
+                    (f, _) => format!("--{f}"),
+                };
+                ConfigError::setting(&setting, &value, reason)
+            }
+            other => ConfigError::setting("node", "", other.to_string()),
+        })?;
+        Ok(Settings {
+            source,
+            node,
+            cluster_cidrs,
+            masquerade_all: args.masquerade_all || iptables.masquerade_all.unwrap_or(false),
+            nodeport_cidrs,
+            sync_period,
+            min_sync_period,
+            strict_arp: args.strict_arp || ipvs.strict_arp.unwrap_or(false),
+            timeouts,
+            healthz,
+            metrics,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> RunArgs {
+        RunArgs {
+            hostname_override: Some("node-1".into()),
+            ..RunArgs::default()
+        }
+    }
+
+    #[test]
+    fn go_durations_parse() {
+        let cases = [
+            ("30s", 30_000),
+            ("1m0s", 60_000),
+            ("1h30m", 5_400_000),
+            ("500ms", 500),
+            ("1.5s", 1_500),
+            ("0", 0),
+            ("0s", 0),
+        ];
+        for (text, ms) in cases {
+            assert_eq!(
+                parse_duration(text),
+                Ok(Duration::from_millis(ms)),
+                "{text}"
+            );
+        }
+        for bad in ["", "30", "5x", "-1s", "s", "1..2s"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} should not parse");
+        }
+    }
+
+    #[test]
+    fn defaults_are_kube_proxys() {
+        let s = Settings::resolve(&args()).expect("defaults are valid");
+        assert_eq!(s.sync_period, Duration::from_secs(30));
+        assert_eq!(s.min_sync_period, Duration::from_secs(1));
+        assert_eq!(s.healthz.to_string(), "0.0.0.0:10256");
+        assert_eq!(s.metrics.to_string(), "127.0.0.1:10249");
+        assert_eq!(s.node.default_scheduler.to_string(), "rr");
+        assert_eq!(s.timeouts, Timeouts::default());
+        assert!(!s.strict_arp && !s.masquerade_all);
+    }
+
+    #[test]
+    fn bad_flag_values_name_the_flag() {
+        type Edit = fn(&mut RunArgs);
+        let cases: [(Edit, &str); 6] = [
+            (
+                |a| a.scheduler = Some("fastest".into()),
+                "--scheduler \"fastest\"",
+            ),
+            (
+                |a| a.sync_period = Some("soon".into()),
+                "--sync-period \"soon\"",
+            ),
+            (
+                |a| a.sync_period = Some("0s".into()),
+                "--sync-period \"0s\"",
+            ),
+            (
+                |a| a.exclude_cidrs = Some("10.0.0.0/8,10.1.2.3/99".into()),
+                "--exclude-cidrs \"10.1.2.3/99\"",
+            ),
+            (
+                |a| a.metrics_bind_address = Some("localhost:x".into()),
+                "--metrics-bind-address \"localhost:x\"",
+            ),
+            (
+                |a| a.tcp_timeout = Some("1.5s".into()),
+                "--tcp-timeout \"1.5s\"",
+            ),
+        ];
+        for (set, want) in cases {
+            let mut a = args();
+            set(&mut a);
+            let err = Settings::resolve(&a).expect_err(want);
+            assert!(!err.is_file_error());
+            assert!(err.to_string().starts_with(want), "{err} vs {want}");
+        }
+    }
+
+    #[test]
+    fn min_sync_period_cannot_exceed_sync_period() {
+        let mut a = args();
+        a.sync_period = Some("2s".into());
+        a.min_sync_period = Some("5s".into());
+        let err = Settings::resolve(&a).expect_err("min > sync");
+        assert!(err.to_string().contains("--min-sync-period"), "{err}");
+    }
+
+    #[test]
+    fn bind_address_takes_an_ip_alone() {
+        let mut a = args();
+        a.healthz_bind_address = Some("127.0.0.2".into());
+        a.metrics_bind_address = Some("[::1]:9000".into());
+        let s = Settings::resolve(&a).expect("valid");
+        assert_eq!(s.healthz.to_string(), "127.0.0.2:10256");
+        assert_eq!(s.metrics.to_string(), "[::1]:9000");
+    }
+}

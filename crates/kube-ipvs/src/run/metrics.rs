@@ -1,0 +1,272 @@
+//! What the agent measures, and its Prometheus text rendering.
+//!
+//! Names follow kube-proxy where they mean the same thing
+//! (`kubeproxy_sync_proxy_rules_duration_seconds`, `kubeproxy_sync_proxy_rules_last_timestamp_seconds`),
+//! so existing dashboards keep working; the rest are ours, prefixed `kube_ipvs_`. The agent
+//! updates a [`Metrics`] behind a mutex; the HTTP server renders it. Nothing here is secret:
+//! counts and durations only, no addresses or names.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// kube-proxy's buckets for sync durations: 1 ms doubling 15 times (about 16 s).
+fn sync_buckets() -> Vec<f64> {
+    (0..15).map(|i| 0.001 * f64::from(1u32 << i)).collect()
+}
+
+/// A Prometheus histogram with fixed buckets.
+#[derive(Debug, Clone)]
+pub struct Histogram {
+    bounds: Vec<f64>,
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn new(bounds: Vec<f64>) -> Self {
+        let counts = vec![0; bounds.len()];
+        Self {
+            bounds,
+            counts,
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    /// Records one observation.
+    pub fn observe(&mut self, d: Duration) {
+        let v = d.as_secs_f64();
+        for (b, c) in self.bounds.iter().zip(&mut self.counts) {
+            if v <= *b {
+                *c += 1;
+            }
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+
+    /// How many observations there were.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum {}", self.sum);
+        let _ = writeln!(out, "{name}_count {}", self.count);
+    }
+}
+
+/// Why a sync ran, as the `reason` label of the operation counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncKind {
+    /// The first full sync, adopting what the kernel holds.
+    Startup,
+    /// Changed Services only.
+    Incremental,
+    /// The periodic full reconcile.
+    Reconcile,
+    /// A full sync retrying failed operations.
+    Retry,
+}
+
+impl SyncKind {
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            SyncKind::Startup => "startup",
+            SyncKind::Incremental => "incremental",
+            SyncKind::Reconcile => "reconcile",
+            SyncKind::Retry => "retry",
+        }
+    }
+
+    const ALL: [SyncKind; 4] = [
+        SyncKind::Startup,
+        SyncKind::Incremental,
+        SyncKind::Reconcile,
+        SyncKind::Retry,
+    ];
+}
+
+/// Everything `/metrics` shows.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    /// Every sync's duration (kube-proxy's name).
+    pub sync_duration: Histogram,
+    /// Full syncs' durations.
+    pub full_sync_duration: Histogram,
+    /// Wall-clock time of the last successful sync, in Unix seconds.
+    pub last_sync_timestamp: f64,
+    /// Operations applied, by why the sync ran.
+    pub operations: [u64; 4],
+    /// Operations the periodic reconcile had to apply: drift someone else caused.
+    pub drift_repaired: u64,
+    /// Operations or reads the kernel refused.
+    pub kernel_errors: u64,
+    /// Virtual servers the engine wants.
+    pub services: u64,
+    /// Real servers the engine wants (draining ones included).
+    pub real_servers: u64,
+    /// Kernel entries the engine cannot represent and leaves alone.
+    pub foreign_entries: u64,
+    /// Services waiting for a failed operation to be retried.
+    pub pending_retries: u64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            sync_duration: Histogram::new(sync_buckets()),
+            full_sync_duration: Histogram::new(sync_buckets()),
+            last_sync_timestamp: 0.0,
+            operations: [0; 4],
+            drift_repaired: 0,
+            kernel_errors: 0,
+            services: 0,
+            real_servers: 0,
+            foreign_entries: 0,
+            pending_retries: 0,
+        }
+    }
+}
+
+impl Metrics {
+    /// Operations applied by syncs of this kind.
+    pub fn operations(&self, kind: SyncKind) -> u64 {
+        self.operations[kind as usize]
+    }
+
+    /// Counts applied operations.
+    pub fn add_operations(&mut self, kind: SyncKind, n: u64) {
+        self.operations[kind as usize] += n;
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        self.sync_duration.render(
+            &mut out,
+            "kubeproxy_sync_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds",
+        );
+        self.full_sync_duration.render(
+            &mut out,
+            "kubeproxy_sync_full_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for full resyncs",
+        );
+        let gauge = |out: &mut String, name: &str, help: &str, v: String| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        };
+        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
+        };
+        gauge(
+            &mut out,
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "The last time proxy rules were successfully synced",
+            format!("{}", self.last_sync_timestamp),
+        );
+        let name = "kube_ipvs_operations_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Kernel operations applied, by why the sync ran\n# TYPE {name} counter"
+        );
+        for kind in SyncKind::ALL {
+            let _ = writeln!(
+                out,
+                "{name}{{reason=\"{}\"}} {}",
+                kind.label(),
+                self.operations(kind)
+            );
+        }
+        counter(
+            &mut out,
+            "kube_ipvs_drift_repaired_total",
+            "Operations the periodic reconcile applied to repair changes made behind our back",
+            self.drift_repaired,
+        );
+        counter(
+            &mut out,
+            "kube_ipvs_kernel_errors_total",
+            "Kernel operations or reads that failed",
+            self.kernel_errors,
+        );
+        gauge(
+            &mut out,
+            "kube_ipvs_services",
+            "IPVS virtual servers programmed",
+            self.services.to_string(),
+        );
+        gauge(
+            &mut out,
+            "kube_ipvs_real_servers",
+            "IPVS real servers programmed, draining ones included",
+            self.real_servers.to_string(),
+        );
+        gauge(
+            &mut out,
+            "kube_ipvs_foreign_entries",
+            "Kernel IPVS entries kube-ipvs cannot represent and leaves alone",
+            self.foreign_entries.to_string(),
+        );
+        gauge(
+            &mut out,
+            "kube_ipvs_pending_retries",
+            "Services with a failed kernel operation waiting for a retry",
+            self.pending_retries.to_string(),
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let mut h = Histogram::new(vec![0.001, 0.01]);
+        h.observe(Duration::from_micros(500));
+        h.observe(Duration::from_millis(5));
+        h.observe(Duration::from_secs(1));
+        let mut out = String::new();
+        h.render(&mut out, "x", "help");
+        assert!(out.contains("x_bucket{le=\"0.001\"} 1\n"), "{out}");
+        assert!(out.contains("x_bucket{le=\"0.01\"} 2\n"), "{out}");
+        assert!(out.contains("x_bucket{le=\"+Inf\"} 3\n"), "{out}");
+        assert!(out.contains("x_count 3\n"), "{out}");
+    }
+
+    #[test]
+    fn render_names_every_metric_once_with_its_value() {
+        let mut m = Metrics::default();
+        m.add_operations(SyncKind::Startup, 7);
+        m.drift_repaired = 3;
+        m.services = 4;
+        let text = m.render();
+        assert!(text.contains("kube_ipvs_operations_total{reason=\"startup\"} 7\n"));
+        assert!(text.contains("kube_ipvs_drift_repaired_total 3\n"));
+        assert!(text.contains("kube_ipvs_services 4\n"));
+        for name in [
+            "kubeproxy_sync_proxy_rules_duration_seconds",
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "kube_ipvs_kernel_errors_total",
+            "kube_ipvs_real_servers",
+        ] {
+            assert_eq!(
+                text.matches(&format!("# TYPE {name} ")).count(),
+                1,
+                "{name}"
+            );
+        }
+    }
+}

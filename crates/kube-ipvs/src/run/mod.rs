@@ -1,0 +1,210 @@
+//! `kube-ipvs run`: the node agent. It checks its settings, prepares the kernel (modules,
+//! sysctls, IPVS timeouts), serves `/healthz`, `/livez` and `/metrics`, watches the desired
+//! state (API server or manifests) and runs the sync loop until SIGTERM or SIGINT, which leave
+//! the kernel's IPVS table and `kube-ipvs0` in place.
+//!
+//! Each kind of start-up failure has its own exit code ([`exit`]), so scripts and tests can tell
+//! a bad config file from a missing kernel module. The masquerade rules (iptables) are not set
+//! up here yet: [`config::Settings`] carries `--cluster-cidr` and `--masquerade-all` for them.
+
+pub mod agent;
+pub mod config;
+pub mod health;
+pub mod metrics;
+pub mod setup;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube_ipvs_diff::Inputs;
+use kube_ipvs_netlink::ipvs::{Ipvs, Timeouts};
+use kube_ipvs_netlink::link::{DEFAULT_DUMMY, Rtnl};
+use kube_ipvs_watch::TranslateOptions;
+
+pub use config::{RunArgs, Settings};
+
+use agent::{Agent, AgentConfig, RealKernel};
+use health::{Routes, Shared};
+
+/// Exit codes of `kube-ipvs run`.
+pub mod exit {
+    /// Stopped by SIGTERM or SIGINT; the kernel state was left in place.
+    pub const STOPPED: u8 = 0;
+    /// The agent stopped on its own after starting (the desired-state source ended).
+    pub const FAILED: u8 = 1;
+    /// The config file could not be read or is not a valid `KubeProxyConfiguration` (unknown
+    /// key, wrong apiVersion, malformed YAML). (2 is the command line parser's own.)
+    pub const CONFIG_FILE: u8 = 3;
+    /// A setting has an unusable value (an unknown scheduler, a bad CIDR or duration).
+    pub const SETTING: u8 = 4;
+    /// The kernel cannot be prepared: a missing module, a sysctl that cannot be set, no IPVS.
+    pub const KERNEL: u8 = 5;
+    /// Serving or watching could not start (bind address in use, bad kubeconfig, unreadable
+    /// manifests).
+    pub const START: u8 = 6;
+}
+
+/// How often `--manifests` files are checked for changes.
+const MANIFEST_POLL: Duration = Duration::from_secs(1);
+
+fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("kube-ipvs run: {msg}");
+    ExitCode::from(code)
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // A second init (tests calling main twice) is harmless; keep the first subscriber.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Runs `kube-ipvs run`; see [`exit`] for the codes.
+pub fn main(args: &RunArgs) -> ExitCode {
+    let settings = match Settings::resolve(args) {
+        Ok(s) => s,
+        Err(e) if e.is_file_error() => return fail(exit::CONFIG_FILE, e),
+        Err(e) => return fail(exit::SETTING, e),
+    };
+    init_logging();
+    if settings.masquerade_all || !settings.cluster_cidrs.is_empty() {
+        tracing::info!("masquerade rules are not managed by this build; set them up separately");
+    }
+    let kernel = match prepare_kernel(&settings) {
+        Ok(k) => k,
+        Err(e) => return fail(exit::KERNEL, e),
+    };
+    if let Some(path) = &settings.source.manifests
+        && let Err(e) = kube_ipvs_watch::manifest::load(path)
+    {
+        return fail(exit::START, e);
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(exit::START, format!("starting the runtime: {e}")),
+    };
+    rt.block_on(serve(settings, kernel))
+}
+
+/// Modules, sysctls, the netlink handles and the IPVS timeouts.
+fn prepare_kernel(settings: &Settings) -> Result<RealKernel, String> {
+    let host = setup::Host::system();
+    host.ensure_modules(&setup::required_modules(&settings.node.default_scheduler))
+        .map_err(|e| e.to_string())?;
+    host.set_sysctls(&setup::required_sysctls(settings.strict_arp))
+        .map_err(|e| e.to_string())?;
+    let mut ipvs = Ipvs::new().map_err(|e| format!("opening IPVS netlink: {e}"))?;
+    let t = settings.timeouts;
+    if t.tcp.is_some() || t.tcp_fin.is_some() || t.udp.is_some() {
+        // Zero leaves the kernel's value for that timeout.
+        let timeouts = Timeouts {
+            tcp: t.tcp.unwrap_or(0),
+            tcp_fin: t.tcp_fin.unwrap_or(0),
+            udp: t.udp.unwrap_or(0),
+        };
+        ipvs.set_timeouts(timeouts)
+            .map_err(|e| format!("setting IPVS timeouts: {e}"))?;
+    }
+    let rtnl = Rtnl::new().map_err(|e| format!("opening rtnetlink: {e}"))?;
+    Ok(RealKernel {
+        ipvs,
+        rtnl,
+        ifname: DEFAULT_DUMMY.to_owned(),
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
+            }
+        }
+        Err(e) => {
+            tracing::warn!("cannot listen for SIGTERM ({e}); only SIGINT stops the agent");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
+    let shared = Arc::new(Shared::new(settings.sync_period));
+    let healthz = match health::bind(settings.healthz, "--healthz-bind-address").await {
+        Ok(l) => l,
+        Err(e) => return fail(exit::START, e),
+    };
+    let metrics = match health::bind(settings.metrics, "--metrics-bind-address").await {
+        Ok(l) => l,
+        Err(e) => return fail(exit::START, e),
+    };
+    tokio::spawn(health::serve(healthz, shared.clone(), Routes::Health));
+    tokio::spawn(health::serve(metrics, shared.clone(), Routes::Metrics));
+
+    let inputs = match Inputs::new(settings.node.clone()) {
+        Ok(i) => i,
+        Err(e) => return fail(exit::SETTING, format!("node context: {e}")),
+    };
+    let translate = TranslateOptions {
+        service_proxy_name: settings.source.service_proxy_name.clone(),
+    };
+    let node_name = Some(settings.node.node_name.clone());
+    let watch = match &settings.source.manifests {
+        Some(path) => kube_ipvs_watch::manifest::spawn(kube_ipvs_watch::manifest::ManifestConfig {
+            path: path.clone(),
+            node_name,
+            translate,
+            min_interval: settings.min_sync_period,
+            poll_interval: MANIFEST_POLL,
+        }),
+        None => {
+            let client = match settings.source.client().await {
+                Ok(c) => c,
+                Err(e) => return fail(exit::START, e),
+            };
+            kube_ipvs_watch::cluster::spawn(
+                client,
+                kube_ipvs_watch::WatchConfig {
+                    node_name,
+                    translate,
+                    min_interval: settings.min_sync_period,
+                    ..Default::default()
+                },
+            )
+        }
+    };
+    tracing::info!(
+        "started: node {}, scheduler {}, sync period {:?}, healthz {}, metrics {}",
+        settings.node.node_name,
+        settings.node.default_scheduler,
+        settings.sync_period,
+        settings.healthz,
+        settings.metrics
+    );
+    let cfg = AgentConfig {
+        sync_period: settings.sync_period,
+        retry_min: Duration::from_secs(1),
+        retry_max: settings.sync_period.max(Duration::from_secs(1)),
+        node_ips: settings.source.node_ips.clone(),
+        nodeport_cidrs: settings.nodeport_cidrs.clone(),
+    };
+    let mut agent = Agent::new(kernel, inputs, cfg, shared);
+    let result = agent.run(watch.changes, shutdown_signal()).await;
+    watch.task.abort();
+    match result {
+        Ok(()) => {
+            tracing::info!("stopping; the IPVS table and {DEFAULT_DUMMY} stay as they are");
+            ExitCode::from(exit::STOPPED)
+        }
+        Err(e) => fail(exit::FAILED, e),
+    }
+}

@@ -1,0 +1,282 @@
+//! Kernel setup before the first sync: the modules IPVS needs, and the sysctls it depends on.
+//!
+//! Modules are checked in `/proc/modules`, `/sys/module` and the kernel's `modules.builtin`;
+//! one that is missing is loaded with `modprobe` only if a `modprobe` binary exists, and the
+//! error names the module. Sysctls are written through `/proc/sys` (only when they differ), and
+//! an error names the sysctl. The roots are fields so tests can point them at a directory of
+//! their own. This module does not touch the IPVS table.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Why the kernel cannot be prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// A kernel module is neither loaded nor built in, and could not be loaded.
+    #[error("kernel module {module} is not loaded and {detail}")]
+    MissingModule {
+        /// The module.
+        module: String,
+        /// What was tried.
+        detail: String,
+    },
+    /// A sysctl could not be read or written.
+    #[error("sysctl {name}={value}: {source}")]
+    Sysctl {
+        /// The sysctl, dotted (`net.ipv4.ip_forward`).
+        name: String,
+        /// The value we wanted.
+        value: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Where the kernel's state is read and written.
+#[derive(Debug, Clone)]
+pub struct Host {
+    /// `/proc`.
+    pub proc_root: PathBuf,
+    /// `/sys`.
+    pub sys_root: PathBuf,
+    /// `/lib/modules`.
+    pub modules_root: PathBuf,
+    /// The `modprobe` to run for a missing module; `None` never loads modules.
+    pub modprobe: Option<PathBuf>,
+}
+
+impl Host {
+    /// The running system, with the first `modprobe` found in the usual places.
+    pub fn system() -> Self {
+        let modprobe = ["/usr/sbin/modprobe", "/sbin/modprobe", "/usr/bin/modprobe"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists());
+        Host {
+            proc_root: "/proc".into(),
+            sys_root: "/sys".into(),
+            modules_root: "/lib/modules".into(),
+            modprobe,
+        }
+    }
+
+    /// Whether `module` is loaded or built into the kernel.
+    pub fn module_present(&self, module: &str) -> bool {
+        let loaded = std::fs::read_to_string(self.proc_root.join("modules"))
+            .map(|text| {
+                text.lines()
+                    .any(|l| l.split_whitespace().next() == Some(module))
+            })
+            .unwrap_or(false);
+        loaded || self.sys_root.join("module").join(module).is_dir() || self.builtin(module)
+    }
+
+    /// Whether the kernel's `modules.builtin` lists `module` (built-in modules without
+    /// parameters have no `/sys/module` entry).
+    fn builtin(&self, module: &str) -> bool {
+        let Ok(release) = std::fs::read_to_string(self.proc_root.join("sys/kernel/osrelease"))
+        else {
+            return false;
+        };
+        let list = self
+            .modules_root
+            .join(release.trim())
+            .join("modules.builtin");
+        let file = format!("{module}.ko");
+        std::fs::read_to_string(list)
+            .map(|text| {
+                text.lines()
+                    .any(|l| Path::new(l).file_name().and_then(|f| f.to_str()) == Some(&file))
+            })
+            .unwrap_or(false)
+    }
+
+    /// Makes sure each module is there, loading the missing ones if `modprobe` exists.
+    pub fn ensure_modules(&self, modules: &[String]) -> Result<(), SetupError> {
+        for module in modules {
+            if self.module_present(module) {
+                continue;
+            }
+            let missing = |detail: String| SetupError::MissingModule {
+                module: module.clone(),
+                detail,
+            };
+            let Some(modprobe) = &self.modprobe else {
+                return Err(missing(
+                    "there is no modprobe to load it; load it on the host".to_owned(),
+                ));
+            };
+            // The module name comes from our own scheduler list, never from API data.
+            let out = Command::new(modprobe)
+                .arg("--")
+                .arg(module)
+                .output()
+                .map_err(|e| missing(format!("running {} failed: {e}", modprobe.display())))?;
+            if !out.status.success() || !self.module_present(module) {
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                return Err(missing(format!(
+                    "{} could not load it: {}",
+                    modprobe.display(),
+                    stderr.trim()
+                )));
+            }
+            tracing::info!("loaded kernel module {module}");
+        }
+        Ok(())
+    }
+
+    /// Sets each sysctl (dotted name, value) that does not already have the value.
+    pub fn set_sysctls(&self, sysctls: &[(&str, &str)]) -> Result<(), SetupError> {
+        for (name, value) in sysctls {
+            let path = self.proc_root.join("sys").join(name.replace('.', "/"));
+            let err = |source| SetupError::Sysctl {
+                name: (*name).to_owned(),
+                value: (*value).to_owned(),
+                source,
+            };
+            let current = std::fs::read_to_string(&path).map_err(err)?;
+            if current.trim() == *value {
+                continue;
+            }
+            std::fs::write(&path, format!("{value}\n")).map_err(err)?;
+            tracing::info!("set sysctl {name}={value} (was {})", current.trim());
+        }
+        Ok(())
+    }
+}
+
+/// The modules IPVS mode needs with this default scheduler.
+pub fn required_modules(scheduler: &kube_ipvs_diff::Scheduler) -> Vec<String> {
+    vec![
+        "ip_vs".to_owned(),
+        format!("ip_vs_{}", scheduler.name()),
+        "nf_conntrack".to_owned(),
+    ]
+}
+
+/// The sysctls IPVS mode needs: connection tracking for IPVS (so masquerade and conntrack
+/// cleanup see its connections), dropping connections whose real server is gone or quiescent,
+/// forwarding, and optionally strict ARP so Service addresses on `kube-ipvs0` are not
+/// answered for on the node's other interfaces.
+pub fn required_sysctls(strict_arp: bool) -> Vec<(&'static str, &'static str)> {
+    let mut out = vec![
+        ("net.ipv4.vs.conntrack", "1"),
+        ("net.ipv4.vs.expire_nodest_conn", "1"),
+        ("net.ipv4.vs.expire_quiescent_template", "1"),
+        ("net.ipv4.ip_forward", "1"),
+    ];
+    if strict_arp {
+        out.push(("net.ipv4.conf.all.arp_ignore", "1"));
+        out.push(("net.ipv4.conf.all.arp_announce", "2"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake `/proc`, `/sys` and `/lib/modules` in a directory of the test's own.
+    fn host(name: &str) -> Host {
+        let root =
+            std::env::temp_dir().join(format!("kube-ipvs-setup-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let h = Host {
+            proc_root: root.join("proc"),
+            sys_root: root.join("sys"),
+            modules_root: root.join("lib/modules"),
+            modprobe: None,
+        };
+        std::fs::create_dir_all(h.proc_root.join("sys/kernel")).expect("mkdir");
+        std::fs::create_dir_all(h.sys_root.join("module/nf_conntrack")).expect("mkdir");
+        std::fs::create_dir_all(h.modules_root.join("6.1.0-test")).expect("mkdir");
+        std::fs::write(h.proc_root.join("sys/kernel/osrelease"), "6.1.0-test\n").expect("write");
+        std::fs::write(
+            h.proc_root.join("modules"),
+            "ip_vs_rr 16384 1 - Live 0x0\nip_vs 188416 3 ip_vs_rr, Live 0x0\n",
+        )
+        .expect("write");
+        std::fs::write(
+            h.modules_root.join("6.1.0-test/modules.builtin"),
+            "kernel/net/netfilter/ipvs/ip_vs_sh.ko\n",
+        )
+        .expect("write");
+        h
+    }
+
+    #[test]
+    fn modules_are_found_loaded_in_sys_or_built_in() {
+        let h = host("found");
+        for m in ["ip_vs", "ip_vs_rr", "nf_conntrack", "ip_vs_sh"] {
+            assert!(h.module_present(m), "{m}");
+        }
+        assert!(!h.module_present("ip_vs_r"), "a prefix is not a module");
+        let sched: kube_ipvs_diff::Scheduler = "sh".parse().expect("sh");
+        h.ensure_modules(&required_modules(&sched))
+            .expect("all present");
+    }
+
+    #[test]
+    fn a_missing_module_is_named() {
+        let h = host("missing");
+        let sched: kube_ipvs_diff::Scheduler = "twos".parse().expect("twos");
+        let err = h
+            .ensure_modules(&required_modules(&sched))
+            .expect_err("ip_vs_twos is missing");
+        assert_eq!(
+            err.to_string(),
+            "kernel module ip_vs_twos is not loaded and there is no modprobe to load it; \
+             load it on the host"
+        );
+    }
+
+    #[test]
+    fn a_failing_modprobe_is_reported_with_the_module() {
+        let mut h = host("modprobe");
+        h.modprobe = Some("/bin/false".into());
+        let err = h
+            .ensure_modules(&["ip_vs_mh".to_owned()])
+            .expect_err("false loads nothing");
+        assert!(
+            err.to_string().starts_with(
+                "kernel module ip_vs_mh is not loaded and /bin/false could not load it"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn sysctls_are_written_only_when_different_and_errors_name_them() {
+        let h = host("sysctl");
+        let dir = h.proc_root.join("sys/net/ipv4/vs");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        for (f, v) in [
+            ("conntrack", "0"),
+            ("expire_nodest_conn", "1"),
+            ("expire_quiescent_template", "0"),
+        ] {
+            std::fs::write(dir.join(f), format!("{v}\n")).expect("write");
+        }
+        std::fs::write(h.proc_root.join("sys/net/ipv4/ip_forward"), "0\n").expect("write");
+        h.set_sysctls(&required_sysctls(false)).expect("all exist");
+        for f in [
+            "vs/conntrack",
+            "vs/expire_nodest_conn",
+            "vs/expire_quiescent_template",
+            "ip_forward",
+        ] {
+            let v =
+                std::fs::read_to_string(h.proc_root.join("sys/net/ipv4").join(f)).expect("read");
+            assert_eq!(v.trim(), "1", "{f}");
+        }
+        let err = h
+            .set_sysctls(&required_sysctls(true))
+            .expect_err("no conf/all in the fake /proc");
+        assert!(
+            err.to_string()
+                .starts_with("sysctl net.ipv4.conf.all.arp_ignore=1: "),
+            "{err}"
+        );
+    }
+}
