@@ -1,0 +1,456 @@
+//! Kernel tests of the node agent (run in the VM by `cargo xtask vm-test kube-ipvs/kernel_run`):
+//! the real binary `kube-ipvs run --manifests DIR` converges an empty kernel and a stale one
+//! (with exactly the operations `plan` predicts), repairs `ipvsadm -C` at the next reconcile,
+//! follows a manifest change, leaves the table in place on SIGTERM and adopts it on restart
+//! without a single operation, serves `/healthz` and `/metrics`, applies its flags, and stops
+//! with a distinct exit code for a bad config file, an unknown scheduler and a missing module.
+//!
+//! "In sync" is `kube-ipvs check` exiting 0 (it compares the same manifests with the kernel);
+//! waits poll a condition until a deadline, never a fixed sleep. Each test runs in its own
+//! network namespace, so the default ports on loopback are free.
+#![cfg(feature = "kernel-tests")]
+
+use std::io::{Read as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const EXAMPLES: [(&str, &str); 6] = [
+    (
+        "node.yaml",
+        include_str!("../../../examples/cluster/node.yaml"),
+    ),
+    (
+        "web.yaml",
+        include_str!("../../../examples/cluster/web.yaml"),
+    ),
+    (
+        "sticky.yaml",
+        include_str!("../../../examples/cluster/sticky.yaml"),
+    ),
+    (
+        "shop.yaml",
+        include_str!("../../../examples/cluster/shop.yaml"),
+    ),
+    (
+        "dns.yaml",
+        include_str!("../../../examples/cluster/dns.yaml"),
+    ),
+    (
+        "api.yaml",
+        include_str!("../../../examples/cluster/api.yaml"),
+    ),
+];
+
+/// What the examples need on an empty kernel (as `kernel_check` establishes with `plan`).
+const EMPTY_KERNEL_OPS: u64 = 25;
+
+fn kube_ipvs_bin() -> String {
+    std::env::var("KUBE_IPVS_BIN").unwrap_or_else(|_| "/usr/local/bin/kube-ipvs".into())
+}
+
+fn ipvsadm_bin() -> String {
+    std::env::var("IPVSADM").unwrap_or_else(|_| "/usr/sbin/ipvsadm".into())
+}
+
+fn run(bin: &str, args: &[&str]) -> Output {
+    let out = Command::new(bin)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {bin} {args:?}: {e}"));
+    println!(
+        "$ {bin} {}\n{}{}(exit {:?})",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        out.status.code()
+    );
+    out
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The example manifests in a directory of this test's own.
+fn manifests(test: &str) -> PathBuf {
+    let dir = PathBuf::from(format!("/tmp/kube-ipvs-run-{test}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create manifest dir");
+    for (name, text) in EXAMPLES {
+        std::fs::write(dir.join(name), text).expect("write manifest");
+    }
+    dir
+}
+
+/// `kube-ipvs <cmd> --manifests DIR --hostname-override node-1 [extra]` (plan, check).
+fn kube_ipvs(cmd: &str, dir: &Path, extra: &[&str]) -> Output {
+    let dir = dir.to_str().expect("utf-8 path");
+    let mut args = vec![cmd, "--manifests", dir, "--hostname-override", "node-1"];
+    args.extend_from_slice(extra);
+    run(&kube_ipvs_bin(), &args)
+}
+
+fn in_sync(dir: &Path, extra: &[&str]) -> bool {
+    kube_ipvs("check", dir, extra).status.code() == Some(0)
+}
+
+fn ipvsadm(args: &[&str]) -> String {
+    let out = run(&ipvsadm_bin(), args);
+    assert!(out.status.success(), "ipvsadm {args:?}");
+    stdout(&out)
+}
+
+/// Polls `cond` every 100 ms until it holds or `limit` passes.
+fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A minimal HTTP/1.0 GET over loopback: (status, body), or `None` if nothing listens yet.
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((status, body))
+}
+
+/// One metric's value (the first sample line starting with `name`, labels included).
+fn metric(name: &str) -> Option<f64> {
+    let (_, body) = http_get(10249, "/metrics")?;
+    body.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// A running `kube-ipvs run`; killed if the test ends without stopping it.
+struct Agent {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Agent {
+    fn start(dir: &Path, extra: &[&str]) -> Agent {
+        let log = dir.with_extension(format!("log{}", std::process::id()));
+        let file = std::fs::File::create(&log).expect("create log");
+        let mut args = vec![
+            "run",
+            "--manifests",
+            dir.to_str().expect("utf-8 path"),
+            "--hostname-override",
+            "node-1",
+        ];
+        args.extend_from_slice(extra);
+        println!("$ kube-ipvs {} &", args.join(" "));
+        let child = Command::new(kube_ipvs_bin())
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("start kube-ipvs run");
+        Agent { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until `/healthz` says 200 (the first sync finished).
+    fn wait_healthy(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some((200, _)) = http_get(10256, "/healthz") {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("kube-ipvs run exited ({status}):\n{}", self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not healthy in 30s:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit code.
+    fn terminate(mut self) -> Option<i32> {
+        let pid = self.child.id().to_string();
+        assert!(run("kill", &["-TERM", &pid]).status.success());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                println!("{}", self.log());
+                return status.code();
+            }
+            assert!(Instant::now() < deadline, "no exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            println!("--- kube-ipvs run log ---\n{}", self.log());
+        }
+    }
+}
+
+/// The count on the summary line of `plan`: "N operations: ...".
+fn planned_ops(dir: &Path) -> u64 {
+    let out = kube_ipvs("plan", dir, &[]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = stdout(&out);
+    let last = text.lines().last().expect("a summary line");
+    last.split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {last:?}"))
+}
+
+fn startup_ops() -> Option<f64> {
+    metric("kube_ipvs_operations_total{reason=\"startup\"}")
+}
+
+#[test]
+fn converges_an_empty_kernel_and_serves_health_and_metrics() {
+    let dir = manifests("empty");
+    assert_eq!(planned_ops(&dir), EMPTY_KERNEL_OPS);
+    let mut agent = Agent::start(&dir, &[]);
+    agent.wait_healthy();
+    assert!(in_sync(&dir, &[]), "in sync after the first sync");
+    assert_eq!(startup_ops(), Some(EMPTY_KERNEL_OPS as f64));
+    assert_eq!(metric("kube_ipvs_services"), Some(7.0));
+    assert_eq!(metric("kube_ipvs_real_servers"), Some(13.0));
+    let (status, body) = http_get(10249, "/metrics").expect("metrics answer");
+    assert_eq!(status, 200);
+    for name in [
+        "kubeproxy_sync_proxy_rules_duration_seconds_bucket",
+        "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+        "kube_ipvs_drift_repaired_total",
+        "kube_ipvs_kernel_errors_total 0",
+    ] {
+        assert!(body.contains(name), "{name} missing:\n{body}");
+    }
+    assert_eq!(http_get(10256, "/livez").map(|r| r.0), Some(200));
+    assert_eq!(
+        http_get(10256, "/metrics").map(|r| r.0),
+        Some(404),
+        "metrics only on the metrics address"
+    );
+    assert_eq!(agent.terminate(), Some(0));
+}
+
+#[test]
+fn adopts_a_stale_table_with_only_the_needed_operations_and_survives_restart() {
+    let dir = manifests("stale");
+    let out = kube_ipvs("plan", &dir, &["--apply"]);
+    assert_eq!(out.status.code(), Some(0));
+    // Make it stale: one endpoint gone, one foreign endpoint, one virtual server deleted.
+    ipvsadm(&["-d", "-t", "10.96.0.10:80", "-r", "10.244.2.10:8080"]);
+    ipvsadm(&["-a", "-t", "10.96.0.10:80", "-r", "10.244.9.9:8080", "-m"]);
+    ipvsadm(&["-D", "-u", "10.96.0.53:53"]);
+    let needed = planned_ops(&dir);
+    assert!(needed > 0 && needed < EMPTY_KERNEL_OPS, "{needed}");
+
+    let mut agent = Agent::start(&dir, &[]);
+    agent.wait_healthy();
+    assert_eq!(
+        startup_ops(),
+        Some(needed as f64),
+        "only the planned operations"
+    );
+    assert!(in_sync(&dir, &[]));
+    let before = ipvsadm(&["-Ln"]);
+    assert_eq!(agent.terminate(), Some(0), "SIGTERM is a clean stop");
+    assert_eq!(
+        ipvsadm(&["-Ln"]),
+        before,
+        "SIGTERM leaves the table in place"
+    );
+
+    // A restart adopts the table as it is: zero operations.
+    let mut agent = Agent::start(&dir, &[]);
+    agent.wait_healthy();
+    assert_eq!(startup_ops(), Some(0.0), "{}", agent.log());
+    assert_eq!(agent.terminate(), Some(0));
+}
+
+#[test]
+fn ipvsadm_clear_is_repaired_by_the_next_reconcile() {
+    let dir = manifests("clear");
+    let mut agent = Agent::start(&dir, &["--sync-period", "2s"]);
+    agent.wait_healthy();
+    assert!(in_sync(&dir, &[]));
+    ipvsadm(&["-C"]);
+    wait_for(
+        "the reconcile to repair the table",
+        Duration::from_secs(20),
+        || in_sync(&dir, &[]),
+    );
+    // 7 virtual servers and 13 real servers were put back (the addresses were untouched).
+    wait_for("the drift counter", Duration::from_secs(5), || {
+        metric("kube_ipvs_drift_repaired_total") == Some(20.0)
+    });
+    assert_eq!(agent.terminate(), Some(0));
+}
+
+#[test]
+fn a_manifest_change_is_applied() {
+    let dir = manifests("change");
+    let mut agent = Agent::start(&dir, &[]);
+    agent.wait_healthy();
+    let web = dir.join("web.yaml");
+    let text = std::fs::read_to_string(&web).expect("read web.yaml");
+    std::fs::write(&web, text.replace("10.244.2.10", "10.244.2.99")).expect("rewrite web.yaml");
+    wait_for("the new endpoint", Duration::from_secs(20), || {
+        ipvsadm(&["-Ln", "-t", "10.96.0.10:80"]).contains("10.244.2.99:8080")
+    });
+    wait_for(
+        "in sync with the new manifests",
+        Duration::from_secs(20),
+        || in_sync(&dir, &[]),
+    );
+    assert!(
+        metric("kube_ipvs_operations_total{reason=\"incremental\"}").is_some_and(|n| n >= 1.0),
+        "applied by an incremental sync"
+    );
+    assert_eq!(agent.terminate(), Some(0));
+}
+
+#[test]
+fn flags_change_what_they_should() {
+    let dir = manifests("flags");
+    // A foreign virtual server inside --exclude-cidrs and a stale one outside it.
+    ipvsadm(&["-A", "-t", "10.200.0.1:80", "-s", "rr"]);
+    ipvsadm(&["-A", "-t", "10.96.99.1:80", "-s", "rr"]);
+    // A node address inside --nodeport-addresses.
+    assert!(
+        run("/usr/sbin/ip", &["link", "add", "nodeif", "type", "dummy"])
+            .status
+            .success()
+    );
+    assert!(
+        run(
+            "/usr/sbin/ip",
+            &["addr", "add", "192.168.77.5/24", "dev", "nodeif"]
+        )
+        .status
+        .success()
+    );
+    let mut agent = Agent::start(
+        &dir,
+        &[
+            "--scheduler",
+            "lc",
+            "--exclude-cidrs",
+            "10.200.0.0/16",
+            "--strict-arp",
+            "--tcp-timeout",
+            "901s",
+            "--tcpfin-timeout",
+            "61s",
+            "--udp-timeout",
+            "301s",
+            "--nodeport-addresses",
+            "192.168.77.0/24",
+            "--healthz-bind-address",
+            "127.0.0.1",
+            "--metrics-bind-address",
+            "127.0.0.1:10249",
+        ],
+    );
+    agent.wait_healthy();
+    let table = ipvsadm(&["-Ln"]);
+    assert!(
+        table.contains("TCP  10.200.0.1:80 rr"),
+        "excluded: untouched\n{table}"
+    );
+    assert!(!table.contains("10.96.99.1:80"), "stale: removed\n{table}");
+    assert!(
+        table.contains("TCP  10.96.0.10:80 lc"),
+        "--scheduler\n{table}"
+    );
+    assert!(
+        table.contains("TCP  192.168.77.5:30080"),
+        "--nodeport-addresses\n{table}"
+    );
+    assert!(
+        !table.contains("192.168.56.10:30080"),
+        "the Node object's address is replaced\n{table}"
+    );
+    let timeouts = ipvsadm(&["-L", "--timeout"]);
+    assert!(timeouts.contains("901 61 301"), "{timeouts}");
+    for (sysctl, want) in [
+        ("net/ipv4/conf/all/arp_ignore", "1"),
+        ("net/ipv4/conf/all/arp_announce", "2"),
+        ("net/ipv4/vs/conntrack", "1"),
+        ("net/ipv4/vs/expire_nodest_conn", "1"),
+        ("net/ipv4/vs/expire_quiescent_template", "1"),
+        ("net/ipv4/ip_forward", "1"),
+    ] {
+        let got = std::fs::read_to_string(format!("/proc/sys/{sysctl}")).expect("read sysctl");
+        assert_eq!(got.trim(), want, "{sysctl}");
+    }
+    assert_eq!(agent.terminate(), Some(0));
+}
+
+fn run_exit(args: &[&str]) -> (Option<i32>, String) {
+    let out = run(&kube_ipvs_bin(), args);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn startup_errors_have_one_message_and_distinct_exit_codes() {
+    let dir = manifests("errors");
+    let d = dir.to_str().expect("utf-8");
+    let bad = dir.join("bad-config.yaml");
+    std::fs::write(
+        &bad,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: [oops\n",
+    )
+    .expect("write");
+    let bad = bad.to_str().expect("utf-8");
+    let (code, err) = run_exit(&["run", "--manifests", d, "--config", bad]);
+    assert_eq!(code, Some(3), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains(bad), "{err}");
+
+    let (code, err) = run_exit(&["run", "--manifests", d, "--scheduler", "fastest"]);
+    assert_eq!(code, Some(4), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("--scheduler \"fastest\""), "{err}");
+
+    // The VM's 6.1 kernel has no ip_vs_twos (xtask names it as skipped at boot).
+    assert!(
+        !Path::new("/sys/module/ip_vs_twos").exists(),
+        "this test needs a kernel without ip_vs_twos"
+    );
+    let (code, err) = run_exit(&["run", "--manifests", d, "--scheduler", "twos"]);
+    assert_eq!(code, Some(5), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("kernel module ip_vs_twos"), "{err}");
+    assert_eq!(
+        ipvsadm(&["-Ln"]).lines().count(),
+        3,
+        "nothing was programmed"
+    );
+}
