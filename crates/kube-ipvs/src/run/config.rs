@@ -249,7 +249,13 @@ fn parse_file(path: &Path, text: &str) -> Result<ProxyConfig, ConfigError> {
         path: path.to_owned(),
         reason,
     };
-    let cfg: ProxyConfig = serde_saphyr::from_str(text).map_err(|e| parse_err(e.to_string()))?;
+    let cfg: ProxyConfig = serde_saphyr::from_str(text).map_err(|e| {
+        // The parser draws a source snippet below its first line; the first line says it all
+        // (position and cause, or the unknown key) and keeps the error one line in logs.
+        let text = e.to_string();
+        let first = text.lines().next().unwrap_or_default();
+        parse_err(first.trim_start_matches("error: ").to_owned())
+    })?;
     match cfg.api_version.as_deref() {
         Some(API_VERSION) => {}
         Some(other) => {

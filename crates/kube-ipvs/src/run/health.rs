@@ -30,6 +30,8 @@ pub struct Shared {
     last_sync: Mutex<Option<Instant>>,
     /// How long without a finished sync counts as stalled.
     stall_after: Duration,
+    /// How many syncs have finished, for anyone who wants to wait for the next one (tests).
+    syncs: tokio::sync::watch::Sender<u64>,
 }
 
 impl Shared {
@@ -39,6 +41,7 @@ impl Shared {
             metrics: Mutex::new(Metrics::default()),
             last_sync: Mutex::new(None),
             stall_after: sync_period.saturating_mul(2),
+            syncs: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -47,6 +50,12 @@ impl Shared {
         if let Ok(mut t) = self.last_sync.lock() {
             *t = Some(Instant::now());
         }
+        self.syncs.send_modify(|n| *n += 1);
+    }
+
+    /// Finished syncs so far, updated as they finish.
+    pub fn syncs(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.syncs.subscribe()
     }
 
     /// `Ok(age of the last sync)` when healthy, `Err(why)` when not.

@@ -1,0 +1,431 @@
+//! Host tests of the sync loop against an in-memory kernel, with tokio's paused clock: startup
+//! adopts a stale table with only the needed operations, the periodic reconcile repairs a
+//! cleared table and counts it, a change set becomes an incremental sync, a failed operation is
+//! retried with doubling delays while the other Services apply, and shutdown leaves the table.
+//!
+//! The in-memory kernel answers the executor's netlink requests the way IPVS does (adding what
+//! exists or deleting what does not is an error), so the agent cannot pass by issuing blind
+//! requests. Waiting is on the agent's own sync counter, never on a sleep.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube_ipvs::apply::{Kernel, entry_from_kernel};
+use kube_ipvs::observe::Observed;
+use kube_ipvs::run::agent::{Agent, AgentConfig, Counts, NodeKernel};
+use kube_ipvs::run::health::Shared;
+use kube_ipvs_diff::{DestKey, Inputs, NodeContext, ServiceEntry, Table, VirtualKey};
+use kube_ipvs_netlink::ipvs::{Request, Service, ServiceKey};
+use kube_ipvs_watch::{ChangeSet, Tracker, TranslateOptions};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+/// The kernel's state, shared between the agent (through [`MemKernel`]) and the test.
+#[derive(Debug, Default)]
+struct State {
+    table: Table,
+    interface: bool,
+    /// IPVS requests received.
+    requests: usize,
+    /// Requests for destinations on this port fail.
+    fail_dest_port: Option<u16>,
+}
+
+#[derive(Clone, Default)]
+struct MemKernel(Arc<Mutex<State>>);
+
+impl MemKernel {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.lock().expect("state lock")
+    }
+}
+
+fn key_of(k: &ServiceKey) -> VirtualKey {
+    entry_from_kernel(&Service::new(*k, "rr"), &[])
+        .expect("our own key")
+        .server
+        .key
+}
+
+fn apply_one(st: &mut State, r: &Request) -> Result<(), String> {
+    let exists = |e: bool, what: &str| {
+        if e {
+            Err(format!("{what}: File exists"))
+        } else {
+            Ok(())
+        }
+    };
+    match r {
+        Request::NewService(s) | Request::SetService(s) => {
+            let entry = entry_from_kernel(s, &[]).map_err(|e| e.to_string())?;
+            let key = entry.server.key;
+            match (r, st.table.services.get_mut(&key)) {
+                (Request::NewService(_), Some(_)) => exists(true, "new service"),
+                (Request::NewService(_), None) => {
+                    st.table.services.insert(key, entry);
+                    Ok(())
+                }
+                (_, Some(e)) => {
+                    e.server = entry.server;
+                    Ok(())
+                }
+                (_, None) => Err("set service: No such process".into()),
+            }
+        }
+        Request::DelService(k) => st
+            .table
+            .services
+            .remove(&key_of(k))
+            .map(|_| ())
+            .ok_or_else(|| "del service: No such process".into()),
+        Request::NewDest { service, dest } | Request::SetDest { service, dest } => {
+            if st.fail_dest_port == Some(dest.port) {
+                return Err("injected failure".into());
+            }
+            let rs = *entry_from_kernel(&Service::new(*service, "rr"), std::slice::from_ref(dest))
+                .map_err(|e| e.to_string())?
+                .dests
+                .values()
+                .next()
+                .expect("one dest");
+            let entry: &mut ServiceEntry = st
+                .table
+                .services
+                .get_mut(&key_of(service))
+                .ok_or("dest: No such process")?;
+            let new = matches!(r, Request::NewDest { .. });
+            match (new, entry.dests.contains_key(&rs.key)) {
+                (true, true) => exists(true, "new dest"),
+                (false, false) => Err("set dest: No such file or directory".into()),
+                _ => {
+                    entry.dests.insert(rs.key, rs);
+                    Ok(())
+                }
+            }
+        }
+        Request::DelDest {
+            service,
+            addr,
+            port,
+        } => st
+            .table
+            .services
+            .get_mut(&key_of(service))
+            .and_then(|e| {
+                e.dests.remove(&DestKey {
+                    addr: *addr,
+                    port: *port,
+                })
+            })
+            .map(|_| ())
+            .ok_or_else(|| "del dest: No such file or directory".into()),
+        other => Err(format!("unexpected request {other:?}")),
+    }
+}
+
+impl Kernel for MemKernel {
+    fn apply_requests(&mut self, requests: &[Request]) -> Vec<Result<(), String>> {
+        let mut st = self.state();
+        st.requests += requests.len();
+        requests.iter().map(|r| apply_one(&mut st, r)).collect()
+    }
+    fn ensure_interface(&mut self) -> Result<(), String> {
+        self.state().interface = true;
+        Ok(())
+    }
+    fn add_address(&mut self, addr: IpAddr) -> Result<(), String> {
+        let mut st = self.state();
+        if !st.table.addresses.insert(addr) {
+            return Err(format!("add address {addr}: File exists"));
+        }
+        Ok(())
+    }
+    fn remove_address(&mut self, addr: IpAddr) -> Result<(), String> {
+        let mut st = self.state();
+        if !st.table.addresses.remove(&addr) {
+            return Err(format!(
+                "remove address {addr}: Cannot assign requested address"
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl NodeKernel for MemKernel {
+    fn observe(&mut self) -> Result<(Observed, Counts), String> {
+        let st = self.state();
+        // No connections anywhere: stale real servers can go at once.
+        let counts = st
+            .table
+            .services
+            .iter()
+            .flat_map(|(k, e)| e.dests.keys().map(move |d| ((*k, *d), 0)))
+            .collect();
+        Ok((
+            Observed {
+                table: st.table.clone(),
+                foreign: Vec::new(),
+                interface_exists: st.interface,
+            },
+            counts,
+        ))
+    }
+    fn connection_counts(&mut self, _: &BTreeSet<VirtualKey>) -> Counts {
+        HashMap::new()
+    }
+    fn node_addresses(&mut self) -> Result<Vec<IpAddr>, String> {
+        Ok(Vec::new())
+    }
+}
+
+fn examples() -> kube_ipvs_watch::manifest::Manifests {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster");
+    kube_ipvs_watch::manifest::load(&dir).expect("the examples load")
+}
+
+fn tracker_with_examples() -> (Tracker, ChangeSet) {
+    let m = examples();
+    let mut t = Tracker::new(TranslateOptions::default());
+    t.relist_services(&m.services);
+    t.relist_slices(&m.slices);
+    t.apply_node(&m.nodes[0]);
+    let cs = t.take_change_set().expect("an initial change set");
+    (t, cs)
+}
+
+fn inputs() -> Inputs {
+    Inputs::new(NodeContext::new("node-1")).expect("valid node")
+}
+
+/// The table the examples ask for, from a throwaway engine.
+fn desired() -> Table {
+    let (_, cs) = tracker_with_examples();
+    let mut inp = inputs();
+    cs.apply_to(&mut inp);
+    let mut engine = kube_ipvs_diff::Engine::new();
+    engine.sync(&mut inp, Duration::ZERO, &kube_ipvs_diff::UnknownCounts);
+    engine.desired_table()
+}
+
+const SYNC_PERIOD: Duration = Duration::from_secs(30);
+
+struct Running {
+    shared: Arc<Shared>,
+    changes: mpsc::Sender<ChangeSet>,
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), kube_ipvs::run::agent::AgentError>>,
+}
+
+fn start(kernel: MemKernel) -> Running {
+    let shared = Arc::new(Shared::new(SYNC_PERIOD));
+    let cfg = AgentConfig {
+        sync_period: SYNC_PERIOD,
+        retry_min: Duration::from_secs(1),
+        retry_max: SYNC_PERIOD,
+        node_ips: Vec::new(),
+        nodeport_cidrs: Vec::new(),
+    };
+    let mut agent = Agent::new(kernel, inputs(), cfg, shared.clone());
+    let (tx, rx) = mpsc::channel(4);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        agent
+            .run(rx, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    Running {
+        shared,
+        changes: tx,
+        stop,
+        task,
+    }
+}
+
+impl Running {
+    /// Waits until `n` syncs have finished in all.
+    async fn syncs(&self, n: u64) {
+        self.shared
+            .syncs()
+            .wait_for(|c| *c >= n)
+            .await
+            .expect("the agent is running");
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let result = self.task.await.expect("agent task");
+        assert!(result.is_ok(), "{result:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn startup_adopts_a_stale_table_with_only_the_needed_operations() {
+    let want = desired();
+    let kernel = MemKernel::default();
+    {
+        let mut st = kernel.state();
+        st.table = want.clone();
+        st.interface = true;
+        // One real server missing, one virtual server nobody asks for.
+        let web = st
+            .table
+            .services
+            .values_mut()
+            .find(|e| e.dests.len() == 3)
+            .expect("web has three endpoints");
+        let first = *web.dests.keys().next().expect("a dest");
+        web.dests.remove(&first);
+        let stale = kube_ipvs_diff::VirtualServer {
+            key: VirtualKey::inet(
+                kube_ipvs_diff::Protocol::Tcp,
+                "10.96.99.1".parse().expect("literal"),
+                80,
+            ),
+            scheduler: kube_ipvs_diff::Scheduler::RR,
+            persistence: None,
+            netmask: 32,
+        };
+        st.table.services.insert(
+            stale.key,
+            ServiceEntry {
+                server: stale,
+                dests: Default::default(),
+            },
+        );
+    }
+    let run = start(kernel.clone());
+    let (_, cs) = tracker_with_examples();
+    run.changes.send(cs).await.expect("send");
+    run.syncs(1).await;
+    assert_eq!(
+        kernel.state().requests,
+        2,
+        "add the dest, delete the stale service"
+    );
+    assert_eq!(kernel.state().table, want);
+    run.shared.with_metrics(|m| {
+        assert_eq!(m.operations(kube_ipvs::run::metrics::SyncKind::Startup), 2);
+        assert_eq!(m.services, want.services.len() as u64);
+        assert_eq!(m.real_servers, want.dest_count() as u64);
+    });
+    assert!(run.shared.health().is_ok());
+    run.stop().await;
+    assert_eq!(kernel.state().table, want, "stopping leaves the table");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_reconcile_repairs_a_cleared_table_and_counts_it() {
+    let want = desired();
+    let kernel = MemKernel::default();
+    let run = start(kernel.clone());
+    let t0 = Instant::now();
+    let (_, cs) = tracker_with_examples();
+    run.changes.send(cs).await.expect("send");
+    run.syncs(1).await;
+    assert_eq!(kernel.state().table, want);
+    // `ipvsadm -C` behind the agent's back.
+    kernel.state().table.services.clear();
+    run.syncs(2).await;
+    assert_eq!(
+        t0.elapsed(),
+        SYNC_PERIOD,
+        "repaired by the periodic reconcile"
+    );
+    assert_eq!(kernel.state().table, want);
+    let repaired = (want.services.len() + want.dest_count()) as u64;
+    run.shared
+        .with_metrics(|m| assert_eq!(m.drift_repaired, repaired));
+    // The next reconcile finds nothing to repair.
+    run.syncs(3).await;
+    run.shared
+        .with_metrics(|m| assert_eq!(m.drift_repaired, repaired));
+    run.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_change_set_is_an_incremental_sync_of_that_service() {
+    let kernel = MemKernel::default();
+    let run = start(kernel.clone());
+    let (mut tracker, cs) = tracker_with_examples();
+    run.changes.send(cs).await.expect("send");
+    run.syncs(1).await;
+    let before = kernel.state().requests;
+    let t0 = Instant::now();
+    // The web endpoint 10.244.2.10 moves to 10.244.2.99.
+    let mut m = examples();
+    let text = serde_json::to_string(&m.slices).expect("json");
+    m.slices = serde_json::from_str(&text.replace("10.244.2.10", "10.244.2.99")).expect("json");
+    tracker.relist_slices(&m.slices);
+    let cs = tracker.take_change_set().expect("a change");
+    assert_eq!(cs.services.len(), 1, "only web changed");
+    run.changes.send(cs).await.expect("send");
+    run.syncs(2).await;
+    assert_eq!(
+        t0.elapsed(),
+        Duration::ZERO,
+        "applied at once, not at the reconcile"
+    );
+    {
+        let st = kernel.state();
+        // Add the new real server; the old one has unknown connections, so it drains at weight 0.
+        assert_eq!(st.requests - before, 2);
+        let web = st
+            .table
+            .services
+            .values()
+            .find(|e| e.dests.keys().any(|d| d.addr.to_string() == "10.244.2.99"))
+            .expect("the new endpoint is programmed");
+        let old = web
+            .dests
+            .values()
+            .find(|d| d.key.addr.to_string() == "10.244.2.10")
+            .expect("the old one drains");
+        assert_eq!(old.weight, 0);
+    }
+    run.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_operation_is_retried_with_backoff_and_does_not_block_others() {
+    let want = desired();
+    let kernel = MemKernel::default();
+    // Every request for a destination on port 8080 fails (web, shop...); others must apply.
+    kernel.state().fail_dest_port = Some(8080);
+    let run = start(kernel.clone());
+    let (_, cs) = tracker_with_examples();
+    run.changes.send(cs).await.expect("send");
+    let t0 = Instant::now();
+    run.syncs(1).await;
+    {
+        let st = kernel.state();
+        assert!(st.table.dest_count() > 0, "other Services applied");
+        assert!(st.table.dest_count() < want.dest_count());
+    }
+    run.shared.with_metrics(|m| {
+        assert!(m.kernel_errors > 0);
+        assert!(m.pending_retries > 0);
+    });
+    // Retries at 1 s, then 2 s later, then 4 s later.
+    let mut at = Vec::new();
+    for n in 2..=4 {
+        run.syncs(n).await;
+        at.push(t0.elapsed());
+    }
+    assert_eq!(
+        at,
+        [1, 3, 7].map(Duration::from_secs),
+        "doubling retry delays"
+    );
+    kernel.state().fail_dest_port = None;
+    run.syncs(5).await;
+    assert_eq!(t0.elapsed(), Duration::from_secs(15));
+    assert_eq!(kernel.state().table, want, "the retry completed the table");
+    run.shared
+        .with_metrics(|m| assert_eq!(m.pending_retries, 0));
+    run.stop().await;
+}

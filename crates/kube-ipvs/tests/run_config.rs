@@ -1,0 +1,229 @@
+//! Host tests of `kube-ipvs run`'s settings: kubeadm's kube-proxy ConfigMap (`config.conf`)
+//! loads unchanged with `mode: ipvs`, flags win over the file, unknown keys and other modes are
+//! refused naming the key, and the binary stops before touching the kernel with one line and a
+//! distinct exit code for a bad file (3) and a bad setting (4).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use kube_ipvs::run::{RunArgs, Settings};
+
+/// `config.conf` of the `kube-proxy` ConfigMap as kubeadm (v1.31) writes it, with `mode: ipvs`
+/// and the ipvs section filled in as an operator would.
+const KUBEADM: &str = r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+bindAddress: 0.0.0.0
+bindAddressHardFail: false
+clientConnection:
+  acceptContentTypes: ""
+  burst: 0
+  contentType: ""
+  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+  qps: 0
+clusterCIDR: 10.244.0.0/16
+configSyncPeriod: 0s
+conntrack:
+  maxPerCore: null
+  min: null
+  tcpBeLiberal: false
+  tcpCloseWaitTimeout: null
+  tcpEstablishedTimeout: null
+  udpStreamTimeout: 0s
+  udpTimeout: 0s
+detectLocal:
+  bridgeInterface: ""
+  interfaceNamePrefix: ""
+detectLocalMode: ""
+enableProfiling: false
+healthzBindAddress: ""
+hostnameOverride: ""
+iptables:
+  localhostNodePorts: null
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 0s
+  syncPeriod: 0s
+ipvs:
+  excludeCIDRs:
+  - 10.200.0.0/16
+  minSyncPeriod: 2s
+  scheduler: lc
+  strictARP: true
+  syncPeriod: 1m0s
+  tcpFinTimeout: 0s
+  tcpTimeout: 15m
+  udpTimeout: 0s
+kind: KubeProxyConfiguration
+logging:
+  flushFrequency: 0
+  options:
+    json:
+      infoBufferSize: "0"
+    text:
+      infoBufferSize: "0"
+  verbosity: 0
+metricsBindAddress: 0.0.0.0:10249
+mode: ipvs
+nftables:
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 0s
+  syncPeriod: 0s
+nodePortAddresses: null
+oomScoreAdj: null
+portRange: ""
+showHiddenMetricsForVersion: ""
+winkernel:
+  enableDSR: false
+  forwardHealthCheckVip: false
+  networkName: ""
+  rootHnsEndpointName: ""
+  sourceVip: ""
+"#;
+
+fn config_file(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kube-ipvs-run-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+fn args(config: PathBuf) -> RunArgs {
+    RunArgs {
+        config: Some(config),
+        hostname_override: Some("node-1".into()),
+        ..RunArgs::default()
+    }
+}
+
+#[test]
+fn kubeadms_config_map_loads_unchanged() {
+    let s = Settings::resolve(&args(config_file("kubeadm.yaml", KUBEADM))).expect("loads");
+    assert_eq!(s.node.default_scheduler.to_string(), "lc");
+    assert_eq!(s.sync_period, Duration::from_secs(60));
+    assert_eq!(s.min_sync_period, Duration::from_secs(2));
+    assert!(s.strict_arp);
+    assert_eq!(s.timeouts.tcp, Some(900));
+    assert_eq!(s.timeouts.tcp_fin, None, "0s leaves the kernel's value");
+    assert_eq!(s.node.options.exclude_cidrs.len(), 1);
+    assert_eq!(s.cluster_cidrs.len(), 1);
+    assert_eq!(s.metrics.to_string(), "0.0.0.0:10249");
+    assert_eq!(
+        s.healthz.to_string(),
+        "0.0.0.0:10256",
+        "empty means default"
+    );
+    assert_eq!(
+        s.source.kubeconfig,
+        Some(PathBuf::from("/var/lib/kube-proxy/kubeconfig.conf"))
+    );
+    assert_eq!(s.node.node_name, "node-1");
+    assert!(!s.masquerade_all);
+}
+
+#[test]
+fn flags_win_over_the_file() {
+    let mut a = args(config_file("override.yaml", KUBEADM));
+    a.scheduler = Some("sh".into());
+    a.sync_period = Some("10s".into());
+    a.min_sync_period = Some("1s".into());
+    a.masquerade_all = true;
+    a.healthz_bind_address = Some("127.0.0.1:1234".into());
+    let s = Settings::resolve(&a).expect("loads");
+    assert_eq!(s.node.default_scheduler.to_string(), "sh");
+    assert_eq!(s.sync_period, Duration::from_secs(10));
+    assert!(s.masquerade_all);
+    assert_eq!(s.healthz.to_string(), "127.0.0.1:1234");
+    // The file still gives what the flags did not.
+    assert_eq!(s.timeouts.tcp, Some(900));
+}
+
+#[test]
+fn unknown_keys_other_modes_and_bad_values_name_the_setting() {
+    let cases = [
+        (
+            KUBEADM.replace("strictARP:", "strictArp:"),
+            "strictArp",
+            true,
+        ),
+        (
+            KUBEADM.replace("portRange:", "portRnage:"),
+            "portRnage",
+            true,
+        ),
+        (
+            KUBEADM.replace("kubeproxy.config.k8s.io/v1alpha1", "v1"),
+            "apiVersion",
+            true,
+        ),
+        (
+            KUBEADM.replace("mode: ipvs", "mode: iptables"),
+            "mode \"iptables\"",
+            false,
+        ),
+        (
+            KUBEADM.replace("scheduler: lc", "scheduler: fastest"),
+            "ipvs.scheduler \"fastest\"",
+            false,
+        ),
+        (
+            KUBEADM.replace("syncPeriod: 1m0s", "syncPeriod: soon"),
+            "ipvs.syncPeriod \"soon\"",
+            false,
+        ),
+        (
+            KUBEADM.replace("- 10.200.0.0/16", "- 10.200.0.0/33"),
+            "ipvs.excludeCIDRs \"10.200.0.0/33\"",
+            false,
+        ),
+    ];
+    for (i, (text, want, file_error)) in cases.into_iter().enumerate() {
+        let err =
+            Settings::resolve(&args(config_file(&format!("bad{i}.yaml"), &text))).expect_err(want);
+        assert!(err.to_string().contains(want), "{err} should name {want}");
+        assert_eq!(err.is_file_error(), file_error, "{err}");
+    }
+}
+
+fn run_exit(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kube-ipvs"))
+        .args(args)
+        .output()
+        .expect("run kube-ipvs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_binary_refuses_bad_settings_with_one_line_and_its_exit_code() {
+    let missing = std::env::temp_dir().join("kube-ipvs-no-such-config.yaml");
+    let malformed = config_file("malformed.yaml", "apiVersion: [unclosed\n");
+    let unknown = config_file("unknown.yaml", &KUBEADM.replace("mode:", "mod:"));
+    for (args, code, want) in [
+        (
+            vec!["--config", missing.to_str().expect("utf-8")],
+            3,
+            "kube-ipvs-no-such-config.yaml",
+        ),
+        (
+            vec!["--config", malformed.to_str().expect("utf-8")],
+            3,
+            "malformed.yaml",
+        ),
+        (vec!["--config", unknown.to_str().expect("utf-8")], 3, "mod"),
+        (vec!["--scheduler", "fastest"], 4, "--scheduler \"fastest\""),
+        (vec!["--exclude-cidrs", "10.0.0.0/40"], 4, "--exclude-cidrs"),
+        (vec!["--sync-period", "0s"], 4, "--sync-period"),
+    ] {
+        let mut all = vec!["run", "--hostname-override", "node-1"];
+        all.extend(args);
+        let (got, err) = run_exit(&all);
+        assert_eq!(got, Some(code), "{all:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+        assert!(err.starts_with("kube-ipvs run: "), "{err}");
+        assert!(err.contains(want), "{err} should contain {want}");
+    }
+}
