@@ -1,0 +1,528 @@
+//! UDP conntrack cleanup over ctnetlink: when a UDP endpoint goes away, the conntrack entries
+//! that still point to it are deleted, so the next datagram of each flow is scheduled again by
+//! IPVS (UDP has no connection end that would clear them).
+//!
+//! This module owns one `NETLINK_NETFILTER` socket per call; it dumps the conntrack table of one
+//! family and deletes the entries a [`Filter`] selects, by their original tuple (and zone). It
+//! never flushes the whole table and never touches entries of other protocols. The wire format
+//! is the kernel's `linux/netfilter/nfnetlink_conntrack.h`; messages are built and parsed here
+//! by pure functions that the unit tests drive without a kernel.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
+
+/// IP protocol number of UDP.
+pub const IPPROTO_UDP: u8 = 17;
+
+const NFNL_SUBSYS_CTNETLINK: u16 = 1;
+const IPCTNL_MSG_CT_GET: u16 = 1;
+const IPCTNL_MSG_CT_DELETE: u16 = 2;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_ACK: u16 = 0x4;
+const NLM_F_DUMP: u16 = 0x300;
+const NLA_TYPE_MASK: u16 = 0x3fff;
+const CTA_TUPLE_ORIG: u16 = 1;
+const CTA_TUPLE_REPLY: u16 = 2;
+const CTA_ZONE: u16 = 18;
+const CTA_TUPLE_IP: u16 = 1;
+const CTA_TUPLE_PROTO: u16 = 2;
+const CTA_IP_V4_SRC: u16 = 1;
+const CTA_IP_V4_DST: u16 = 2;
+const CTA_IP_V6_SRC: u16 = 3;
+const CTA_IP_V6_DST: u16 = 4;
+const CTA_PROTO_NUM: u16 = 1;
+const CTA_PROTO_SRC_PORT: u16 = 2;
+const CTA_PROTO_DST_PORT: u16 = 3;
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+const HEADER_LEN: usize = 16;
+const ENOENT: i32 = 2;
+
+/// Errors of the conntrack cleanup; each names what was being deleted.
+#[derive(Debug, thiserror::Error)]
+pub enum ConntrackError {
+    /// The netlink socket could not be opened or used.
+    #[error("conntrack {what}: netlink socket: {source}")]
+    Socket {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The kernel refused a request.
+    #[error("conntrack {what}: kernel error {errno} ({})", std::io::Error::from_raw_os_error(*errno))]
+    Kernel { what: String, errno: i32 },
+}
+
+/// The module's result type.
+pub type Result<T, E = ConntrackError> = std::result::Result<T, E>;
+
+/// One direction of a conntrack entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tuple {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub protocol: u8,
+    pub src_port: u16,
+    pub dst_port: u16,
+}
+
+/// A conntrack entry as the dump shows it, with what is needed to delete it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The client's view: client -> virtual address.
+    pub orig: Tuple,
+    /// The server's view: after IPVS (with `net.ipv4.vs.conntrack = 1`) its source is the real
+    /// server (endpoint).
+    pub reply: Tuple,
+    /// The `CTA_TUPLE_ORIG` attribute as the kernel sent it, echoed back to delete the entry.
+    orig_attr: Vec<u8>,
+    /// The `CTA_ZONE` attribute if the entry has one.
+    zone_attr: Option<Vec<u8>>,
+}
+
+/// Which entries to delete. Every field set must match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Filter {
+    pub protocol: u8,
+    /// Reply source address and port (the endpoint a flow was sent to).
+    pub reply_src: Option<(IpAddr, u16)>,
+    /// Original destination address and port (the virtual server a client addressed).
+    pub orig_dst: Option<(IpAddr, u16)>,
+}
+
+impl Filter {
+    /// Whether `e` is selected.
+    pub fn matches(&self, e: &Entry) -> bool {
+        e.orig.protocol == self.protocol
+            && self
+                .reply_src
+                .is_none_or(|(a, p)| e.reply.src == a && e.reply.src_port == p)
+            && self
+                .orig_dst
+                .is_none_or(|(a, p)| e.orig.dst == a && e.orig.dst_port == p)
+    }
+
+    fn family(&self) -> u8 {
+        match self.reply_src.or(self.orig_dst) {
+            Some((IpAddr::V6(_), _)) => AF_INET6,
+            _ => AF_INET,
+        }
+    }
+
+    fn describe(&self) -> String {
+        let mut s = format!("protocol {}", self.protocol);
+        if let Some((a, p)) = self.reply_src {
+            s += &format!(" endpoint {}", socket_text(a, p));
+        }
+        if let Some((a, p)) = self.orig_dst {
+            s += &format!(" service {}", socket_text(a, p));
+        }
+        s
+    }
+}
+
+fn socket_text(a: IpAddr, p: u16) -> String {
+    std::net::SocketAddr::new(a, p).to_string()
+}
+
+/// Deletes the UDP conntrack entries whose flows were sent to the endpoint `addr:port` (their
+/// reply source), as kube-proxy's `conntrack -D -p udp --reply-src`. Returns how many it deleted.
+pub fn flush_udp_endpoint(addr: IpAddr, port: u16) -> Result<usize> {
+    flush(&Filter {
+        protocol: IPPROTO_UDP,
+        reply_src: Some((addr, port)),
+        orig_dst: None,
+    })
+}
+
+/// Deletes the UDP conntrack entries addressed to the virtual server `addr:port` (their original
+/// destination), e.g. when a UDP Service gets its first endpoint and earlier datagrams were
+/// tracked with none. Returns how many it deleted.
+pub fn flush_udp_service(addr: IpAddr, port: u16) -> Result<usize> {
+    flush(&Filter {
+        protocol: IPPROTO_UDP,
+        reply_src: None,
+        orig_dst: Some((addr, port)),
+    })
+}
+
+/// Every conntrack entry of one family (`ipv6` or IPv4) in this network namespace.
+pub fn entries(ipv6: bool) -> Result<Vec<Entry>> {
+    let what = "dump".to_owned();
+    let socket = open(&what)?;
+    dump_on(&socket, if ipv6 { AF_INET6 } else { AF_INET }, &what)
+}
+
+fn open(what: &str) -> Result<Socket> {
+    let sock_err = |source| ConntrackError::Socket {
+        what: what.to_owned(),
+        source,
+    };
+    let mut socket = Socket::new(NETLINK_NETFILTER).map_err(sock_err)?;
+    socket.bind_auto().map_err(sock_err)?;
+    socket.connect(&SocketAddr::new(0, 0)).map_err(sock_err)?;
+    Ok(socket)
+}
+
+fn dump_on(socket: &Socket, family: u8, what: &str) -> Result<Vec<Entry>> {
+    let sock_err = |source| ConntrackError::Socket {
+        what: what.to_owned(),
+        source,
+    };
+    socket.send(&dump_request(family, 1), 0).map_err(sock_err)?;
+    let mut entries = Vec::new();
+    let mut buf = Vec::with_capacity(1 << 16);
+    loop {
+        buf.clear();
+        socket.recv(&mut buf, 0).map_err(sock_err)?;
+        for (kind, payload) in messages(&buf) {
+            match kind {
+                NLMSG_DONE => return Ok(entries),
+                NLMSG_ERROR => match error_code(payload) {
+                    Some(0) | None => {}
+                    Some(errno) => {
+                        return Err(ConntrackError::Kernel {
+                            what: what.to_owned(),
+                            errno,
+                        });
+                    }
+                },
+                _ => entries.extend(parse_entry(payload)),
+            }
+        }
+    }
+}
+
+/// Dumps the conntrack table of the filter's family and deletes each selected entry. An entry
+/// that disappears between the dump and its delete is not an error (and not counted).
+pub fn flush(filter: &Filter) -> Result<usize> {
+    let what = format!("delete {}", filter.describe());
+    let sock_err = |source| ConntrackError::Socket {
+        what: what.clone(),
+        source,
+    };
+    let socket = open(&what)?;
+    let family = filter.family();
+    let entries = dump_on(&socket, family, &what)?;
+    let mut buf = Vec::with_capacity(1 << 16);
+    let mut deleted = 0;
+    let mut seq = 1;
+    for e in entries.iter().filter(|e| filter.matches(e)) {
+        seq += 1;
+        socket
+            .send(&delete_request(family, seq, e), 0)
+            .map_err(sock_err)?;
+        buf.clear();
+        socket.recv(&mut buf, 0).map_err(sock_err)?;
+        let code = messages(&buf)
+            .into_iter()
+            .find(|(kind, _)| *kind == NLMSG_ERROR)
+            .and_then(|(_, p)| error_code(p));
+        match code {
+            Some(0) => deleted += 1,
+            Some(ENOENT) => {}
+            Some(errno) => {
+                return Err(ConntrackError::Kernel {
+                    what: format!("{what}: entry {:?}", e.orig),
+                    errno,
+                });
+            }
+            None => {}
+        }
+    }
+    Ok(deleted)
+}
+
+fn header(buf: &mut Vec<u8>, kind: u16, flags: u16, seq: u32, family: u8) {
+    buf.extend_from_slice(&0u32.to_ne_bytes());
+    buf.extend_from_slice(&kind.to_ne_bytes());
+    buf.extend_from_slice(&flags.to_ne_bytes());
+    buf.extend_from_slice(&seq.to_ne_bytes());
+    buf.extend_from_slice(&0u32.to_ne_bytes());
+    // struct nfgenmsg: family, NFNETLINK_V0, res_id (big-endian) 0.
+    buf.extend_from_slice(&[family, 0, 0, 0]);
+}
+
+fn finish(mut buf: Vec<u8>) -> Vec<u8> {
+    let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
+    buf[..4].copy_from_slice(&len.to_ne_bytes());
+    buf
+}
+
+/// `IPCTNL_MSG_CT_GET` with `NLM_F_DUMP` for one family.
+fn dump_request(family: u8, seq: u32) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(20);
+    header(
+        &mut buf,
+        (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_GET,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        seq,
+        family,
+    );
+    finish(buf)
+}
+
+/// `IPCTNL_MSG_CT_DELETE` of one entry by its original tuple (and zone).
+fn delete_request(family: u8, seq: u32, e: &Entry) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(128);
+    header(
+        &mut buf,
+        (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE,
+        NLM_F_REQUEST | NLM_F_ACK,
+        seq,
+        family,
+    );
+    buf.extend_from_slice(&e.orig_attr);
+    if let Some(z) = &e.zone_attr {
+        buf.extend_from_slice(z);
+    }
+    finish(buf)
+}
+
+fn align4(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+/// The netlink messages in a datagram as (type, payload after the 16-byte header); a truncated
+/// tail is dropped.
+fn messages(buf: &[u8]) -> Vec<(u16, &[u8])> {
+    let mut out = Vec::new();
+    let mut rest = buf;
+    while rest.len() >= HEADER_LEN {
+        let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        let kind = u16::from_ne_bytes([rest[4], rest[5]]);
+        if len < HEADER_LEN || len > rest.len() {
+            break;
+        }
+        out.push((kind, &rest[HEADER_LEN..len]));
+        rest = &rest[align4(len).min(rest.len())..];
+    }
+    out
+}
+
+/// The errno of an `NLMSG_ERROR` payload (0 for an acknowledgement), made positive.
+fn error_code(payload: &[u8]) -> Option<i32> {
+    let b = payload.get(..4)?;
+    Some(i32::from_ne_bytes([b[0], b[1], b[2], b[3]]).abs())
+}
+
+/// The attributes in `buf` as (type without flags, payload, whole attribute bytes).
+fn attrs(buf: &[u8]) -> Vec<(u16, &[u8], &[u8])> {
+    let mut out = Vec::new();
+    let mut rest = buf;
+    while rest.len() >= 4 {
+        let len = u16::from_ne_bytes([rest[0], rest[1]]) as usize;
+        let kind = u16::from_ne_bytes([rest[2], rest[3]]) & NLA_TYPE_MASK;
+        if len < 4 || len > rest.len() {
+            break;
+        }
+        out.push((kind, &rest[4..len], &rest[..len]));
+        rest = &rest[align4(len).min(rest.len())..];
+    }
+    out
+}
+
+fn parse_tuple(buf: &[u8]) -> Option<Tuple> {
+    let (mut src, mut dst, mut protocol, mut sport, mut dport) = (None, None, None, 0, 0);
+    for (kind, payload, _) in attrs(buf) {
+        match kind {
+            CTA_TUPLE_IP => {
+                for (k, p, _) in attrs(payload) {
+                    let addr = match (k, p.len()) {
+                        (CTA_IP_V4_SRC | CTA_IP_V4_DST, 4) => {
+                            IpAddr::V4(Ipv4Addr::new(p[0], p[1], p[2], p[3]))
+                        }
+                        (CTA_IP_V6_SRC | CTA_IP_V6_DST, 16) => {
+                            let mut o = [0u8; 16];
+                            o.copy_from_slice(p);
+                            IpAddr::V6(Ipv6Addr::from(o))
+                        }
+                        _ => continue,
+                    };
+                    match k {
+                        CTA_IP_V4_SRC | CTA_IP_V6_SRC => src = Some(addr),
+                        _ => dst = Some(addr),
+                    }
+                }
+            }
+            CTA_TUPLE_PROTO => {
+                for (k, p, _) in attrs(payload) {
+                    match (k, p) {
+                        (CTA_PROTO_NUM, [n, ..]) => protocol = Some(*n),
+                        (CTA_PROTO_SRC_PORT, [a, b, ..]) => sport = u16::from_be_bytes([*a, *b]),
+                        (CTA_PROTO_DST_PORT, [a, b, ..]) => dport = u16::from_be_bytes([*a, *b]),
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Some(Tuple {
+        src: src?,
+        dst: dst?,
+        protocol: protocol?,
+        src_port: sport,
+        dst_port: dport,
+    })
+}
+
+/// One conntrack entry from an `IPCTNL_MSG_CT_NEW` dump message's payload (nfgenmsg and
+/// attributes); `None` when it lacks a tuple. Unknown attributes are skipped.
+fn parse_entry(payload: &[u8]) -> Option<Entry> {
+    let body = payload.get(4..)?;
+    let (mut orig, mut reply, mut orig_attr, mut zone_attr) = (None, None, None, None);
+    for (kind, p, whole) in attrs(body) {
+        match kind {
+            CTA_TUPLE_ORIG => {
+                orig = parse_tuple(p);
+                orig_attr = Some(whole.to_vec());
+            }
+            CTA_TUPLE_REPLY => reply = parse_tuple(p),
+            CTA_ZONE => zone_attr = Some(whole.to_vec()),
+            _ => {}
+        }
+    }
+    let mut orig_attr: Vec<u8> = orig_attr?;
+    // The attribute is echoed into a request, so it is padded to a 4-byte boundary.
+    orig_attr.resize(align4(orig_attr.len()), 0);
+    let zone_attr = zone_attr.map(|mut z: Vec<u8>| {
+        z.resize(align4(z.len()), 0);
+        z
+    });
+    Some(Entry {
+        orig: orig?,
+        reply: reply?,
+        orig_attr,
+        zone_attr,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NLA_F_NESTED: u16 = 0x8000;
+
+    fn attr(kind: u16, payload: &[u8]) -> Vec<u8> {
+        let mut a = Vec::new();
+        let len = u16::try_from(4 + payload.len()).expect("small attribute");
+        a.extend_from_slice(&len.to_ne_bytes());
+        a.extend_from_slice(&kind.to_ne_bytes());
+        a.extend_from_slice(payload);
+        a.resize(align4(a.len()), 0);
+        a
+    }
+
+    fn tuple(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16) -> Vec<u8> {
+        let ip = [attr(CTA_IP_V4_SRC, &src), attr(CTA_IP_V4_DST, &dst)].concat();
+        let proto = [
+            attr(CTA_PROTO_NUM, &[IPPROTO_UDP]),
+            attr(CTA_PROTO_SRC_PORT, &sport.to_be_bytes()),
+            attr(CTA_PROTO_DST_PORT, &dport.to_be_bytes()),
+        ]
+        .concat();
+        [
+            attr(CTA_TUPLE_IP | NLA_F_NESTED, &ip),
+            attr(CTA_TUPLE_PROTO | NLA_F_NESTED, &proto),
+        ]
+        .concat()
+    }
+
+    /// A dump message payload as the kernel lays it out for a UDP flow from 10.0.0.2:40000 to
+    /// the virtual server 10.96.0.10:53, sent to the endpoint 10.244.1.5:5353, with an
+    /// attribute we do not know.
+    fn entry_payload() -> (Vec<u8>, Vec<u8>) {
+        let orig = attr(
+            CTA_TUPLE_ORIG | NLA_F_NESTED,
+            &tuple([10, 0, 0, 2], [10, 96, 0, 10], 40000, 53),
+        );
+        let reply = attr(
+            CTA_TUPLE_REPLY | NLA_F_NESTED,
+            &tuple([10, 244, 1, 5], [10, 0, 0, 2], 5353, 40000),
+        );
+        let unknown = attr(99, &[1, 2, 3]);
+        let payload = [vec![AF_INET, 0, 0, 0], orig.clone(), unknown, reply].concat();
+        (payload, orig)
+    }
+
+    #[test]
+    fn parses_both_tuples_and_keeps_the_original_attribute() {
+        let (payload, orig) = entry_payload();
+        let e = parse_entry(&payload).expect("entry");
+        assert_eq!(
+            e.orig,
+            Tuple {
+                src: "10.0.0.2".parse().expect("ip"),
+                dst: "10.96.0.10".parse().expect("ip"),
+                protocol: IPPROTO_UDP,
+                src_port: 40000,
+                dst_port: 53,
+            }
+        );
+        assert_eq!(e.reply.src, "10.244.1.5".parse::<IpAddr>().expect("ip"));
+        assert_eq!(e.reply.src_port, 5353);
+        assert_eq!(e.orig_attr, orig);
+        assert_eq!(e.zone_attr, None);
+    }
+
+    #[test]
+    fn filter_selects_by_endpoint_or_service() {
+        let (payload, _) = entry_payload();
+        let e = parse_entry(&payload).expect("entry");
+        let ep = |a: &str, p| Filter {
+            protocol: IPPROTO_UDP,
+            reply_src: Some((a.parse().expect("ip"), p)),
+            orig_dst: None,
+        };
+        assert!(ep("10.244.1.5", 5353).matches(&e));
+        assert!(!ep("10.244.1.5", 53).matches(&e));
+        assert!(!ep("10.244.1.6", 5353).matches(&e));
+        let svc = Filter {
+            protocol: IPPROTO_UDP,
+            reply_src: None,
+            orig_dst: Some(("10.96.0.10".parse().expect("ip"), 53)),
+        };
+        assert!(svc.matches(&e));
+        assert!(!Filter { protocol: 6, ..svc }.matches(&e));
+    }
+
+    #[test]
+    fn delete_request_echoes_the_original_tuple() {
+        let (payload, orig) = entry_payload();
+        let e = parse_entry(&payload).expect("entry");
+        let req = delete_request(AF_INET, 7, &e);
+        let msgs = messages(&req);
+        assert_eq!(msgs.len(), 1);
+        assert_eq!(msgs[0].0, 0x0102);
+        assert_eq!(msgs[0].1, [vec![AF_INET, 0, 0, 0], orig].concat());
+        assert_eq!(
+            u16::from_ne_bytes([req[6], req[7]]),
+            NLM_F_REQUEST | NLM_F_ACK
+        );
+        assert_eq!(u32::from_ne_bytes([req[8], req[9], req[10], req[11]]), 7);
+    }
+
+    #[test]
+    fn dump_request_bytes() {
+        let req = dump_request(AF_INET6, 1);
+        assert_eq!(req.len(), 20);
+        assert_eq!(u32::from_ne_bytes([req[0], req[1], req[2], req[3]]), 20);
+        assert_eq!(u16::from_ne_bytes([req[4], req[5]]), 0x0101);
+        assert_eq!(u16::from_ne_bytes([req[6], req[7]]), 0x301);
+        assert_eq!(&req[16..], &[AF_INET6, 0, 0, 0]);
+    }
+
+    #[test]
+    fn truncated_input_is_no_entry_not_a_panic() {
+        let (payload, _) = entry_payload();
+        for cut in 0..payload.len() {
+            let _ = parse_entry(&payload[..cut]);
+            let _ = messages(&payload[..cut]);
+        }
+        assert!(parse_entry(&payload[..30]).is_none());
+    }
+}

@@ -1,0 +1,476 @@
+//! Kernel tests (run in the VM by `cargo xtask vm-test kube-ipvs/kernel_masquerade`) of the
+//! masquerade helper against real `iptables-restore` on both backends: `ensure()` is idempotent,
+//! writes what the config asks for, leaves foreign rules alone, and `cleanup()` leaves the `nat`
+//! table as it found it. Then traffic: a client in a second namespace reaches an IPVS virtual
+//! server whose masquerade real server is local, and the `MASQUERADE` rule counts the packets.
+//!
+//! Each test runs in its own network namespace, so iptables tables start empty.
+#![cfg(feature = "kernel-tests")]
+
+use std::process::{Command, Output};
+
+use kube_ipvs::masquerade::{Backend, Config, Family, Hairpin, Masquerade, cleanup_everywhere};
+
+fn run(bin: &str, args: &[&str]) -> Output {
+    let out = Command::new(bin)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {bin} {args:?}: {e}"));
+    println!(
+        "$ {bin} {}\n{}{}(exit {:?})",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        out.status.code()
+    );
+    out
+}
+
+fn ok(bin: &str, args: &[&str]) -> String {
+    let out = run(bin, args);
+    assert!(out.status.success(), "{bin} {args:?} failed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn tool(backend: Backend, family: Family, what: &str) -> String {
+    let prefix = match family {
+        Family::V4 => "iptables",
+        Family::V6 => "ip6tables",
+    };
+    let suffix = match backend {
+        Backend::Legacy => "-legacy",
+        Backend::Nft => "-nft",
+        Backend::Auto => "",
+    };
+    format!("{}/{prefix}{suffix}{what}", xtables_dir())
+}
+
+/// A directory with every iptables tool name for both backends, linked to the multi-call
+/// binaries (which dispatch on their name). The guest ships `ip6tables-legacy`/`-nft` but not
+/// their `-save`/`-restore` names, so the IPv6 tests reach them through here; it also exercises
+/// `Config::bin_dir`.
+fn xtables_dir() -> &'static str {
+    const DIR: &str = "/tmp/kube-ipvs-masq-xtables";
+    static MADE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    MADE.get_or_init(|| {
+        let _ = std::fs::create_dir_all(DIR);
+        for (backend, multi) in [
+            ("legacy", "/usr/sbin/xtables-legacy-multi"),
+            ("nft", "/usr/sbin/xtables-nft-multi"),
+        ] {
+            for family in ["iptables", "ip6tables"] {
+                for what in ["", "-save", "-restore"] {
+                    let link = format!("{DIR}/{family}-{backend}{what}");
+                    let _ = std::fs::remove_file(&link);
+                    std::os::unix::fs::symlink(multi, &link).expect("link xtables tool");
+                }
+            }
+        }
+    });
+    DIR
+}
+
+/// `iptables-save -t nat` without its comment lines and with counters zeroed, so two saves of
+/// the same rules compare equal.
+fn nat(backend: Backend, family: Family) -> String {
+    let save = ok(&tool(backend, family, "-save"), &["-t", "nat"]);
+    save.lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| match l.rsplit_once(" [") {
+            Some((head, tail)) if l.starts_with(':') && tail.ends_with(']') => {
+                format!("{head} [0:0]")
+            }
+            _ => l.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn cidr(s: &str) -> kube_ipvs_diff::Cidr {
+    s.parse().expect("test CIDR")
+}
+
+fn config(backend: Backend) -> Config {
+    Config {
+        families: vec![Family::V4],
+        cluster_cidrs: vec![cidr("10.244.0.0/16")],
+        node_ips: vec!["192.0.2.10".parse().expect("ip")],
+        hairpin: Hairpin::Endpoints(vec!["10.244.1.5".parse().expect("ip")]),
+        backend,
+        ..Config::default()
+    }
+}
+
+fn ensure_twice_is_idempotent_on(backend: Backend) {
+    // A foreign rule that must survive both ensure() and cleanup().
+    ok(
+        &tool(backend, Family::V4, ""),
+        &[
+            "-w",
+            "-t",
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-o",
+            "lo",
+            "-j",
+            "RETURN",
+        ],
+    );
+    let before = nat(backend, Family::V4);
+    let m = Masquerade::new(config(backend)).expect("config");
+    assert_eq!(m.backend(), backend);
+    m.ensure().expect("first ensure");
+    let first = nat(backend, Family::V4);
+    m.ensure().expect("second ensure");
+    let second = nat(backend, Family::V4);
+    assert_eq!(first, second, "a second ensure() changed the table");
+    assert_eq!(
+        first.matches("-j KUBE-IPVS-POSTROUTING").count(),
+        1,
+        "exactly one jump:\n{first}"
+    );
+    assert!(first.contains("-A POSTROUTING -o lo -j RETURN"), "{first}");
+    for want in [
+        "-A KUBE-IPVS-POSTROUTING -m ipvs --vdir ORIGINAL --vmethod MASQ -j KUBE-IPVS-MASQ",
+        "-A KUBE-IPVS-MASQ -s 10.244.0.0/16 -j RETURN",
+        "--vaddr 192.0.2.10",
+        "-s 10.244.1.5/32 -d 10.244.1.5/32",
+        "-j MASQUERADE --random-fully",
+    ] {
+        assert!(first.contains(want), "missing {want:?} in\n{first}");
+    }
+
+    let removed = m.cleanup().expect("cleanup");
+    assert_eq!(removed.len(), 1);
+    assert_eq!(removed[0].jumps, 1);
+    assert_eq!(
+        removed[0].chains,
+        ["KUBE-IPVS-POSTROUTING", "KUBE-IPVS-MASQ"]
+    );
+    assert_eq!(nat(backend, Family::V4), before, "cleanup() left a trace");
+    // Nothing left to remove is not an error, and removes nothing.
+    let again = m.cleanup().expect("second cleanup");
+    assert_eq!((again[0].jumps, again[0].chains.len()), (0, 0));
+}
+
+#[test]
+fn ensure_twice_is_idempotent_legacy() {
+    ensure_twice_is_idempotent_on(Backend::Legacy);
+}
+
+#[test]
+fn ensure_twice_is_idempotent_nft() {
+    ensure_twice_is_idempotent_on(Backend::Nft);
+}
+
+#[test]
+fn auto_backend_follows_iptables_version() {
+    let version = ok("/usr/sbin/iptables", &["--version"]);
+    let m = Masquerade::new(Config {
+        backend: Backend::Auto,
+        ..config(Backend::Auto)
+    })
+    .expect("config");
+    let want = if version.contains("(nf_tables)") {
+        Backend::Nft
+    } else {
+        Backend::Legacy
+    };
+    assert_eq!(m.backend(), want, "{version}");
+}
+
+#[test]
+fn masquerade_all_replaces_the_cluster_cidr_rules() {
+    let m = Masquerade::new(config(Backend::Nft)).expect("config");
+    m.ensure().expect("ensure");
+    assert!(nat(Backend::Nft, Family::V4).contains("outside cluster-cidr"));
+    let all = Masquerade::new(Config {
+        masquerade_all: true,
+        ..config(Backend::Nft)
+    })
+    .expect("config");
+    all.ensure().expect("ensure masquerade-all");
+    let table = nat(Backend::Nft, Family::V4);
+    assert!(table.contains("masquerade-all"), "{table}");
+    assert!(!table.contains("outside cluster-cidr"), "{table}");
+    assert!(!table.contains("10.244.0.0/16"), "{table}");
+    assert_eq!(table.matches("-j KUBE-IPVS-POSTROUTING").count(), 1);
+}
+
+#[test]
+fn dual_stack_programs_both_families_and_cleanup_everywhere_removes_them() {
+    let m = Masquerade::new(Config {
+        families: vec![Family::V4, Family::V6],
+        cluster_cidrs: vec![cidr("10.244.0.0/16"), cidr("fd00:244::/56")],
+        node_ips: vec![
+            "192.0.2.10".parse().expect("ip"),
+            "2001:db8::10".parse().expect("ip"),
+        ],
+        backend: Backend::Legacy,
+        bin_dir: Some(xtables_dir().into()),
+        ..Config::default()
+    })
+    .expect("config");
+    m.ensure().expect("ensure");
+    let v6 = nat(Backend::Legacy, Family::V6);
+    assert!(
+        v6.contains("-A KUBE-IPVS-MASQ -s fd00:244::/56 -j RETURN"),
+        "{v6}"
+    );
+    assert!(v6.contains("--vaddr 2001:db8::10"), "{v6}");
+    assert!(!v6.contains("10.244"), "{v6}");
+    // A chain of ours left behind in the other backend is found too.
+    ok(
+        &tool(Backend::Nft, Family::V4, ""),
+        &["-w", "-t", "nat", "-N", "KUBE-IPVS-MASQ"],
+    );
+
+    let removed =
+        cleanup_everywhere(Some(std::path::Path::new(xtables_dir()))).expect("cleanup everywhere");
+    let total: usize = removed.iter().map(|r| r.chains.len()).sum();
+    assert_eq!(total, 5, "{removed:?}");
+    for (backend, family) in [
+        (Backend::Legacy, Family::V4),
+        (Backend::Legacy, Family::V6),
+        (Backend::Nft, Family::V4),
+    ] {
+        let table = nat(backend, family);
+        assert!(
+            !table.contains("KUBE-IPVS"),
+            "{backend:?} {family:?}:\n{table}"
+        );
+    }
+}
+
+/// The `pkts` counter of our MASQUERADE rule.
+fn masquerade_packets(backend: Backend) -> u64 {
+    let out = ok(
+        &tool(backend, Family::V4, ""),
+        &[
+            "-w",
+            "-t",
+            "nat",
+            "-L",
+            "KUBE-IPVS-POSTROUTING",
+            "-n",
+            "-v",
+            "-x",
+        ],
+    );
+    out.lines()
+        .find(|l| l.contains("MASQUERADE"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no MASQUERADE rule in\n{out}"))
+}
+
+/// A client (192.168.77.2) and a real server (192.168.77.3) share a second namespace behind a
+/// veth; this namespace holds the virtual server 10.96.0.10:80 with that masquerade real server.
+/// The connection only works if it is masqueraded (else the server answers the client directly,
+/// bypassing IPVS's reverse NAT), the server sees this namespace's address 192.168.77.1 as its
+/// peer, and the MASQUERADE rule's packet counter grows.
+#[test]
+fn traffic_from_outside_the_cluster_cidr_is_masqueraded() {
+    let ip = "/usr/sbin/ip";
+    let ns = "masq-peer";
+    let _ = run(ip, &["netns", "del", ns]);
+    ok(ip, &["netns", "add", ns]);
+    ok(
+        ip,
+        &["link", "add", "mq0", "type", "veth", "peer", "name", "mq1"],
+    );
+    ok(ip, &["link", "set", "mq1", "netns", ns]);
+    ok(ip, &["addr", "add", "192.168.77.1/24", "dev", "mq0"]);
+    ok(ip, &["link", "set", "mq0", "up"]);
+    ok(ip, &["addr", "add", "10.96.0.10/32", "dev", "lo"]);
+    ok(
+        ip,
+        &["-n", ns, "addr", "add", "192.168.77.2/24", "dev", "mq1"],
+    );
+    ok(
+        ip,
+        &["-n", ns, "addr", "add", "192.168.77.3/24", "dev", "mq1"],
+    );
+    ok(ip, &["-n", ns, "link", "set", "mq1", "up"]);
+    ok(ip, &["-n", ns, "link", "set", "lo", "up"]);
+    ok(
+        ip,
+        &[
+            "-n",
+            ns,
+            "route",
+            "add",
+            "10.96.0.10/32",
+            "via",
+            "192.168.77.1",
+            "src",
+            "192.168.77.2",
+        ],
+    );
+    // Replies de-masqueraded to the client are forwarded back out of mq0.
+    std::fs::write("/proc/sys/net/ipv4/ip_forward", "1\n").expect("ip_forward");
+    let ipvsadm = std::env::var("IPVSADM").unwrap_or_else(|_| "/usr/sbin/ipvsadm".into());
+    ok(&ipvsadm, &["-A", "-t", "10.96.0.10:80", "-s", "rr"]);
+    ok(
+        &ipvsadm,
+        &["-a", "-t", "10.96.0.10:80", "-r", "192.168.77.3:8080", "-m"],
+    );
+
+    let m = Masquerade::new(config(Backend::Nft)).expect("config");
+    m.ensure().expect("ensure");
+    let vs_conntrack = std::fs::read_to_string("/proc/sys/net/ipv4/vs/conntrack").expect("sysctl");
+    assert_eq!(vs_conntrack.trim(), "1");
+    let before = masquerade_packets(Backend::Nft);
+
+    // The server tells each client the address it sees. The client retries until the server
+    // listens (a refused connection is retried), so no sleep is needed.
+    let mut server = Command::new(ip)
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "socat",
+            "TCP-LISTEN:8080,bind=192.168.77.3,reuseaddr",
+            "SYSTEM:echo $SOCAT_PEERADDR",
+        ])
+        .spawn()
+        .expect("start server");
+    let client = run(
+        ip,
+        &[
+            "netns",
+            "exec",
+            ns,
+            "socat",
+            "-T",
+            "10",
+            "-u",
+            "TCP:10.96.0.10:80,bind=192.168.77.2,retry=100,interval=0.1",
+            "STDOUT",
+        ],
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        client.status.success(),
+        "client could not connect through IPVS"
+    );
+    let peer = String::from_utf8_lossy(&client.stdout).trim().to_owned();
+    let after = masquerade_packets(Backend::Nft);
+    println!("masquerade packets {before} -> {after}, real server saw {peer}");
+    assert_eq!(
+        peer, "192.168.77.1",
+        "the server saw the client unmasqueraded"
+    );
+    assert!(after > before, "MASQUERADE counted no packet");
+    let _ = run(ip, &["netns", "del", ns]);
+}
+
+/// Two UDP flows from a second namespace through two virtual servers to two masquerade real
+/// servers; deleting by one endpoint removes that flow's conntrack entry and keeps the other.
+#[test]
+fn udp_conntrack_entries_of_a_removed_endpoint_are_deleted() {
+    use kube_ipvs::conntrack;
+
+    let ip = "/usr/sbin/ip";
+    let ns = "ct-peer";
+    let _ = run(ip, &["netns", "del", ns]);
+    ok(ip, &["netns", "add", ns]);
+    ok(
+        ip,
+        &["link", "add", "ct0", "type", "veth", "peer", "name", "ct1"],
+    );
+    ok(ip, &["link", "set", "ct1", "netns", ns]);
+    ok(ip, &["addr", "add", "192.168.78.1/24", "dev", "ct0"]);
+    ok(ip, &["link", "set", "ct0", "up"]);
+    ok(ip, &["addr", "add", "10.96.0.53/32", "dev", "lo"]);
+    ok(ip, &["addr", "add", "10.96.0.54/32", "dev", "lo"]);
+    for a in ["192.168.78.2/24", "192.168.78.3/24", "192.168.78.4/24"] {
+        ok(ip, &["-n", ns, "addr", "add", a, "dev", "ct1"]);
+    }
+    ok(ip, &["-n", ns, "link", "set", "ct1", "up"]);
+    ok(
+        ip,
+        &[
+            "-n",
+            ns,
+            "route",
+            "add",
+            "10.96.0.0/24",
+            "via",
+            "192.168.78.1",
+        ],
+    );
+    let ipvsadm = std::env::var("IPVSADM").unwrap_or_else(|_| "/usr/sbin/ipvsadm".into());
+    for (vip, rs) in [
+        ("10.96.0.53:53", "192.168.78.3:5353"),
+        ("10.96.0.54:53", "192.168.78.4:5353"),
+    ] {
+        ok(&ipvsadm, &["-A", "-u", vip, "-s", "rr"]);
+        ok(&ipvsadm, &["-a", "-u", vip, "-r", rs, "-m"]);
+    }
+    // Conntrack only tracks a namespace's packets once something there needs it; on a node
+    // that is the masquerade rules' nat table, so they are set up here too.
+    Masquerade::new(config(Backend::Nft))
+        .expect("config")
+        .ensure()
+        .expect("ensure");
+
+    for (vip, sport) in [("10.96.0.53:53", "40053"), ("10.96.0.54:53", "40054")] {
+        let target = format!("UDP-SENDTO:{vip},bind=192.168.78.2:{sport}");
+        let out = Command::new(ip)
+            .args([
+                "netns",
+                "exec",
+                ns,
+                "socat",
+                "-u",
+                "OPEN:/proc/sys/kernel/ostype",
+                &target,
+            ])
+            .output()
+            .expect("socat");
+        assert!(out.status.success(), "{out:?}");
+    }
+    let to = |a: &str| a.parse::<std::net::IpAddr>().expect("ip");
+    let flows = |entries: &[conntrack::Entry]| -> Vec<(std::net::IpAddr, u16)> {
+        let mut f: Vec<_> = entries
+            .iter()
+            .filter(|e| e.orig.protocol == conntrack::IPPROTO_UDP)
+            .map(|e| (e.reply.src, e.reply.src_port))
+            .collect();
+        f.sort();
+        f
+    };
+    let before = conntrack::entries(false).expect("dump");
+    println!("before: {before:#?}");
+    if let Ok(proc) = std::fs::read_to_string("/proc/net/nf_conntrack") {
+        println!("/proc/net/nf_conntrack:\n{proc}");
+    }
+    assert_eq!(
+        flows(&before),
+        [(to("192.168.78.3"), 5353), (to("192.168.78.4"), 5353)],
+        "both flows are tracked, with the real server as reply source"
+    );
+    assert!(
+        before
+            .iter()
+            .any(|e| e.orig.dst == to("10.96.0.53") && e.orig.dst_port == 53)
+    );
+
+    let deleted = conntrack::flush_udp_endpoint(to("192.168.78.3"), 5353).expect("flush");
+    assert_eq!(deleted, 1);
+    let after = conntrack::entries(false).expect("dump");
+    assert_eq!(flows(&after), [(to("192.168.78.4"), 5353)], "{after:#?}");
+    assert_eq!(
+        conntrack::flush_udp_endpoint(to("192.168.78.3"), 5353).expect("flush again"),
+        0
+    );
+    assert_eq!(
+        conntrack::flush_udp_service(to("10.96.0.54"), 53).expect("flush service"),
+        1
+    );
+    assert_eq!(flows(&conntrack::entries(false).expect("dump")), []);
+    let _ = run(ip, &["netns", "del", ns]);
+}
