@@ -7,6 +7,7 @@
 //! Each test runs in its own network namespace, so iptables tables start empty.
 #![cfg(feature = "kernel-tests")]
 
+use std::net::IpAddr;
 use std::process::{Command, Output};
 
 use kube_ipvs::masquerade::{Backend, Config, Family, Hairpin, Masquerade, cleanup_everywhere};
@@ -473,4 +474,198 @@ fn udp_conntrack_entries_of_a_removed_endpoint_are_deleted() {
     );
     assert_eq!(flows(&conntrack::entries(false).expect("dump")), []);
     let _ = run(ip, &["netns", "del", ns]);
+}
+
+/// A client namespace (192.168.77.2, behind 192.168.77.1 = this node's address) and a server
+/// namespace (192.168.88.2, behind 192.168.88.1), both routed through this namespace, which holds
+/// a ClusterIP-like virtual server 10.96.0.10:80 and a NodePort-like one 192.168.77.1:30080, both
+/// to the server's 192.168.88.2:8080 in masquerade mode. The server answers each connection with
+/// the peer address it sees, so each case shows whether the connection was masqueraded.
+struct Topology {
+    server: std::process::Child,
+}
+
+const CLIENT_NS: &str = "mq-client";
+const SERVER_NS: &str = "mq-server";
+
+impl Topology {
+    fn new() -> Self {
+        let ip = "/usr/sbin/ip";
+        for (ns, host_if, peer_if, host, peer) in [
+            (
+                CLIENT_NS,
+                "mqc0",
+                "mqc1",
+                "192.168.77.1/24",
+                "192.168.77.2/24",
+            ),
+            (
+                SERVER_NS,
+                "mqs0",
+                "mqs1",
+                "192.168.88.1/24",
+                "192.168.88.2/24",
+            ),
+        ] {
+            let _ = run(ip, &["netns", "del", ns]);
+            ok(ip, &["netns", "add", ns]);
+            ok(
+                ip,
+                &[
+                    "link", "add", host_if, "type", "veth", "peer", "name", peer_if,
+                ],
+            );
+            ok(ip, &["link", "set", peer_if, "netns", ns]);
+            ok(ip, &["addr", "add", host, "dev", host_if]);
+            ok(ip, &["link", "set", host_if, "up"]);
+            ok(ip, &["-n", ns, "addr", "add", peer, "dev", peer_if]);
+            ok(ip, &["-n", ns, "link", "set", peer_if, "up"]);
+            ok(ip, &["-n", ns, "link", "set", "lo", "up"]);
+            let gw = host.trim_end_matches("/24");
+            ok(ip, &["-n", ns, "route", "add", "default", "via", gw]);
+        }
+        ok(ip, &["addr", "add", "10.96.0.10/32", "dev", "lo"]);
+        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1\n").expect("ip_forward");
+        let ipvsadm = std::env::var("IPVSADM").unwrap_or_else(|_| "/usr/sbin/ipvsadm".into());
+        for vip in ["10.96.0.10:80", "192.168.77.1:30080"] {
+            ok(&ipvsadm, &["-A", "-t", vip, "-s", "rr"]);
+            ok(
+                &ipvsadm,
+                &["-a", "-t", vip, "-r", "192.168.88.2:8080", "-m"],
+            );
+        }
+        let server = Command::new(ip)
+            .args([
+                "netns",
+                "exec",
+                SERVER_NS,
+                "socat",
+                "TCP-LISTEN:8080,bind=192.168.88.2,reuseaddr,fork",
+                "SYSTEM:echo $SOCAT_PEERADDR",
+            ])
+            .spawn()
+            .expect("start server");
+        Self { server }
+    }
+
+    /// The address the server saw for a connection from `ns`/`src` to `vip`, or `None` if the
+    /// connection failed. `retry` retries refused connections (the server may not listen yet).
+    fn peer_seen(&self, ns: &str, src: &str, vip: &str, retry: bool) -> Option<String> {
+        let opts = if retry {
+            "retry=100,interval=0.1"
+        } else {
+            "connect-timeout=2"
+        };
+        let out = run(
+            "/usr/sbin/ip",
+            &[
+                "netns",
+                "exec",
+                ns,
+                "socat",
+                "-T",
+                "3",
+                "-u",
+                &format!("TCP:{vip},bind={src},{opts}"),
+                "STDOUT",
+            ],
+        );
+        let seen = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        (out.status.success() && !seen.is_empty()).then_some(seen)
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        for ns in [CLIENT_NS, SERVER_NS] {
+            let _ = run("/usr/sbin/ip", &["netns", "del", ns]);
+        }
+    }
+}
+
+/// Cluster CIDR, NodePort (Cluster and Local policy) and hairpin decisions on real traffic.
+#[test]
+fn masquerade_decisions_on_real_traffic() {
+    use kube_ipvs::masquerade::LocalNodePort;
+    use kube_ipvs_diff::Protocol;
+
+    let t = Topology::new();
+    let node_ip: IpAddr = "192.168.77.1".parse().expect("ip");
+    let apply = |config: Config| {
+        Masquerade::new(Config {
+            backend: Backend::Nft,
+            node_ips: vec![node_ip],
+            ..config
+        })
+        .expect("config")
+        .ensure()
+        .expect("ensure");
+    };
+    let client = |vip: &str, retry| t.peer_seen(CLIENT_NS, "192.168.77.2", vip, retry);
+
+    // The client is outside the cluster CIDR: masqueraded to this node's address on the server
+    // side.
+    apply(Config {
+        cluster_cidrs: vec![cidr("10.244.0.0/16")],
+        ..Config::default()
+    });
+    assert_eq!(
+        client("10.96.0.10:80", true).as_deref(),
+        Some("192.168.88.1")
+    );
+
+    // The client's network counts as the Pod network: the server sees the client itself.
+    let pods = vec![cidr("192.168.77.0/24"), cidr("192.168.88.0/24")];
+    apply(Config {
+        cluster_cidrs: pods.clone(),
+        ..Config::default()
+    });
+    assert_eq!(
+        client("10.96.0.10:80", false).as_deref(),
+        Some("192.168.77.2")
+    );
+    // ...but NodePort traffic is masqueraded (externalTrafficPolicy: Cluster)...
+    assert_eq!(
+        client("192.168.77.1:30080", false).as_deref(),
+        Some("192.168.88.1")
+    );
+    // ...unless its NodePort has the Local policy.
+    apply(Config {
+        cluster_cidrs: pods.clone(),
+        local_node_ports: vec![LocalNodePort {
+            protocol: Protocol::Tcp,
+            port: 30080,
+        }],
+        ..Config::default()
+    });
+    assert_eq!(
+        client("192.168.77.1:30080", false).as_deref(),
+        Some("192.168.77.2")
+    );
+
+    // Hairpin: the server reaches itself through the virtual server. Without the hairpin rule
+    // its own packet comes back with its own address as source and the connection fails; with
+    // it, it is masqueraded.
+    let hairpin = |h: Hairpin| {
+        apply(Config {
+            cluster_cidrs: pods.clone(),
+            hairpin: h,
+            ..Config::default()
+        });
+        t.peer_seen(SERVER_NS, "192.168.88.2", "10.96.0.10:80", false)
+    };
+    assert_eq!(hairpin(Hairpin::Endpoints(vec![])), None);
+    assert_eq!(
+        hairpin(Hairpin::Endpoints(vec![
+            "192.168.88.2".parse().expect("ip")
+        ]))
+        .as_deref(),
+        Some("192.168.88.1")
+    );
+    assert_eq!(
+        hairpin(Hairpin::LocalPodCidrs(vec![cidr("192.168.88.0/24")])).as_deref(),
+        Some("192.168.88.1")
+    );
 }
