@@ -103,6 +103,19 @@ fn main() -> Result<()> {
         t.elapsed().as_secs_f64() * 1e3
     );
 
+    // Where our time goes, in process: the netlink read, then the rendering.
+    let t = Instant::now();
+    let table = kube_ipvs::kernel::read_table(&mut ipvs).context("read the table")?;
+    let read = t.elapsed();
+    let t = Instant::now();
+    let text = kube_ipvs::ipvsadm::render_table(&table, kube_ipvs::ipvsadm::Format::default());
+    println!(
+        "in process: netlink read {:.0} ms, render {:.0} ms ({} bytes)",
+        read.as_secs_f64() * 1e3,
+        t.elapsed().as_secs_f64() * 1e3,
+        text.len()
+    );
+
     let mut best_theirs = Duration::MAX;
     let mut best_ours = Duration::MAX;
     for round in 0..args.repeat {

@@ -387,16 +387,60 @@ fn render_dest(out: &mut String, svc_name: &str, d: &Dest, format: Format) {
             );
         }
         Columns::Default | Columns::Save => {
-            let _ = writeln!(
+            // The hot path of `dump` on large tables: plain pushes instead of `write!` padding.
+            out.push_str("  -> ");
+            push_padded(out, &dname, 28);
+            out.push(' ');
+            push_padded(out, fwd_name(fwd), 7);
+            out.push(' ');
+            push_padded(out, itoa(&mut NumBuf::default(), i64::from(d.weight)), 6);
+            out.push(' ');
+            push_padded(
                 out,
-                "  -> {dname:<28} {:<7} {:<6} {:<10} {:<10}",
-                fwd_name(fwd),
-                d.weight,
-                d.active_conns,
-                d.inact_conns
+                itoa(&mut NumBuf::default(), i64::from(d.active_conns)),
+                10,
             );
+            out.push(' ');
+            push_padded(
+                out,
+                itoa(&mut NumBuf::default(), i64::from(d.inact_conns)),
+                10,
+            );
+            out.push('\n');
         }
     }
+}
+
+/// `%-Ns`: the text, then spaces up to `width` bytes (never cut).
+fn push_padded(out: &mut String, text: &str, width: usize) {
+    out.push_str(text);
+    for _ in text.len()..width {
+        out.push(' ');
+    }
+}
+
+/// Room for any `i64` in decimal.
+#[derive(Default)]
+struct NumBuf([u8; 20]);
+
+/// Decimal text of `v` in `buf`, without going through `fmt`.
+fn itoa(buf: &mut NumBuf, v: i64) -> &str {
+    let mut n = v.unsigned_abs();
+    let mut i = buf.0.len();
+    loop {
+        i -= 1;
+        buf.0[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if v < 0 {
+        i -= 1;
+        buf.0[i] = b'-';
+    }
+    // Only ASCII digits and '-' were written.
+    std::str::from_utf8(&buf.0[i..]).unwrap_or("?")
 }
 
 fn low32(v: u64) -> u64 {
@@ -521,7 +565,11 @@ pub fn addrport(af: u16, addr: IpAddr, port: u16) -> String {
     match (af, addr) {
         (AF_INET6, IpAddr::V6(a)) => format!("[{}]:{port}", glibc_ntop6(&a)),
         (AF_INET6, IpAddr::V4(a)) => format!("[{}]:{port}", glibc_ntop6(&a.to_ipv6_compatible())),
-        (_, IpAddr::V4(a)) => format!("{a}:{port}"),
+        (_, IpAddr::V4(a)) => {
+            let mut s = String::with_capacity(21);
+            let _ = write!(s, "{a}:{port}");
+            s
+        }
         (_, IpAddr::V6(a)) => {
             // An AF_INET entry holding a v6 address cannot come from the kernel; print the
             // first four bytes as ipvsadm would.
@@ -647,27 +695,36 @@ fn cmp_dests(a: &Dest, b: &Dest) -> i32 {
 /// glibc 2.36's `qsort`, which is a top-down merge sort: the comparators above are not
 /// transitive, so only the same algorithm gives the same order.
 fn glibc_msort<T: Copy>(v: &mut [T], cmp: impl Fn(&T, &T) -> i32 + Copy) {
+    if v.len() <= 1 {
+        return;
+    }
+    let mut scratch = Vec::with_capacity(v.len());
+    msort_with(v, &mut scratch, cmp);
+}
+
+fn msort_with<T: Copy>(v: &mut [T], scratch: &mut Vec<T>, cmp: impl Fn(&T, &T) -> i32 + Copy) {
     let n = v.len();
     if n <= 1 {
         return;
     }
     let n1 = n / 2;
-    glibc_msort(&mut v[..n1], cmp);
-    glibc_msort(&mut v[n1..], cmp);
-    let mut merged = Vec::with_capacity(n);
+    msort_with(&mut v[..n1], scratch, cmp);
+    msort_with(&mut v[n1..], scratch, cmp);
+    scratch.clear();
     let (mut i, mut j) = (0, n1);
     while i < n1 && j < n {
         if cmp(&v[i], &v[j]) <= 0 {
-            merged.push(v[i]);
+            scratch.push(v[i]);
             i += 1;
         } else {
-            merged.push(v[j]);
+            scratch.push(v[j]);
             j += 1;
         }
     }
-    merged.extend_from_slice(&v[i..n1]);
-    merged.extend_from_slice(&v[j..n]);
-    v.copy_from_slice(&merged);
+    // What is left of the right half is already in place.
+    scratch.extend_from_slice(&v[i..n1]);
+    let merged = scratch.len();
+    v[..merged].copy_from_slice(scratch);
 }
 
 #[cfg(test)]
