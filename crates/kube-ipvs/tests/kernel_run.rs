@@ -454,3 +454,159 @@ fn startup_errors_have_one_message_and_distinct_exit_codes() {
         "nothing was programmed"
     );
 }
+
+/// One Service (10.96.0.100:80) with one endpoint (10.244.1.10:8080) on this node.
+const ECHO: &str = r#"apiVersion: v1
+kind: Service
+metadata: {name: echo, namespace: default}
+spec:
+  type: ClusterIP
+  clusterIP: 10.96.0.100
+  clusterIPs: [10.96.0.100]
+  ports:
+  - {name: tcp, port: 80, protocol: TCP, targetPort: 8080}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: echo-1
+  namespace: default
+  labels: {kubernetes.io/service-name: echo}
+addressType: IPv4
+endpoints:
+- addresses: [10.244.1.10]
+  conditions: {ready: true, serving: true, terminating: false}
+  nodeName: node-1
+ports:
+- {name: tcp, port: 8080, protocol: TCP}
+"#;
+
+fn ip_ok(args: &[&str]) {
+    assert!(run("/usr/sbin/ip", args).status.success(), "ip {args:?}");
+}
+
+/// A client namespace and a backend namespace, each behind a veth, with this namespace routing
+/// between them as an IPVS NAT node: the client reaches 10.96.0.100:80, the backend (an echo
+/// server) answers through this namespace, whose IPVS reverses the NAT. A connection opened
+/// before a restart of the agent must carry data after it.
+#[test]
+fn an_open_tcp_connection_survives_a_restart() {
+    let dir = PathBuf::from("/tmp/kube-ipvs-run-restart");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    std::fs::write(dir.join("echo.yaml"), ECHO).expect("write manifest");
+    for ns in ["run-cl", "run-be"] {
+        let _ = run("/usr/sbin/ip", &["netns", "del", ns]);
+        ip_ok(&["netns", "add", ns]);
+        ip_ok(&["-n", ns, "link", "set", "lo", "up"]);
+    }
+    ip_ok(&["link", "add", "rc0", "type", "veth", "peer", "name", "rc1"]);
+    ip_ok(&["link", "set", "rc1", "netns", "run-cl"]);
+    ip_ok(&["addr", "add", "192.168.70.1/24", "dev", "rc0"]);
+    ip_ok(&["link", "set", "rc0", "up"]);
+    ip_ok(&[
+        "-n",
+        "run-cl",
+        "addr",
+        "add",
+        "192.168.70.2/24",
+        "dev",
+        "rc1",
+    ]);
+    ip_ok(&["-n", "run-cl", "link", "set", "rc1", "up"]);
+    ip_ok(&[
+        "-n",
+        "run-cl",
+        "route",
+        "add",
+        "default",
+        "via",
+        "192.168.70.1",
+    ]);
+    ip_ok(&["link", "add", "rb0", "type", "veth", "peer", "name", "rb1"]);
+    ip_ok(&["link", "set", "rb1", "netns", "run-be"]);
+    ip_ok(&["addr", "add", "10.244.1.1/24", "dev", "rb0"]);
+    ip_ok(&["link", "set", "rb0", "up"]);
+    ip_ok(&[
+        "-n",
+        "run-be",
+        "addr",
+        "add",
+        "10.244.1.10/24",
+        "dev",
+        "rb1",
+    ]);
+    ip_ok(&["-n", "run-be", "link", "set", "rb1", "up"]);
+    ip_ok(&[
+        "-n",
+        "run-be",
+        "route",
+        "add",
+        "default",
+        "via",
+        "10.244.1.1",
+    ]);
+
+    let mut agent = Agent::start(&dir, &[]);
+    agent.wait_healthy();
+    let mut server = Command::new("/usr/sbin/ip")
+        .args([
+            "netns",
+            "exec",
+            "run-be",
+            "socat",
+            "TCP-LISTEN:8080,bind=10.244.1.10,reuseaddr,fork",
+            "EXEC:cat",
+        ])
+        .spawn()
+        .expect("start echo server");
+    // The client retries until the server listens, so no sleep is needed.
+    let mut client = Command::new("/usr/sbin/ip")
+        .args([
+            "netns",
+            "exec",
+            "run-cl",
+            "socat",
+            "-T",
+            "60",
+            "STDIO",
+            "TCP:10.96.0.100:80,retry=100,interval=0.1",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start client");
+    let mut to_server = client.stdin.take().expect("stdin");
+    let mut from_server = std::io::BufReader::new(client.stdout.take().expect("stdout"));
+    let mut echo = |word: &str| {
+        use std::io::BufRead as _;
+        writeln!(to_server, "{word}").expect("send");
+        to_server.flush().expect("flush");
+        let mut line = String::new();
+        from_server.read_line(&mut line).expect("receive");
+        line.trim().to_owned()
+    };
+    assert_eq!(
+        echo("before"),
+        "before",
+        "the connection works through IPVS"
+    );
+    let conns = ipvsadm(&["-Lnc"]);
+    assert!(conns.contains("ESTABLISHED"), "{conns}");
+
+    assert_eq!(agent.terminate(), Some(0));
+    let mut agent = Agent::start(&dir, &[]);
+    agent.wait_healthy();
+    assert_eq!(startup_ops(), Some(0.0), "the restart changed nothing");
+    assert_eq!(echo("after"), "after", "the same connection still works");
+    assert_eq!(agent.terminate(), Some(0));
+
+    drop(to_server);
+    let _ = client.kill();
+    let _ = client.wait();
+    let _ = server.kill();
+    let _ = server.wait();
+    for ns in ["run-cl", "run-be"] {
+        let _ = run("/usr/sbin/ip", &["netns", "del", ns]);
+    }
+}

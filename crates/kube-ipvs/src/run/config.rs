@@ -78,6 +78,12 @@ impl ConfigError {
 /// The command line of `kube-ipvs run`. Values are kept as given; [`Settings::resolve`] checks
 /// them, so a bad value is reported with its flag name in our words.
 #[derive(Debug, Clone, Default, clap::Args)]
+#[command(
+    after_help = "Exit codes: 0 stopped by SIGTERM/SIGINT (the kernel state stays), \
+1 the desired-state source ended, 2 command line, 3 config file unreadable or invalid, \
+4 invalid setting, 5 kernel setup (missing module, sysctl, IPVS), 6 serving or watching \
+could not start."
+)]
 pub struct RunArgs {
     /// kube-proxy's `KubeProxyConfiguration` file (e.g. the kube-proxy ConfigMap's
     /// `config.conf`); flags given on the command line win over it.
