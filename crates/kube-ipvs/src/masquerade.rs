@@ -21,8 +21,9 @@
 //! too.
 //!
 //! What does grow with configuration: one rule per cluster CIDR, one per node IP, one per
-//! `(node IP, Local-policy NodePort)` pair (such Services must keep the client's address, and the
-//! `ipvs` match cannot see a Service's policy) and, with [`Hairpin::Endpoints`], one per local
+//! `(node IP, Local-policy NodePort)` pair and one per Local-policy external or load-balancer IP
+//! (such Services must keep the client's address, and the `ipvs` match cannot see a Service's
+//! policy) and, with [`Hairpin::Endpoints`], one per local
 //! endpoint. Hairpin is the one case with no exact constant-size form: "source equals
 //! destination" is not an iptables match. [`Hairpin::LocalPodCidrs`] is constant-size and
 //! masquerades all Service traffic between two Pods of this node (a superset of hairpin: such
@@ -180,6 +181,15 @@ pub struct LocalNodePort {
     pub port: u16,
 }
 
+/// A load-balancer ingress or external IP of a Service with `externalTrafficPolicy: Local`:
+/// its traffic keeps the client's address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LocalVirtualServer {
+    pub addr: IpAddr,
+    pub protocol: Protocol,
+    pub port: u16,
+}
+
 /// What to masquerade, and with which tools.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -195,6 +205,9 @@ pub struct Config {
     pub node_ips: Vec<IpAddr>,
     /// NodePorts under `externalTrafficPolicy: Local`, exempt from the NodePort masquerade.
     pub local_node_ports: Vec<LocalNodePort>,
+    /// External IPs and load-balancer IPs under `externalTrafficPolicy: Local`, exempt from the
+    /// outside-the-cluster-CIDR masquerade (one rule each).
+    pub local_virtual_servers: Vec<LocalVirtualServer>,
     /// How hairpin traffic is recognised.
     pub hairpin: Hairpin,
     /// The packet mark bit used for masquerade (kube-proxy's `--iptables-masquerade-bit`,
@@ -214,6 +227,7 @@ impl Default for Config {
             masquerade_all: false,
             node_ips: Vec::new(),
             local_node_ports: Vec::new(),
+            local_virtual_servers: Vec::new(),
             hairpin: Hairpin::Endpoints(Vec::new()),
             mark_bit: 14,
             backend: Backend::Auto,
@@ -401,6 +415,15 @@ fn validate(config: &Config) -> Result<()> {
             ));
         }
     }
+    for v in &config.local_virtual_servers {
+        if v.port == 0 || v.addr.is_unspecified() || v.addr.is_multicast() {
+            return bad(format!(
+                "Local-policy virtual server {:?} {} is not a unicast address with a port",
+                v.protocol,
+                std::net::SocketAddr::new(v.addr, v.port)
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -479,6 +502,19 @@ pub fn restore_input(config: &Config, family: Family, add_jump: bool) -> Result<
                 );
             }
         }
+    }
+    for v in config
+        .local_virtual_servers
+        .iter()
+        .filter(|v| in_family(&v.addr))
+    {
+        let _ = writeln!(
+            r,
+            "-A {MASQ_CHAIN} -m ipvs --vaddr {} --vport {} --vproto {} -m comment --comment \"local external\" -j RETURN",
+            host_text(v.addr),
+            v.port,
+            protocol_name(v.protocol)
+        );
     }
     // NodePorts: Local-policy ones keep the client's address, the rest are masqueraded so that
     // replies come back through this node.
@@ -654,6 +690,11 @@ mod tests {
                 protocol: Protocol::Tcp,
                 port: 30080,
             }],
+            local_virtual_servers: vec![LocalVirtualServer {
+                addr: ip("203.0.113.7"),
+                protocol: Protocol::Udp,
+                port: 53,
+            }],
             hairpin: Hairpin::LocalPodCidrs(vec![cidr("10.244.1.0/24")]),
             ..Config::default()
         };
@@ -666,6 +707,7 @@ mod tests {
             masq,
             [
                 "-A KUBE-IPVS-MASQ -s 10.244.1.0/24 -d 10.244.1.0/24 -m comment --comment \"hairpin\" -j MARK --or-mark 0x4000",
+                "-A KUBE-IPVS-MASQ -m ipvs --vaddr 203.0.113.7/32 --vport 53 --vproto udp -m comment --comment \"local external\" -j RETURN",
                 "-A KUBE-IPVS-MASQ -m ipvs --vaddr 192.0.2.10/32 --vport 30080 --vproto tcp -m comment --comment \"local nodeport\" -j RETURN",
                 "-A KUBE-IPVS-MASQ -m ipvs --vaddr 192.0.2.10/32 -m comment --comment \"nodeport\" -j MARK --or-mark 0x4000",
                 "-A KUBE-IPVS-MASQ -s 10.244.0.0/16 -j RETURN",

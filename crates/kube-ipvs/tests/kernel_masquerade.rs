@@ -588,7 +588,7 @@ impl Drop for Topology {
 /// Cluster CIDR, NodePort (Cluster and Local policy) and hairpin decisions on real traffic.
 #[test]
 fn masquerade_decisions_on_real_traffic() {
-    use kube_ipvs::masquerade::LocalNodePort;
+    use kube_ipvs::masquerade::{LocalNodePort, LocalVirtualServer};
     use kube_ipvs_diff::Protocol;
 
     let t = Topology::new();
@@ -614,6 +614,20 @@ fn masquerade_decisions_on_real_traffic() {
     assert_eq!(
         client("10.96.0.10:80", true).as_deref(),
         Some("192.168.88.1")
+    );
+    // An external IP under the Local policy keeps the client's address even from outside.
+    apply(Config {
+        cluster_cidrs: vec![cidr("10.244.0.0/16")],
+        local_virtual_servers: vec![LocalVirtualServer {
+            addr: "10.96.0.10".parse().expect("ip"),
+            protocol: Protocol::Tcp,
+            port: 80,
+        }],
+        ..Config::default()
+    });
+    assert_eq!(
+        client("10.96.0.10:80", false).as_deref(),
+        Some("192.168.77.2")
     );
 
     // The client's network counts as the Pod network: the server sees the client itself.
