@@ -517,6 +517,56 @@ mod tests {
     }
 
     #[test]
+    fn parses_ipv6_tuples_and_zone() {
+        let v6 = |last: u8| {
+            let mut a = [0u8; 16];
+            a[..4].copy_from_slice(&[0xfd, 0, 0, 0]);
+            a[15] = last;
+            a
+        };
+        let t = |src: [u8; 16], dst: [u8; 16], sport: u16, dport: u16| {
+            let ip = [attr(CTA_IP_V6_SRC, &src), attr(CTA_IP_V6_DST, &dst)].concat();
+            let proto = [
+                attr(CTA_PROTO_NUM, &[IPPROTO_UDP]),
+                attr(CTA_PROTO_SRC_PORT, &sport.to_be_bytes()),
+                attr(CTA_PROTO_DST_PORT, &dport.to_be_bytes()),
+            ]
+            .concat();
+            [
+                attr(CTA_TUPLE_IP | NLA_F_NESTED, &ip),
+                attr(CTA_TUPLE_PROTO | NLA_F_NESTED, &proto),
+            ]
+            .concat()
+        };
+        let zone = attr(CTA_ZONE, &7u16.to_be_bytes());
+        let payload = [
+            vec![AF_INET6, 0, 0, 0],
+            attr(CTA_TUPLE_ORIG | NLA_F_NESTED, &t(v6(2), v6(10), 40000, 53)),
+            attr(
+                CTA_TUPLE_REPLY | NLA_F_NESTED,
+                &t(v6(5), v6(2), 5353, 40000),
+            ),
+            zone.clone(),
+        ]
+        .concat();
+        let e = parse_entry(&payload).expect("entry");
+        assert_eq!(e.orig.dst, "fd00::a".parse::<IpAddr>().expect("ip"));
+        assert_eq!(e.reply.src, "fd00::5".parse::<IpAddr>().expect("ip"));
+        assert_eq!(e.zone_attr.as_deref(), Some(zone.as_slice()));
+        let filter = Filter {
+            protocol: IPPROTO_UDP,
+            reply_src: Some(("fd00::5".parse().expect("ip"), 5353)),
+            orig_dst: None,
+        };
+        assert!(filter.matches(&e));
+        assert_eq!(filter.family(), AF_INET6);
+        // The zone goes into the delete request after the tuple, so the entry of that zone is
+        // the one deleted.
+        let req = delete_request(AF_INET6, 3, &e);
+        assert!(req.ends_with(&zone));
+    }
+
+    #[test]
     fn truncated_input_is_no_entry_not_a_panic() {
         let (payload, _) = entry_payload();
         for cut in 0..payload.len() {

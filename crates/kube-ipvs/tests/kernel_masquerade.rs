@@ -683,3 +683,88 @@ fn masquerade_decisions_on_real_traffic() {
         Some("192.168.88.1")
     );
 }
+
+/// The IPv6 form of the UDP cleanup: one flow through an IPv6 virtual server to a masquerade
+/// real server, found in the IPv6 dump and deleted by its endpoint.
+#[test]
+fn udp_conntrack_cleanup_ipv6() {
+    use kube_ipvs::conntrack;
+
+    let ip = "/usr/sbin/ip";
+    let ns = "ct6-peer";
+    let _ = run(ip, &["netns", "del", ns]);
+    ok(ip, &["netns", "add", ns]);
+    ok(
+        ip,
+        &["link", "add", "c60", "type", "veth", "peer", "name", "c61"],
+    );
+    ok(ip, &["link", "set", "c61", "netns", ns]);
+    ok(ip, &["addr", "add", "fd00:78::1/64", "dev", "c60", "nodad"]);
+    ok(ip, &["link", "set", "c60", "up"]);
+    ok(ip, &["addr", "add", "fd00:96::53/128", "dev", "lo"]);
+    for a in ["fd00:78::2/64", "fd00:78::3/64"] {
+        ok(ip, &["-n", ns, "addr", "add", a, "dev", "c61", "nodad"]);
+    }
+    ok(ip, &["-n", ns, "link", "set", "c61", "up"]);
+    ok(
+        ip,
+        &[
+            "-n",
+            ns,
+            "route",
+            "add",
+            "fd00:96::/64",
+            "via",
+            "fd00:78::1",
+        ],
+    );
+    let ipvsadm = std::env::var("IPVSADM").unwrap_or_else(|_| "/usr/sbin/ipvsadm".into());
+    ok(&ipvsadm, &["-A", "-u", "[fd00:96::53]:53", "-s", "rr"]);
+    ok(
+        &ipvsadm,
+        &[
+            "-a",
+            "-u",
+            "[fd00:96::53]:53",
+            "-r",
+            "[fd00:78::3]:5353",
+            "-m",
+        ],
+    );
+    Masquerade::new(Config {
+        families: vec![Family::V6],
+        backend: Backend::Nft,
+        bin_dir: Some(xtables_dir().into()),
+        ..Config::default()
+    })
+    .expect("config")
+    .ensure()
+    .expect("ensure");
+
+    let out = Command::new(ip)
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "socat",
+            "-u",
+            "OPEN:/proc/sys/kernel/ostype",
+            "UDP6-SENDTO:[fd00:96::53]:53,bind=[fd00:78::2]:40053",
+        ])
+        .output()
+        .expect("socat");
+    assert!(out.status.success(), "{out:?}");
+    let ep: IpAddr = "fd00:78::3".parse().expect("ip");
+    let to_ep = |entries: &[conntrack::Entry]| {
+        entries
+            .iter()
+            .filter(|e| e.orig.protocol == conntrack::IPPROTO_UDP && e.reply.src == ep)
+            .count()
+    };
+    let before = conntrack::entries(true).expect("dump");
+    println!("before: {before:#?}");
+    assert_eq!(to_ep(&before), 1, "the flow is tracked");
+    assert_eq!(conntrack::flush_udp_endpoint(ep, 5353).expect("flush"), 1);
+    assert_eq!(to_ep(&conntrack::entries(true).expect("dump")), 0);
+    let _ = run(ip, &["netns", "del", ns]);
+}
