@@ -610,3 +610,56 @@ fn an_open_tcp_connection_survives_a_restart() {
         let _ = run("/usr/sbin/ip", &["netns", "del", ns]);
     }
 }
+
+/// kube-proxy's own config file drives the agent (scheduler, sync period, exclude CIDRs,
+/// timeouts, bind addresses), and a flag given beside it wins.
+#[test]
+fn a_kube_proxy_config_file_is_applied_and_flags_win() {
+    let dir = manifests("config");
+    let config = PathBuf::from("/tmp/kube-ipvs-run-config.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\n\
+         kind: KubeProxyConfiguration\n\
+         mode: ipvs\n\
+         clusterCIDR: 10.244.0.0/16\n\
+         healthzBindAddress: 127.0.0.1:10256\n\
+         metricsBindAddress: 127.0.0.1:10249\n\
+         ipvs:\n  scheduler: wlc\n  syncPeriod: 2s\n  excludeCIDRs: [10.200.0.0/16]\n  \
+         tcpTimeout: 902s\n  udpTimeout: 0s\n",
+    )
+    .expect("write config");
+    ipvsadm(&["-A", "-t", "10.200.0.1:80", "-s", "rr"]);
+    let cfg = config.to_str().expect("utf-8");
+    let mut agent = Agent::start(&dir, &["--config", cfg]);
+    agent.wait_healthy();
+    let table = ipvsadm(&["-Ln"]);
+    assert!(
+        table.contains("TCP  10.96.0.10:80 wlc"),
+        "ipvs.scheduler\n{table}"
+    );
+    assert!(
+        table.contains("TCP  10.200.0.1:80 rr"),
+        "ipvs.excludeCIDRs\n{table}"
+    );
+    assert!(
+        ipvsadm(&["-L", "--timeout"]).contains("902 "),
+        "ipvs.tcpTimeout"
+    );
+    // ipvs.syncPeriod 2s: a cleared table is back within a few seconds.
+    ipvsadm(&["-D", "-t", "10.96.0.10:80"]);
+    wait_for("the 2s reconcile", Duration::from_secs(15), || {
+        ipvsadm(&["-Ln"]).contains("TCP  10.96.0.10:80 wlc")
+    });
+    assert_eq!(agent.terminate(), Some(0));
+
+    let mut agent = Agent::start(&dir, &["--config", cfg, "--scheduler", "sed"]);
+    agent.wait_healthy();
+    // The engine adopts the table and updates each virtual server's scheduler.
+    let table = ipvsadm(&["-Ln"]);
+    assert!(
+        table.contains("TCP  10.96.0.10:80 sed"),
+        "--scheduler wins\n{table}"
+    );
+    assert_eq!(agent.terminate(), Some(0));
+}
