@@ -6,6 +6,10 @@
 
 use std::net::IpAddr;
 
+use std::io::Write as _;
+use std::process::ExitCode;
+
+use kube_ipvs_netlink::ipvs::Ipvs;
 use serde::Serialize;
 
 use crate::ipvsadm::{self, AF_INET6, Columns, Format, Service, Table};
@@ -443,6 +447,48 @@ impl JsonDest {
             lower_threshold: d.l_threshold,
             tunnel,
             stats: (&d.stats).into(),
+        }
+    }
+}
+
+/// `kube-ipvs dump`: read the kernel, print, and exit like ipvsadm (1 for "No such service" or a
+/// kernel error, 2 for a bad command line).
+pub fn main(args: &DumpArgs) -> ExitCode {
+    // Check the command line before touching the kernel, so a typo is reported as a typo.
+    if let Err(e) = args.selector() {
+        eprintln!("kube-ipvs dump: {e}");
+        return ExitCode::from(2);
+    }
+    let mut ipvs = match Ipvs::new() {
+        Ok(ipvs) => ipvs,
+        Err(e) => {
+            eprintln!("kube-ipvs dump: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let text = if args.timeout {
+        ipvs.timeouts()
+            .map(|t| ipvsadm::render_timeouts(t.tcp, t.tcp_fin, t.udp))
+            .map_err(|e| e.to_string())
+    } else {
+        match crate::kernel::read_table(&mut ipvs) {
+            Ok(table) => render(&table, args).map_err(|e| match e {
+                DumpError::NoSuchService => e.to_string(),
+                other => format!("kube-ipvs dump: {other}"),
+            }),
+            Err(e) => Err(format!("kube-ipvs dump: {e}")),
+        }
+    };
+    match text {
+        Ok(text) => {
+            let mut out = std::io::stdout().lock();
+            // A closed pipe (`kube-ipvs dump | head`) is not an error worth a message.
+            let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+            ExitCode::SUCCESS
+        }
+        Err(msg) => {
+            eprintln!("{msg}");
+            ExitCode::from(1)
         }
     }
 }
