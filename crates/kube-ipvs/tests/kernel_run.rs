@@ -663,3 +663,59 @@ fn a_kube_proxy_config_file_is_applied_and_flags_win() {
     );
     assert_eq!(agent.terminate(), Some(0));
 }
+
+/// A LoadBalancer Service with the Local policy and one ready endpoint on node-1.
+const LB: &str = r#"apiVersion: v1
+kind: Service
+metadata: {name: lb, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.77
+  clusterIPs: [10.96.0.77]
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32100
+  ports:
+  - {name: http, port: 80, protocol: TCP, targetPort: 8080, nodePort: 31080}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: lb-1
+  namespace: default
+  labels: {kubernetes.io/service-name: lb}
+addressType: IPv4
+endpoints:
+- addresses: [10.244.1.77]
+  conditions: {ready: true}
+  nodeName: node-1
+ports:
+- {name: http, port: 8080, protocol: TCP}
+"#;
+
+#[test]
+fn health_check_node_port_answers_for_local_endpoints() {
+    let dir = manifests("hcport");
+    std::fs::write(dir.join("lb.yaml"), LB).expect("write manifest");
+    let mut agent = Agent::start(&dir, &[]);
+    agent.wait_healthy();
+    let mut answer = None;
+    wait_for("the health-check port", Duration::from_secs(10), || {
+        answer = http_get(32100, "/");
+        answer.is_some()
+    });
+    let (status, body) = answer.expect("an answer");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"localEndpoints\":1"), "{body}");
+    // The endpoint goes away: the node must fail the check.
+    std::fs::write(
+        dir.join("lb.yaml"),
+        LB.replace("ready: true", "ready: false"),
+    )
+    .expect("rewrite manifest");
+    wait_for(
+        "503 without a local endpoint",
+        Duration::from_secs(20),
+        || http_get(32100, "/").is_some_and(|(s, _)| s == 503),
+    );
+    assert_eq!(agent.terminate(), Some(0));
+}

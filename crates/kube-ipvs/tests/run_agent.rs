@@ -429,3 +429,93 @@ async fn a_failed_operation_is_retried_with_backoff_and_does_not_block_others() 
         .with_metrics(|m| assert_eq!(m.pending_retries, 0));
     run.stop().await;
 }
+
+/// A LoadBalancer Service with the Local policy, its health-check node port, and one endpoint on
+/// node-1 whose readiness is `READY`.
+const LB: &str = r#"apiVersion: v1
+kind: Service
+metadata: {name: lb, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.77
+  clusterIPs: [10.96.0.77]
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32100
+  ports:
+  - {name: http, port: 80, protocol: TCP, targetPort: 8080, nodePort: 31080}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: lb-1
+  namespace: default
+  labels: {kubernetes.io/service-name: lb}
+addressType: IPv4
+endpoints:
+- addresses: [10.244.1.77]
+  conditions: {ready: READY}
+  nodeName: node-1
+ports:
+- {name: http, port: 8080, protocol: TCP}
+"#;
+
+#[tokio::test(start_paused = true)]
+async fn health_check_node_ports_follow_local_endpoints() {
+    let parse = |ready: &str| {
+        kube_ipvs_watch::manifest::parse_manifest(Path::new("lb.yaml"), &LB.replace("READY", ready))
+            .expect("parses")
+    };
+    let (hc, checks) = kube_ipvs::run::hcport::HealthChecks::new();
+    let shared = Arc::new(Shared::new(SYNC_PERIOD));
+    let cfg = AgentConfig {
+        sync_period: SYNC_PERIOD,
+        retry_min: Duration::from_secs(1),
+        retry_max: SYNC_PERIOD,
+        node_ips: Vec::new(),
+        nodeport_cidrs: Vec::new(),
+    };
+    let mut agent =
+        Agent::new(MemKernel::default(), inputs(), cfg, shared.clone()).with_health_checks(hc);
+    let (tx, rx) = mpsc::channel(4);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        agent
+            .run(rx, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let mut t = Tracker::new(TranslateOptions::default());
+    let m = parse("true");
+    t.relist_services(&m.services);
+    t.relist_slices(&m.slices);
+    tx.send(t.take_change_set().expect("initial"))
+        .await
+        .expect("send");
+    let mut syncs = shared.syncs();
+    syncs.wait_for(|n| *n >= 1).await.expect("sync");
+    let local = |c: &kube_ipvs::run::hcport::Checks| c.get(&32100).map(|c| c.local_endpoints);
+    assert_eq!(local(&checks.borrow()), Some(1));
+    t.relist_slices(&parse("false").slices);
+    tx.send(t.take_change_set().expect("a change"))
+        .await
+        .expect("send");
+    syncs.wait_for(|n| *n >= 2).await.expect("sync");
+    assert_eq!(
+        local(&checks.borrow()),
+        Some(0),
+        "not ready: the node fails the check"
+    );
+    t.relist_services(&[]);
+    tx.send(t.take_change_set().expect("a removal"))
+        .await
+        .expect("send");
+    syncs.wait_for(|n| *n >= 3).await.expect("sync");
+    assert_eq!(
+        local(&checks.borrow()),
+        None,
+        "the port closes with the Service"
+    );
+    let _ = stop.send(());
+    assert!(task.await.expect("agent task").is_ok());
+}

@@ -199,6 +199,8 @@ pub struct Agent<K> {
     retry: BTreeMap<String, Pending>,
     /// The NodePort addresses we impose on the node context, if any.
     node_ips: Option<(Vec<Ipv4Addr>, Vec<Ipv6Addr>)>,
+    /// Health-check node ports, if served.
+    health_checks: Option<super::hcport::HealthChecks>,
     /// Whether a full sync has read the kernel; until then the engine's idea of the kernel is
     /// empty and an incremental sync would re-add what is already there.
     adopted: bool,
@@ -217,8 +219,15 @@ impl<K: NodeKernel> Agent<K> {
             epoch: Instant::now(),
             retry: BTreeMap::new(),
             node_ips,
+            health_checks: None,
             adopted: false,
         }
+    }
+
+    /// Keeps these health checks up to date with every change set.
+    pub fn with_health_checks(mut self, hc: super::hcport::HealthChecks) -> Self {
+        self.health_checks = Some(hc);
+        self
     }
 
     /// The kernel (for tests).
@@ -287,6 +296,9 @@ impl<K: NodeKernel> Agent<K> {
         }
         if cs.node.is_some() {
             self.impose_node_ips();
+        }
+        if let Some(hc) = &mut self.health_checks {
+            hc.update(cs.services.keys(), &self.inputs);
         }
     }
 

@@ -1,5 +1,6 @@
 //! `kube-ipvs run`: the node agent. It checks its settings, prepares the kernel (modules,
-//! sysctls, IPVS timeouts), serves `/healthz`, `/livez` and `/metrics`, watches the desired
+//! sysctls, IPVS timeouts), serves `/healthz`, `/livez`, `/metrics` and each Local-policy
+//! Service's `healthCheckNodePort`, watches the desired
 //! state (API server or manifests) and runs the sync loop until SIGTERM or SIGINT, which leave
 //! the kernel's IPVS table and `kube-ipvs0` in place.
 //!
@@ -9,6 +10,7 @@
 
 pub mod agent;
 pub mod config;
+pub mod hcport;
 pub mod health;
 pub mod metrics;
 pub mod setup;
@@ -199,7 +201,14 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
         node_ips: settings.source.node_ips.clone(),
         nodeport_cidrs: settings.nodeport_cidrs.clone(),
     };
-    let mut agent = Agent::new(kernel, inputs, cfg, shared);
+    // Per-Service health checks listen on every address, as kube-proxy's do by default.
+    let (health_checks, checks) = hcport::HealthChecks::new();
+    tokio::spawn(hcport::serve_all(
+        checks,
+        std::net::Ipv4Addr::UNSPECIFIED.into(),
+        shared.clone(),
+    ));
+    let mut agent = Agent::new(kernel, inputs, cfg, shared).with_health_checks(health_checks);
     let result = agent.run(watch.changes, shutdown_signal()).await;
     watch.task.abort();
     match result {
