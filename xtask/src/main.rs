@@ -4,6 +4,7 @@
 
 mod bench;
 mod ci;
+mod demo;
 mod host;
 mod initramfs;
 mod kernel;
@@ -14,6 +15,7 @@ mod vmtest;
 use anyhow::{Result, bail};
 
 const USAGE: &str = "usage: cargo xtask <command>
+  demo                              the example cluster on a real kernel: agent, traffic, table
   ci [--no-vm]                      fmt, clippy, tests, kernel-test clippy, vm-test (timed)
   vm-test [FILTER] [--timeout S] [--test-timeout S] [--no-daemon] [--forward PORT]...
                                     run the kernel tests in a QEMU guest
@@ -22,6 +24,7 @@ const USAGE: &str = "usage: cargo xtask <command>
   vm-shell [--mem MIB] [--forward PORT]...
                                     interactive root shell in the guest
   bench netlink [-- ARGS]           ipvs-bench in the guest (default --services 10000 --dests 10)
+  bench dump [-- ARGS]              kube-ipvs dump vs ipvsadm -Ln in the guest
   bench diff|watch [ARGS]           cargo bench of kube-ipvs-diff / kube-ipvs-watch";
 
 fn main() -> Result<()> {
@@ -30,6 +33,7 @@ fn main() -> Result<()> {
         bail!("{USAGE}");
     };
     match command.as_str() {
+        "demo" => demo::command(rest),
         "ci" => ci::command(rest),
         "vm-test" => vmtest::command(rest),
         "vm-run" => vm::vm_run_command(rest),
