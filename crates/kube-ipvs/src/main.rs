@@ -27,7 +27,7 @@ enum Command {
     /// Explain which Service IP:PORT[/PROTO] is and why each endpoint is or is not used here.
     Explain(kube_ipvs::explain::ExplainArgs),
     /// Run the node agent: keep the kernel's IPVS table in sync with the cluster.
-    Run(kube_ipvs::run::RunArgs),
+    Run(Box<kube_ipvs::run::RunArgs>),
 }
 
 fn main() -> ExitCode {

@@ -18,7 +18,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube_ipvs_diff::{Cidr, DestKey, Engine, Inputs, Op, VirtualKey};
+use kube_ipvs_diff::{Cidr, DestKey, Engine, Inputs, Op, Protocol, VirtualKey};
 use kube_ipvs_netlink::ipvs::Ipvs;
 use kube_ipvs_netlink::link::Rtnl;
 use kube_ipvs_watch::ChangeSet;
@@ -41,6 +41,67 @@ pub trait NodeKernel: Kernel {
     fn connection_counts(&mut self, services: &BTreeSet<VirtualKey>) -> Counts;
     /// The node's own addresses (not `kube-ipvs0`'s, not loopback, not link-local).
     fn node_addresses(&mut self) -> Result<Vec<IpAddr>, String>;
+    /// Deletes the UDP conntrack entries a deleted real or virtual server leaves behind, so
+    /// datagrams of those flows are scheduled afresh instead of going to a gone endpoint; says
+    /// how many it deleted. The default does nothing: a kernel without conntrack (the
+    /// in-memory one of the loop tests) has none to delete.
+    fn flush_udp(&mut self, target: UdpFlush) -> Result<usize, String> {
+        let _ = target;
+        Ok(0)
+    }
+}
+
+/// Which UDP conntrack entries to delete after an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum UdpFlush {
+    /// Flows answered by this endpoint (a deleted UDP real server).
+    Endpoint(IpAddr, u16),
+    /// Flows sent to this virtual server (a deleted UDP virtual server).
+    Service(IpAddr, u16),
+}
+
+impl std::fmt::Display for UdpFlush {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Endpoint(a, p) => write!(f, "UDP endpoint {}", std::net::SocketAddr::new(*a, *p)),
+            Self::Service(a, p) => write!(
+                f,
+                "UDP virtual server {}",
+                std::net::SocketAddr::new(*a, *p)
+            ),
+        }
+    }
+}
+
+/// The conntrack cleanups the applied (not failed) ops call for: one per deleted UDP real
+/// server and one per deleted UDP virtual server, in order, without repeats.
+pub fn udp_flushes(ops: &[Op], failures: &[apply::Failure]) -> Vec<UdpFlush> {
+    let mut out = Vec::new();
+    for op in ops {
+        if failures.iter().any(|f| &f.op == op) {
+            continue;
+        }
+        let flush = match op {
+            Op::DeleteDest {
+                service:
+                    VirtualKey::Inet {
+                        protocol: Protocol::Udp,
+                        ..
+                    },
+                dest,
+            } => UdpFlush::Endpoint(dest.addr, dest.port),
+            Op::DeleteService(VirtualKey::Inet {
+                protocol: Protocol::Udp,
+                addr,
+                port,
+            }) => UdpFlush::Service(*addr, *port),
+            _ => continue,
+        };
+        if !out.contains(&flush) {
+            out.push(flush);
+        }
+    }
+    out
 }
 
 /// The real kernel: the IPVS handle and rtnetlink.
@@ -148,6 +209,14 @@ impl NodeKernel for RealKernel {
             .filter(|a| !a.is_loopback() && !is_link_local(a))
             .collect())
     }
+
+    fn flush_udp(&mut self, target: UdpFlush) -> Result<usize, String> {
+        let r = match target {
+            UdpFlush::Endpoint(a, p) => crate::conntrack::flush_udp_endpoint(a, p),
+            UdpFlush::Service(a, p) => crate::conntrack::flush_udp_service(a, p),
+        };
+        r.map_err(|e| e.to_string())
+    }
 }
 
 fn is_link_local(a: &IpAddr) -> bool {
@@ -201,6 +270,8 @@ pub struct Agent<K> {
     node_ips: Option<(Vec<Ipv4Addr>, Vec<Ipv6Addr>)>,
     /// Health-check node ports, if served.
     health_checks: Option<super::hcport::HealthChecks>,
+    /// The masquerade rules, if managed.
+    masq: Option<super::masq::Masq>,
     /// Whether a full sync has read the kernel; until then the engine's idea of the kernel is
     /// empty and an incremental sync would re-add what is already there.
     adopted: bool,
@@ -220,6 +291,7 @@ impl<K: NodeKernel> Agent<K> {
             retry: BTreeMap::new(),
             node_ips,
             health_checks: None,
+            masq: None,
             adopted: false,
         }
     }
@@ -227,6 +299,13 @@ impl<K: NodeKernel> Agent<K> {
     /// Keeps these health checks up to date with every change set.
     pub fn with_health_checks(mut self, hc: super::hcport::HealthChecks) -> Self {
         self.health_checks = Some(hc);
+        self
+    }
+
+    /// Keeps these masquerade rules applied (after the startup sync, at every reconcile and
+    /// when what they are built from changes).
+    pub fn with_masquerade(mut self, masq: super::masq::Masq) -> Self {
+        self.masq = Some(masq);
         self
     }
 
@@ -256,6 +335,7 @@ impl<K: NodeKernel> Agent<K> {
         };
         self.take(&cs);
         self.full_sync(SyncKind::Startup);
+        self.sync_masquerade(true);
         let period = self.cfg.sync_period;
         let mut reconcile = tokio::time::interval_at(Instant::now() + period, period);
         reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -276,8 +356,12 @@ impl<K: NodeKernel> Agent<K> {
                         self.take(&more);
                     }
                     self.incremental_sync();
+                    self.sync_masquerade(false);
                 }
-                _ = reconcile.tick() => self.full_sync(SyncKind::Reconcile),
+                _ = reconcile.tick() => {
+                    self.full_sync(SyncKind::Reconcile);
+                    self.sync_masquerade(true);
+                }
                 () = sleep_until(wake) => {
                     if retry_due.is_some_and(|d| d <= Instant::now()) {
                         self.full_sync(SyncKind::Retry);
@@ -299,6 +383,29 @@ impl<K: NodeKernel> Agent<K> {
         }
         if let Some(hc) = &mut self.health_checks {
             hc.update(cs.services.keys(), &self.inputs);
+        }
+        if let Some(m) = &mut self.masq {
+            if cs.node.is_some() {
+                m.locals.update_all(&self.inputs);
+            } else {
+                m.locals.update(cs.services.keys(), &self.inputs);
+            }
+        }
+    }
+
+    /// Applies the masquerade rules when `force` or when their inputs changed; a failure is
+    /// logged and counted and left for the next reconcile.
+    fn sync_masquerade(&mut self, force: bool) {
+        let Some(m) = &mut self.masq else {
+            return;
+        };
+        match m.sync(&self.inputs, force) {
+            Ok(true) => tracing::debug!("masquerade rules applied"),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!("masquerade rules (retried at the next reconcile): {e}");
+                self.shared.with_metrics(|m| m.masquerade_errors += 1);
+            }
         }
     }
 
@@ -440,6 +547,23 @@ impl<K: NodeKernel> Agent<K> {
             let n = failures.len() as u64;
             self.shared.with_metrics(|m| m.kernel_errors += n);
         }
+        // After the IPVS change, so no new datagram is scheduled to the endpoint once its
+        // entries are gone.
+        for target in udp_flushes(ops, &failures) {
+            match self.kernel.flush_udp(target) {
+                Ok(n) => {
+                    if n > 0 {
+                        tracing::info!("deleted {n} conntrack entries of {target}");
+                    }
+                    self.shared
+                        .with_metrics(|m| m.conntrack_flushed += n as u64);
+                }
+                Err(e) => {
+                    tracing::warn!("conntrack cleanup of {target}: {e}");
+                    self.shared.with_metrics(|m| m.conntrack_errors += 1);
+                }
+            }
+        }
         failures
     }
 
@@ -510,5 +634,62 @@ async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(t) => tokio::time::sleep_until(t).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("literal")
+    }
+
+    fn key(protocol: Protocol, addr: &str, port: u16) -> VirtualKey {
+        VirtualKey::Inet {
+            protocol,
+            addr: ip(addr),
+            port,
+        }
+    }
+
+    #[test]
+    fn only_applied_udp_deletes_call_for_conntrack_cleanup() {
+        let dest = |a: &str| DestKey {
+            addr: ip(a),
+            port: 53,
+        };
+        let udp = key(Protocol::Udp, "10.96.0.10", 53);
+        let tcp = key(Protocol::Tcp, "10.96.0.10", 53);
+        let failed = Op::DeleteDest {
+            service: udp,
+            dest: dest("10.244.1.7"),
+        };
+        let ops = vec![
+            Op::DeleteDest {
+                service: udp,
+                dest: dest("10.244.1.5"),
+            },
+            Op::DeleteDest {
+                service: tcp,
+                dest: dest("10.244.1.6"),
+            },
+            failed.clone(),
+            Op::DeleteService(key(Protocol::Udp, "10.96.0.11", 5353)),
+            Op::DeleteService(tcp),
+            Op::RemoveAddress(ip("10.96.0.11")),
+        ];
+        let failures = vec![apply::Failure {
+            op: failed,
+            services: Vec::new(),
+            error: "EBUSY".into(),
+        }];
+        assert_eq!(
+            udp_flushes(&ops, &failures),
+            vec![
+                UdpFlush::Endpoint(ip("10.244.1.5"), 53),
+                UdpFlush::Service(ip("10.96.0.11"), 5353),
+            ]
+        );
     }
 }

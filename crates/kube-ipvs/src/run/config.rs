@@ -117,6 +117,14 @@ pub struct RunArgs {
     /// Masquerade all traffic to Services (for the masquerade rules).
     #[arg(long)]
     pub masquerade_all: bool,
+    /// This node's Pod network(s), comma-separated: hairpin traffic is recognised by one
+    /// masquerade rule per CIDR. Without it, one rule per endpoint on this node.
+    #[arg(long, value_name = "CIDR[,CIDR]")]
+    pub node_pod_cidr: Option<String>,
+    /// Leave the iptables `nat` table alone (no masquerade rules), e.g. when another
+    /// component masquerades Service traffic.
+    #[arg(long)]
+    pub no_masquerade: bool,
     /// NodePorts listen on the node's addresses inside these networks, comma-separated,
     /// re-read on every full reconcile.
     #[arg(long, value_name = "CIDR[,CIDR]")]
@@ -424,6 +432,10 @@ pub struct Settings {
     pub cluster_cidrs: Vec<Cidr>,
     /// Masquerade everything to Services (consumed by the masquerade rules, not the table).
     pub masquerade_all: bool,
+    /// This node's Pod networks (`--node-pod-cidr`), for constant-size hairpin rules.
+    pub node_pod_cidrs: Vec<Cidr>,
+    /// Whether the masquerade rules are managed (not `--no-masquerade`).
+    pub masquerade: bool,
     /// NodePorts listen on local addresses inside these; empty: the Node object's addresses.
     pub nodeport_cidrs: Vec<Cidr>,
     /// Full reconcile interval.
@@ -591,6 +603,11 @@ impl Settings {
             "nodePortAddresses",
         ))?;
         let cluster_cidrs = cidrs(cluster.clone())?;
+        let node_pod_cidrs = cidrs(
+            args.node_pod_cidr
+                .clone()
+                .map(|v| (v, "--node-pod-cidr".to_owned())),
+        )?;
         // Checked here so the error names the setting; the source re-parses the same text.
         cidrs(exclude.clone())?;
 
@@ -632,6 +649,8 @@ impl Settings {
             node,
             cluster_cidrs,
             masquerade_all: args.masquerade_all || iptables.masquerade_all.unwrap_or(false),
+            node_pod_cidrs,
+            masquerade: !args.no_masquerade,
             nodeport_cidrs,
             sync_period,
             min_sync_period,

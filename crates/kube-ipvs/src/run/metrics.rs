@@ -117,6 +117,12 @@ pub struct Metrics {
     pub foreign_entries: u64,
     /// Services waiting for a failed operation to be retried.
     pub pending_retries: u64,
+    /// Times the masquerade rules could not be applied (each is retried at the next reconcile).
+    pub masquerade_errors: u64,
+    /// UDP conntrack cleanups (after a UDP real or virtual server was deleted) that failed.
+    pub conntrack_errors: u64,
+    /// UDP conntrack entries deleted after their real or virtual server was deleted.
+    pub conntrack_flushed: u64,
 }
 
 impl Default for Metrics {
@@ -132,6 +138,9 @@ impl Default for Metrics {
             real_servers: 0,
             foreign_entries: 0,
             pending_retries: 0,
+            masquerade_errors: 0,
+            conntrack_errors: 0,
+            conntrack_flushed: 0,
         }
     }
 }
@@ -193,6 +202,24 @@ impl Metrics {
             "kube_ipvs_drift_repaired_total",
             "Operations the periodic reconcile applied to repair changes made behind our back",
             self.drift_repaired,
+        );
+        counter(
+            &mut out,
+            "kube_ipvs_masquerade_errors_total",
+            "Attempts to apply the masquerade (iptables nat) rules that failed",
+            self.masquerade_errors,
+        );
+        counter(
+            &mut out,
+            "kube_ipvs_conntrack_errors_total",
+            "UDP conntrack cleanups after a deleted real or virtual server that failed",
+            self.conntrack_errors,
+        );
+        counter(
+            &mut out,
+            "kube_ipvs_conntrack_entries_deleted_total",
+            "UDP conntrack entries deleted because their real or virtual server was deleted",
+            self.conntrack_flushed,
         );
         counter(
             &mut out,

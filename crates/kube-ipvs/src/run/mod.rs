@@ -5,13 +5,15 @@
 //! the kernel's IPVS table and `kube-ipvs0` in place.
 //!
 //! Each kind of start-up failure has its own exit code ([`exit`]), so scripts and tests can tell
-//! a bad config file from a missing kernel module. The masquerade rules (iptables) are not set
-//! up here yet: [`config::Settings`] carries `--cluster-cidr` and `--masquerade-all` for them.
+//! a bad config file from a missing kernel module. The masquerade rules (iptables `nat`) are
+//! kept applied by the loop ([`masq`]) unless `--no-masquerade`; trouble with them is logged
+//! and counted, never fatal.
 
 pub mod agent;
 pub mod config;
 pub mod hcport;
 pub mod health;
+pub mod masq;
 pub mod metrics;
 pub mod setup;
 
@@ -75,9 +77,6 @@ pub fn main(args: &RunArgs) -> ExitCode {
         Err(e) => return fail(exit::SETTING, e),
     };
     init_logging();
-    if settings.masquerade_all || !settings.cluster_cidrs.is_empty() {
-        tracing::info!("masquerade rules are not managed by this build; set them up separately");
-    }
     let kernel = match prepare_kernel(&settings) {
         Ok(k) => k,
         Err(e) => return fail(exit::KERNEL, e),
@@ -123,6 +122,18 @@ fn prepare_kernel(settings: &Settings) -> Result<RealKernel, String> {
         rtnl,
         ifname: DEFAULT_DUMMY.to_owned(),
     })
+}
+
+/// The iptables backend, asked once; if `iptables --version` fails now it is asked again at each
+/// attempt to apply the rules, so a tool installed later is picked up.
+fn backend() -> crate::masquerade::Backend {
+    match crate::masquerade::detect_backend(None) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!("masquerade: {e}; asking again when the rules are applied");
+            crate::masquerade::Backend::Auto
+        }
+    }
 }
 
 async fn shutdown_signal() {
@@ -209,6 +220,19 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
         shared.clone(),
     ));
     let mut agent = Agent::new(kernel, inputs, cfg, shared).with_health_checks(health_checks);
+    if settings.masquerade {
+        agent = agent.with_masquerade(masq::Masq::new(
+            masq::Fixed {
+                cluster_cidrs: settings.cluster_cidrs.clone(),
+                masquerade_all: settings.masquerade_all,
+                node_pod_cidrs: settings.node_pod_cidrs.clone(),
+                backend: backend(),
+            },
+            Box::new(masq::Iptables),
+        ));
+    } else {
+        tracing::info!("--no-masquerade: the iptables nat table is left alone");
+    }
     let result = agent.run(watch.changes, shutdown_signal()).await;
     watch.task.abort();
     match result {

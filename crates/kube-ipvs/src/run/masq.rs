@@ -1,0 +1,423 @@
+//! The masquerade rules as the agent keeps them: what [`crate::masquerade`] needs beyond the
+//! settings (NodePorts and external/load-balancer addresses of `externalTrafficPolicy: Local`
+//! Services, this node's endpoints for hairpin), tracked per Service from change sets so a
+//! change costs the changed Services only, and when to apply them.
+//!
+//! # Hairpin
+//!
+//! With `--node-pod-cidr` (this node's Pod CIDRs) hairpin is [`Hairpin::LocalPodCidrs`]: one
+//! rule per CIDR whatever the number of Services or endpoints, the default this build
+//! recommends. It also masquerades Service traffic between two different Pods of this node (a
+//! superset of hairpin), which then loses the client Pod's address. Without the flag the node's
+//! Pod CIDR is unknown (the Node object's `spec.podCIDRs` is not part of the desired state), so
+//! hairpin falls back to the exact [`Hairpin::Endpoints`]: one rule per endpoint on this node,
+//! re-applied when that set changes.
+//!
+//! The rules are applied after the startup sync, at every full reconcile (which repairs
+//! someone deleting them), and whenever what they are built from changes. A failure is logged
+//! and counted and the next reconcile tries again: iptables trouble never stops the agent.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use kube_ipvs_diff::{Cidr, Inputs, Protocol, ServiceKind, ServiceName, TrafficPolicy};
+
+use crate::masquerade::{self, Backend, Family, Hairpin, LocalNodePort, LocalVirtualServer};
+
+/// What one Service contributes to the rules.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Contribution {
+    /// Local-policy NodePorts.
+    node_ports: Vec<(Protocol, u16)>,
+    /// Local-policy external and load-balancer addresses with their ports.
+    virtual_servers: Vec<(IpAddr, Protocol, u16)>,
+    /// Addresses of this node's endpoints (for exact hairpin).
+    local_endpoints: Vec<IpAddr>,
+}
+
+impl Contribution {
+    fn is_empty(&self) -> bool {
+        self.node_ports.is_empty()
+            && self.virtual_servers.is_empty()
+            && self.local_endpoints.is_empty()
+    }
+}
+
+fn contribution(name: &ServiceName, inputs: &Inputs) -> Contribution {
+    let mut c = Contribution::default();
+    let Some(info) = inputs.service(name) else {
+        return c;
+    };
+    if info.kind == ServiceKind::ExternalName || info.cluster_ips.is_empty() {
+        return c;
+    }
+    if info.external_traffic_policy == TrafficPolicy::Local
+        && matches!(info.kind, ServiceKind::NodePort | ServiceKind::LoadBalancer)
+    {
+        for p in &info.ports {
+            if let Some(np) = p.node_port.filter(|np| *np != 0) {
+                c.node_ports.push((p.protocol, np));
+            }
+        }
+    }
+    if info.external_traffic_policy == TrafficPolicy::Local {
+        for addr in info.external_ips.iter().chain(&info.load_balancer_ips) {
+            for p in &info.ports {
+                if p.port != 0 {
+                    c.virtual_servers.push((*addr, p.protocol, p.port));
+                }
+            }
+        }
+    }
+    let node = inputs.node().node_name.as_str();
+    c.local_endpoints = inputs
+        .endpoints(name)
+        .iter()
+        .filter(|e| e.node_name.as_deref() == Some(node))
+        .map(|e| e.addr)
+        .collect();
+    c
+}
+
+/// Everything the rules are built from besides the fixed settings; two equal values give the
+/// same rules, so an unchanged value needs no `iptables-restore`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Wanted {
+    node_ips: Vec<IpAddr>,
+    node_ports: Vec<(Protocol, u16)>,
+    virtual_servers: Vec<(IpAddr, Protocol, u16)>,
+    local_endpoints: Vec<IpAddr>,
+}
+
+/// The fixed part of the rules, from the settings.
+#[derive(Debug, Clone)]
+pub struct Fixed {
+    /// `--cluster-cidr`.
+    pub cluster_cidrs: Vec<Cidr>,
+    /// `--masquerade-all`.
+    pub masquerade_all: bool,
+    /// `--node-pod-cidr`: constant-size hairpin when given.
+    pub node_pod_cidrs: Vec<Cidr>,
+    /// The iptables backend, resolved once at startup when possible.
+    pub backend: Backend,
+}
+
+/// Per-Service contributions, kept up to date from change sets.
+#[derive(Debug, Default)]
+pub struct LocalSets {
+    by_service: BTreeMap<ServiceName, Contribution>,
+}
+
+impl LocalSets {
+    /// Recomputes these Services' contributions.
+    pub fn update<'a>(
+        &mut self,
+        names: impl IntoIterator<Item = &'a ServiceName>,
+        inputs: &Inputs,
+    ) {
+        for name in names {
+            let c = contribution(name, inputs);
+            if c.is_empty() {
+                self.by_service.remove(name);
+            } else {
+                self.by_service.insert(name.clone(), c);
+            }
+        }
+    }
+
+    /// Recomputes every Service (after a Node change: the node name decides what is local).
+    pub fn update_all(&mut self, inputs: &Inputs) {
+        self.by_service.clear();
+        let names: Vec<ServiceName> = inputs.service_names().cloned().collect();
+        self.update(&names, inputs);
+    }
+
+    /// What the rules need now, with the node's NodePort addresses from `inputs`.
+    pub fn wanted(&self, inputs: &Inputs, fixed: &Fixed) -> Wanted {
+        let node = inputs.node();
+        let mut w = Wanted {
+            node_ips: node
+                .node_ips_v4
+                .iter()
+                .map(|a| IpAddr::V4(*a))
+                .chain(node.node_ips_v6.iter().map(|a| IpAddr::V6(*a)))
+                .collect(),
+            ..Wanted::default()
+        };
+        for c in self.by_service.values() {
+            w.node_ports.extend(&c.node_ports);
+            w.virtual_servers.extend(&c.virtual_servers);
+            if fixed.node_pod_cidrs.is_empty() {
+                w.local_endpoints.extend(&c.local_endpoints);
+            }
+        }
+        for v in [&mut w.node_ips, &mut w.local_endpoints] {
+            v.sort_unstable();
+            v.dedup();
+        }
+        w.node_ports.sort_unstable();
+        w.node_ports.dedup();
+        w.virtual_servers.sort_unstable();
+        w.virtual_servers.dedup();
+        w
+    }
+}
+
+/// The helper's config for these inputs. IPv6 rules are added when anything in them is IPv6.
+pub fn config(fixed: &Fixed, wanted: &Wanted) -> masquerade::Config {
+    let v6 = fixed.cluster_cidrs.iter().any(|c| c.addr().is_ipv6())
+        || fixed.node_pod_cidrs.iter().any(|c| c.addr().is_ipv6())
+        || wanted.node_ips.iter().any(IpAddr::is_ipv6)
+        || wanted.virtual_servers.iter().any(|v| v.0.is_ipv6());
+    let mut families = vec![Family::V4];
+    if v6 {
+        families.push(Family::V6);
+    }
+    masquerade::Config {
+        families,
+        cluster_cidrs: fixed.cluster_cidrs.clone(),
+        masquerade_all: fixed.masquerade_all,
+        node_ips: wanted.node_ips.clone(),
+        local_node_ports: wanted
+            .node_ports
+            .iter()
+            .map(|&(protocol, port)| LocalNodePort { protocol, port })
+            .collect(),
+        local_virtual_servers: wanted
+            .virtual_servers
+            .iter()
+            .map(|&(addr, protocol, port)| LocalVirtualServer {
+                addr,
+                protocol,
+                port,
+            })
+            .collect(),
+        hairpin: if fixed.node_pod_cidrs.is_empty() {
+            Hairpin::Endpoints(wanted.local_endpoints.clone())
+        } else {
+            Hairpin::LocalPodCidrs(fixed.node_pod_cidrs.clone())
+        },
+        mark_bit: 14,
+        backend: fixed.backend,
+        bin_dir: None,
+    }
+}
+
+/// Applies a config to the kernel: the real one runs the iptables tools; tests record.
+pub trait Rules: Send {
+    /// Makes the kernel hold exactly these rules.
+    fn ensure(&mut self, config: &masquerade::Config) -> Result<(), String>;
+}
+
+/// The iptables tools.
+#[derive(Debug, Default)]
+pub struct Iptables;
+
+impl Rules for Iptables {
+    fn ensure(&mut self, config: &masquerade::Config) -> Result<(), String> {
+        masquerade::Masquerade::new(config.clone())
+            .and_then(|m| m.ensure())
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The agent's masquerade state.
+pub struct Masq {
+    /// The settings' part.
+    pub fixed: Fixed,
+    /// Per-Service contributions.
+    pub locals: LocalSets,
+    /// What was last applied successfully; `None` before that or after a failure.
+    pub applied: Option<Wanted>,
+    /// Where the rules go.
+    pub rules: Box<dyn Rules>,
+}
+
+impl Masq {
+    /// Masquerade state for these settings, applying through `rules`.
+    pub fn new(fixed: Fixed, rules: Box<dyn Rules>) -> Self {
+        Self {
+            fixed,
+            locals: LocalSets::default(),
+            applied: None,
+            rules,
+        }
+    }
+
+    /// Applies the rules if `force` or what they are built from changed since the last success.
+    /// Returns the error, if any, for the caller to count.
+    pub fn sync(&mut self, inputs: &Inputs, force: bool) -> Result<bool, String> {
+        let wanted = self.locals.wanted(inputs, &self.fixed);
+        if !force && self.applied.as_ref() == Some(&wanted) {
+            return Ok(false);
+        }
+        // A failed attempt waits for the next reconcile rather than hammering iptables on
+        // every change set.
+        if !force && self.applied.is_none() {
+            return Ok(false);
+        }
+        let cfg = config(&self.fixed, &wanted);
+        match self.rules.ensure(&cfg) {
+            Ok(()) => {
+                self.applied = Some(wanted);
+                Ok(true)
+            }
+            Err(e) => {
+                self.applied = None;
+                Err(e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube_ipvs_diff::{Endpoint, NodeContext, ServiceInfo, ServicePort};
+    use std::sync::{Arc, Mutex};
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("literal")
+    }
+
+    fn inputs() -> Inputs {
+        let mut node = NodeContext::new("node-1");
+        node.node_ips_v4 = vec!["192.168.1.10".parse().expect("literal")];
+        Inputs::new(node).expect("node")
+    }
+
+    fn lb(policy: TrafficPolicy) -> ServiceInfo {
+        ServiceInfo {
+            kind: ServiceKind::LoadBalancer,
+            cluster_ips: vec![ip("10.96.0.20")],
+            ports: vec![ServicePort {
+                name: String::new(),
+                protocol: Protocol::Tcp,
+                port: 80,
+                node_port: Some(30080),
+            }],
+            load_balancer_ips: vec![ip("203.0.113.7")],
+            external_traffic_policy: policy,
+            ..ServiceInfo::default()
+        }
+    }
+
+    fn endpoint(addr: &str, node: &str) -> Endpoint {
+        Endpoint {
+            node_name: Some(node.to_owned()),
+            ..Endpoint::ready(ip(addr), Vec::new())
+        }
+    }
+
+    fn fixed(pod: &[&str]) -> Fixed {
+        Fixed {
+            cluster_cidrs: vec!["10.244.0.0/16".parse().expect("literal")],
+            masquerade_all: false,
+            node_pod_cidrs: pod.iter().map(|c| c.parse().expect("literal")).collect(),
+            backend: Backend::Legacy,
+        }
+    }
+
+    #[test]
+    fn only_local_policy_services_exempt_their_node_ports_and_external_addresses() {
+        let mut inputs = inputs();
+        let local = ServiceName::new("default", "local");
+        let cluster = ServiceName::new("default", "cluster");
+        inputs
+            .upsert_service(local.clone(), lb(TrafficPolicy::Local))
+            .expect("service");
+        inputs
+            .upsert_service(cluster.clone(), lb(TrafficPolicy::Cluster))
+            .expect("service");
+        inputs
+            .set_endpoints(
+                cluster.clone(),
+                vec![
+                    endpoint("10.244.1.5", "node-1"),
+                    endpoint("10.244.2.5", "node-2"),
+                ],
+            )
+            .expect("endpoints");
+        let mut sets = LocalSets::default();
+        sets.update([&local, &cluster], &inputs);
+        let w = sets.wanted(&inputs, &fixed(&[]));
+        assert_eq!(w.node_ports, vec![(Protocol::Tcp, 30080)]);
+        assert_eq!(
+            w.virtual_servers,
+            vec![(ip("203.0.113.7"), Protocol::Tcp, 80)]
+        );
+        assert_eq!(
+            w.local_endpoints,
+            vec![ip("10.244.1.5")],
+            "only this node's"
+        );
+        assert_eq!(w.node_ips, vec![ip("192.168.1.10")]);
+        let cfg = config(&fixed(&[]), &w);
+        assert_eq!(cfg.hairpin, Hairpin::Endpoints(vec![ip("10.244.1.5")]));
+        assert_eq!(cfg.families, vec![Family::V4]);
+
+        // With this node's Pod CIDR, hairpin is one rule whatever the endpoints.
+        let pod = fixed(&["10.244.1.0/24"]);
+        let w = sets.wanted(&inputs, &pod);
+        assert!(w.local_endpoints.is_empty());
+        assert!(matches!(config(&pod, &w).hairpin, Hairpin::LocalPodCidrs(c) if c.len() == 1));
+
+        // The Service turning Cluster drops its exemptions.
+        inputs
+            .upsert_service(local.clone(), lb(TrafficPolicy::Cluster))
+            .expect("service");
+        sets.update([&local], &inputs);
+        let w = sets.wanted(&inputs, &fixed(&[]));
+        assert!(w.node_ports.is_empty() && w.virtual_servers.is_empty());
+    }
+
+    #[derive(Clone, Default)]
+    struct Recorder {
+        calls: Arc<Mutex<Vec<masquerade::Config>>>,
+        fail: Arc<Mutex<bool>>,
+    }
+
+    impl Rules for Recorder {
+        fn ensure(&mut self, config: &masquerade::Config) -> Result<(), String> {
+            self.calls.lock().expect("lock").push(config.clone());
+            if *self.fail.lock().expect("lock") {
+                Err("iptables-restore: no".into())
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    #[test]
+    fn rules_are_applied_when_forced_or_changed_and_a_failure_waits_for_a_forced_sync() {
+        let rec = Recorder::default();
+        let mut m = Masq::new(fixed(&[]), Box::new(rec.clone()));
+        let mut inputs = inputs();
+        let calls = || rec.calls.lock().expect("lock").len();
+        assert_eq!(m.sync(&inputs, true), Ok(true));
+        assert_eq!(m.sync(&inputs, false), Ok(false), "nothing changed");
+        assert_eq!(calls(), 1);
+        let local = ServiceName::new("default", "local");
+        inputs
+            .upsert_service(local.clone(), lb(TrafficPolicy::Local))
+            .expect("service");
+        m.locals.update([&local], &inputs);
+        assert_eq!(m.sync(&inputs, false), Ok(true), "the Local set changed");
+        assert_eq!(calls(), 2);
+        assert_eq!(
+            rec.calls.lock().expect("lock")[1].local_node_ports,
+            vec![LocalNodePort {
+                protocol: Protocol::Tcp,
+                port: 30080
+            }]
+        );
+        *rec.fail.lock().expect("lock") = true;
+        assert!(m.sync(&inputs, true).is_err());
+        inputs.remove_service(&local);
+        m.locals.update([&local], &inputs);
+        assert_eq!(m.sync(&inputs, false), Ok(false), "a failure waits");
+        *rec.fail.lock().expect("lock") = false;
+        assert_eq!(m.sync(&inputs, true), Ok(true), "the reconcile retries");
+        assert_eq!(calls(), 4);
+    }
+}
