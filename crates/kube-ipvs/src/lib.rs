@@ -3,6 +3,7 @@
 
 pub mod apply;
 pub mod check;
+pub mod cleanup;
 pub mod conntrack;
 pub mod dump;
 pub mod explain;

@@ -28,6 +28,8 @@ enum Command {
     Explain(kube_ipvs::explain::ExplainArgs),
     /// Run the node agent: keep the kernel's IPVS table in sync with the cluster.
     Run(Box<kube_ipvs::run::RunArgs>),
+    /// Remove what kube-ipvs created: its IPVS virtual servers, kube-ipvs0, its iptables chains.
+    Cleanup(kube_ipvs::cleanup::CleanupArgs),
 }
 
 fn main() -> ExitCode {
@@ -38,5 +40,6 @@ fn main() -> ExitCode {
         Command::Check(args) => kube_ipvs::check::main(&args),
         Command::Explain(args) => kube_ipvs::explain::main(&args),
         Command::Run(args) => kube_ipvs::run::main(&args),
+        Command::Cleanup(args) => kube_ipvs::cleanup::main(&args),
     }
 }

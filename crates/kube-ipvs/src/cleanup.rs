@@ -1,0 +1,296 @@
+//! `kube-ipvs cleanup`: removes what kube-ipvs created on this node and nothing else, for
+//! uninstalling or switching to another proxy.
+//!
+//! What is ours is decided the way the engine decides it, so cleanup removes exactly what `run`
+//! would manage: IPVS virtual servers outside `--exclude-cidrs` (firewall-mark services and
+//! entries the engine cannot represent are never ours), the addresses on `kube-ipvs0` outside
+//! those networks, then the `kube-ipvs0` link itself once nothing of anyone else's is left on it,
+//! and the masquerade chains and their jump in every iptables backend and family.
+//!
+//! Each removal is printed; the exit code is 0 when everything went, 1 naming what did not.
+//! `--dry-run` prints the same list as "would remove" and changes nothing.
+
+use std::net::IpAddr;
+use std::process::{Command, ExitCode, Stdio};
+
+use kube_ipvs_diff::{Cidr, Op, Table, full_diff};
+use kube_ipvs_netlink::ipvs::Ipvs;
+use kube_ipvs_netlink::link::{DEFAULT_DUMMY, Rtnl};
+
+use crate::apply::{self, KernelHandles, Owners};
+use crate::masquerade::{self, MASQ_CHAIN, POSTROUTING_CHAIN};
+use crate::observe::{self, Observed};
+
+/// `kube-ipvs cleanup`'s flags.
+#[derive(Debug, Clone, Default, clap::Args)]
+#[command(
+    after_help = "Exit codes: 0 everything of ours removed (or nothing to remove), \
+1 something could not be removed (named on stderr), 2 command line."
+)]
+pub struct CleanupArgs {
+    /// Networks whose virtual servers and addresses belong to someone else and are kept,
+    /// comma-separated (the same value as `run --exclude-cidrs`).
+    #[arg(long, value_name = "CIDR[,CIDR]")]
+    pub exclude_cidrs: Option<String>,
+    /// Print what would be removed and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// The kernel operations that remove everything ours from `observed`: the full diff towards an
+/// empty table, which leaves excluded, firewall-mark and foreign entries alone just as `run`
+/// does. Deleting a virtual server covers its real servers.
+pub fn removal_ops(observed: &Table, exclude: &[Cidr]) -> Vec<Op> {
+    full_diff(&Table::default(), observed, exclude)
+}
+
+/// Whether the link can go once `removed` addresses are gone: only if none of someone else's
+/// (inside the exclude CIDRs) remain. The kernel's own IPv6 link-local address is not counted
+/// ([`observe::from_dump`] already leaves it out).
+pub fn link_removable(observed: &Observed, removed: &[IpAddr]) -> bool {
+    observed.interface_exists && observed.table.addresses.iter().all(|a| removed.contains(a))
+}
+
+fn parse_cidrs(v: Option<&str>) -> Result<Vec<Cidr>, String> {
+    v.unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<Cidr>()
+                .map_err(|e| format!("--exclude-cidrs {s:?}: {e}"))
+        })
+        .collect()
+}
+
+/// Runs `kube-ipvs cleanup`.
+pub fn main(args: &CleanupArgs) -> ExitCode {
+    let exclude = match parse_cidrs(args.exclude_cidrs.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("kube-ipvs cleanup: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let verb = if args.dry_run {
+        "would remove"
+    } else {
+        "removed"
+    };
+    let mut failed: Vec<String> = Vec::new();
+    let (mut servers, mut addresses, mut chains, mut link) = (0usize, 0usize, 0usize, false);
+
+    match ipvs_part(&exclude, args.dry_run, verb, &mut failed) {
+        Ok((s, a, l)) => (servers, addresses, link) = (s, a, l),
+        Err(e) => failed.push(e),
+    }
+
+    if args.dry_run {
+        for (tool, found) in saved_chains() {
+            for c in &found {
+                println!("{verb} iptables chain {c} ({tool})");
+            }
+            chains += found.len();
+        }
+    } else {
+        match masquerade::cleanup_everywhere(None) {
+            Ok(removed) => {
+                for r in removed {
+                    for c in &r.chains {
+                        println!("{verb} iptables chain {c} ({})", r.tool);
+                    }
+                    if r.jumps > 0 {
+                        println!(
+                            "{verb} {} jump rule(s) from POSTROUTING ({})",
+                            r.jumps, r.tool
+                        );
+                    }
+                    chains += r.chains.len();
+                }
+            }
+            Err(e) => failed.push(format!("iptables: {e}")),
+        }
+    }
+
+    println!(
+        "{verb}: {servers} IPVS virtual servers, {addresses} addresses on {DEFAULT_DUMMY}, {} link, \
+         {chains} iptables chains",
+        if link { "its" } else { "no" }
+    );
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        for f in &failed {
+            eprintln!("kube-ipvs cleanup: failed: {f}");
+        }
+        ExitCode::from(1)
+    }
+}
+
+/// Removes (or lists) our virtual servers and addresses and the link; returns the counts.
+fn ipvs_part(
+    exclude: &[Cidr],
+    dry_run: bool,
+    verb: &str,
+    failed: &mut Vec<String>,
+) -> Result<(usize, usize, bool), String> {
+    let mut ipvs = Ipvs::new().map_err(|e| format!("opening IPVS netlink: {e}"))?;
+    let mut rtnl = Rtnl::new().map_err(|e| format!("opening rtnetlink: {e}"))?;
+    let observed = observe::read(&mut ipvs, &mut rtnl, DEFAULT_DUMMY)
+        .map_err(|e| format!("reading the IPVS table and {DEFAULT_DUMMY}: {e}"))?;
+    let ops = removal_ops(&observed.table, exclude);
+    let failures = if dry_run {
+        Vec::new()
+    } else {
+        let mut handles = KernelHandles {
+            ipvs: &mut ipvs,
+            rtnl: &mut rtnl,
+            ifname: DEFAULT_DUMMY,
+        };
+        apply::apply(&mut handles, &ops, &Owners::default())
+    };
+    let (mut servers, mut removed_addrs) = (0, Vec::new());
+    for op in &ops {
+        if let Some(f) = failures.iter().find(|f| &f.op == op) {
+            failed.push(format!("{op}: {}", f.error));
+            continue;
+        }
+        match op {
+            Op::DeleteService(key) => {
+                let dests = observed
+                    .table
+                    .services
+                    .get(key)
+                    .map_or(0, |e| e.dests.len());
+                println!("{verb} IPVS virtual server {key} ({dests} real servers)");
+                servers += 1;
+            }
+            Op::RemoveAddress(a) => {
+                println!("{verb} address {a} from {DEFAULT_DUMMY}");
+                removed_addrs.push(*a);
+            }
+            other => println!("{verb}: {other}"),
+        }
+    }
+    let mut link = false;
+    if link_removable(&observed, &removed_addrs) {
+        if dry_run {
+            link = true;
+        } else {
+            match delete_link() {
+                Ok(()) => link = true,
+                Err(e) => failed.push(e),
+            }
+        }
+        if link {
+            println!("{verb} link {DEFAULT_DUMMY}");
+        }
+    } else if observed.interface_exists {
+        println!("kept link {DEFAULT_DUMMY}: it holds addresses inside --exclude-cidrs");
+    }
+    Ok((servers, removed_addrs.len(), link))
+}
+
+/// Deletes `kube-ipvs0` with iproute2 (the netlink crate has no link deletion); the name is our
+/// own constant, so nothing from outside reaches the command line.
+fn delete_link() -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(["link", "delete", "dev", DEFAULT_DUMMY])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("deleting link {DEFAULT_DUMMY}: cannot run ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "deleting link {DEFAULT_DUMMY}: ip link delete failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Our chains as each installed `*-save` tool shows them (for `--dry-run`).
+fn saved_chains() -> Vec<(String, Vec<String>)> {
+    let mut out = Vec::new();
+    for tool in [
+        "iptables-legacy-save",
+        "iptables-nft-save",
+        "ip6tables-legacy-save",
+        "ip6tables-nft-save",
+    ] {
+        let Ok(o) = Command::new(tool)
+            .args(["-t", "nat"])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+        else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&o.stdout);
+        let found: Vec<String> = [POSTROUTING_CHAIN, MASQ_CHAIN]
+            .into_iter()
+            .filter(|c| text.lines().any(|l| l.starts_with(&format!(":{c} "))))
+            .map(str::to_owned)
+            .collect();
+        if !found.is_empty() {
+            out.push((tool.to_owned(), found));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube_ipvs_netlink::ipvs::{Destination, ForwardMethod, Service, ServiceKey};
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("literal")
+    }
+
+    #[test]
+    fn removes_ours_and_keeps_excluded_fwmark_and_foreign_entries() {
+        let ours = Service::new(ServiceKey::tcp(ip("10.96.0.10"), 80), "rr");
+        let excluded = Service::new(ServiceKey::tcp(ip("10.200.0.1"), 80), "rr");
+        let fwmark = Service::new(
+            ServiceKey::Fwmark {
+                family: kube_ipvs_netlink::ipvs::Family::Inet,
+                mark: 7,
+            },
+            "rr",
+        );
+        let odd = Service::new(ServiceKey::udp(ip("10.96.0.11"), 53), "none");
+        let d = Destination::new(ip("10.244.1.5"), 8080, ForwardMethod::Masq);
+        let observed = observe::from_dump(
+            &[
+                (ours, vec![d.clone()]),
+                (excluded, vec![d]),
+                (fwmark, vec![]),
+                (odd, vec![]),
+            ],
+            Some(vec![ip("10.96.0.10"), ip("10.200.0.1")]),
+        );
+        let exclude = parse_cidrs(Some("10.200.0.0/16")).expect("cidr");
+        let ops = removal_ops(&observed.table, &exclude);
+        let text: Vec<String> = ops.iter().map(ToString::to_string).collect();
+        assert_eq!(ops.len(), 2, "{text:?}");
+        assert!(matches!(&ops[0], Op::DeleteService(k) if k.to_string().contains("10.96.0.10:80")));
+        assert_eq!(ops[1], Op::RemoveAddress(ip("10.96.0.10")));
+        assert!(
+            !link_removable(&observed, &[ip("10.96.0.10")]),
+            "10.200.0.1 is someone else's"
+        );
+        let all = removal_ops(&observed.table, &[]);
+        assert_eq!(
+            all.len(),
+            4,
+            "without excludes: both servers and both addresses"
+        );
+        assert!(link_removable(
+            &observed,
+            &[ip("10.96.0.10"), ip("10.200.0.1")]
+        ));
+        assert!(parse_cidrs(Some("10.0.0.0/33")).is_err());
+    }
+}
