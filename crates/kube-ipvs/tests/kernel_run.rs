@@ -719,3 +719,137 @@ fn health_check_node_port_answers_for_local_endpoints() {
     );
     assert_eq!(agent.terminate(), Some(0));
 }
+
+/// The `nat` table as the system's default iptables shows it (the backend `run` detects).
+fn nat_rules() -> String {
+    stdout(&run("iptables-save", &["-t", "nat"]))
+}
+
+fn lines_with(text: &str, needles: &[&str]) -> usize {
+    text.lines()
+        .filter(|l| needles.iter().all(|n| l.contains(n)))
+        .count()
+}
+
+#[test]
+fn masquerade_rules_follow_the_settings_and_the_local_policy_set() {
+    let dir = manifests("masq");
+    let mut agent = Agent::start(&dir, &["--cluster-cidr", "10.244.0.0/16"]);
+    agent.wait_healthy();
+    wait_for(
+        "our chains with the cluster-CIDR rule",
+        Duration::from_secs(30),
+        || nat_rules().contains("outside cluster-cidr"),
+    );
+    let nat = nat_rules();
+    assert!(nat.contains(":KUBE-IPVS-POSTROUTING") && nat.contains(":KUBE-IPVS-MASQ"));
+    assert_eq!(
+        lines_with(&nat, &["-A POSTROUTING", "-j KUBE-IPVS-POSTROUTING"]),
+        1,
+        "one jump:\n{nat}"
+    );
+    assert_eq!(
+        lines_with(
+            &nat,
+            &[
+                "-A KUBE-IPVS-MASQ",
+                "192.168.56.10",
+                "30080",
+                "local nodeport"
+            ]
+        ),
+        1,
+        "shop's Local NodePort keeps the client address:\n{nat}"
+    );
+    assert_eq!(
+        lines_with(
+            &nat,
+            &["-A KUBE-IPVS-MASQ", "-s 10.244.0.0/16", "-j RETURN"]
+        ),
+        1
+    );
+    assert_eq!(
+        lines_with(&nat, &["-A KUBE-IPVS-MASQ", "hairpin"]),
+        5,
+        "one hairpin rule per endpoint on node-1 without --node-pod-cidr:\n{nat}"
+    );
+    assert!(!nat.contains("masquerade-all"));
+    assert_eq!(metric("kube_ipvs_masquerade_errors_total"), Some(0.0));
+
+    // shop turning Cluster policy drops its exemption without a restart.
+    let shop = dir.join("shop.yaml");
+    let text = std::fs::read_to_string(&shop).expect("read shop.yaml");
+    std::fs::write(
+        &shop,
+        text.replace(
+            "externalTrafficPolicy: Local",
+            "externalTrafficPolicy: Cluster",
+        ),
+    )
+    .expect("write shop.yaml");
+    wait_for(
+        "the Local NodePort rule to go",
+        Duration::from_secs(30),
+        || !nat_rules().contains("local nodeport"),
+    );
+    assert!(nat_rules().contains("outside cluster-cidr"));
+    assert_eq!(agent.terminate(), Some(0));
+
+    // Restarted with --masquerade-all and a node Pod CIDR: one rule marks everything; the jump
+    // is not duplicated.
+    let mut agent = Agent::start(
+        &dir,
+        &["--masquerade-all", "--node-pod-cidr", "10.244.1.0/24"],
+    );
+    agent.wait_healthy();
+    wait_for("the masquerade-all rule", Duration::from_secs(30), || {
+        nat_rules().contains("masquerade-all")
+    });
+    let nat = nat_rules();
+    assert_eq!(lines_with(&nat, &["-A KUBE-IPVS-MASQ"]), 1, "{nat}");
+    assert!(!nat.contains("outside cluster-cidr") && !nat.contains("hairpin"));
+    assert_eq!(
+        lines_with(&nat, &["-A POSTROUTING", "-j KUBE-IPVS-POSTROUTING"]),
+        1
+    );
+    assert_eq!(agent.terminate(), Some(0));
+
+    // Without masquerade-all, the node Pod CIDR gives one hairpin rule for all endpoints.
+    let mut agent = Agent::start(&dir, &["--node-pod-cidr", "10.244.1.0/24"]);
+    agent.wait_healthy();
+    wait_for("the hairpin rule", Duration::from_secs(30), || {
+        nat_rules().contains("hairpin")
+    });
+    let nat = nat_rules();
+    assert_eq!(
+        lines_with(
+            &nat,
+            &[
+                "-A KUBE-IPVS-MASQ",
+                "-s 10.244.1.0/24",
+                "-d 10.244.1.0/24",
+                "hairpin"
+            ]
+        ),
+        1,
+        "{nat}"
+    );
+    assert_eq!(lines_with(&nat, &["hairpin"]), 1);
+    assert_eq!(agent.terminate(), Some(0));
+}
+
+#[test]
+fn no_masquerade_leaves_the_nat_table_alone() {
+    let dir = manifests("nomasq");
+    let mut agent = Agent::start(
+        &dir,
+        &["--no-masquerade", "--cluster-cidr", "10.244.0.0/16"],
+    );
+    agent.wait_healthy();
+    // The startup sync is over once healthy; its masquerade step would have followed at once.
+    wait_for("a second sync", Duration::from_secs(10), || {
+        in_sync(&dir, &[])
+    });
+    assert!(!nat_rules().contains("KUBE-IPVS"));
+    assert_eq!(agent.terminate(), Some(0));
+}
