@@ -1,0 +1,233 @@
+//! Kernel test of `kube-ipvs cleanup` (run in the VM by `cargo xtask vm-test
+//! kube-ipvs/kernel_cleanup`): after `run` converged the example cluster and stopped on SIGTERM
+//! (leaving everything in place), `cleanup --dry-run` lists and keeps, and `cleanup` leaves only
+//! the foreign virtual server inside `--exclude-cidrs` and a firewall-mark service, no
+//! `kube-ipvs0` and no `KUBE-IPVS` chains in any iptables backend; a second run finds nothing.
+#![cfg(feature = "kernel-tests")]
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const EXAMPLES: [(&str, &str); 6] = [
+    (
+        "node.yaml",
+        include_str!("../../../examples/cluster/node.yaml"),
+    ),
+    (
+        "web.yaml",
+        include_str!("../../../examples/cluster/web.yaml"),
+    ),
+    (
+        "sticky.yaml",
+        include_str!("../../../examples/cluster/sticky.yaml"),
+    ),
+    (
+        "shop.yaml",
+        include_str!("../../../examples/cluster/shop.yaml"),
+    ),
+    (
+        "dns.yaml",
+        include_str!("../../../examples/cluster/dns.yaml"),
+    ),
+    (
+        "api.yaml",
+        include_str!("../../../examples/cluster/api.yaml"),
+    ),
+];
+
+fn kube_ipvs_bin() -> String {
+    std::env::var("KUBE_IPVS_BIN").unwrap_or_else(|_| "/usr/local/bin/kube-ipvs".into())
+}
+
+fn ipvsadm_bin() -> String {
+    std::env::var("IPVSADM").unwrap_or_else(|_| "/usr/sbin/ipvsadm".into())
+}
+
+fn run(bin: &str, args: &[&str]) -> Output {
+    let out = Command::new(bin)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {bin} {args:?}: {e}"));
+    println!(
+        "$ {bin} {}\n{}{}(exit {:?})",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        out.status.code()
+    );
+    out
+}
+
+fn text(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn ipvsadm(args: &[&str]) -> String {
+    let out = run(&ipvsadm_bin(), args);
+    assert!(out.status.success(), "ipvsadm {args:?}");
+    text(&out)
+}
+
+/// The virtual server lines of `ipvsadm -Ln` (TCP, UDP, SCTP, FWM).
+fn virtual_servers() -> Vec<String> {
+    ipvsadm(&["-Ln"])
+        .lines()
+        .filter(|l| {
+            ["TCP ", "UDP ", "SCTP ", "FWM "]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
+        .map(|l| l.split_whitespace().take(2).collect::<Vec<_>>().join(" "))
+        .collect()
+}
+
+/// Every installed backend's and family's `nat` table.
+fn all_nat_rules() -> String {
+    let mut all = String::new();
+    for tool in [
+        "iptables-legacy-save",
+        "iptables-nft-save",
+        "ip6tables-legacy-save",
+        "ip6tables-nft-save",
+    ] {
+        // Not every tool is in the guest (ip6tables-legacy is not); a missing one holds nothing.
+        if let Ok(out) = Command::new(tool).args(["-t", "nat"]).output() {
+            all += &String::from_utf8_lossy(&out.stdout);
+        }
+    }
+    all
+}
+
+fn healthy() -> bool {
+    use std::io::{Read as _, Write as _};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", 10256)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    if s.write_all(b"GET /healthz HTTP/1.0\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut t = String::new();
+    let _ = s.read_to_string(&mut t);
+    t.starts_with("HTTP/1.1 200") || t.starts_with("HTTP/1.0 200")
+}
+
+#[test]
+fn cleanup_removes_what_run_created_and_nothing_else() {
+    let dir = PathBuf::from("/tmp/kube-ipvs-cleanup");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create manifest dir");
+    for (name, body) in EXAMPLES {
+        std::fs::write(dir.join(name), body).expect("write manifest");
+    }
+    // Someone else's: a virtual server inside the excluded network and a fwmark service.
+    ipvsadm(&["-A", "-t", "10.200.0.1:80", "-s", "rr"]);
+    ipvsadm(&["-a", "-t", "10.200.0.1:80", "-r", "10.1.0.1:80", "-m"]);
+    ipvsadm(&["-A", "-f", "7", "-s", "rr"]);
+    let foreign = virtual_servers();
+    assert_eq!(foreign.len(), 2);
+
+    let log = dir.with_extension("log");
+    let mut child = Command::new(kube_ipvs_bin())
+        .args([
+            "run",
+            "--manifests",
+            dir.to_str().expect("utf-8"),
+            "--hostname-override",
+            "node-1",
+            "--exclude-cidrs",
+            "10.200.0.0/16",
+            "--cluster-cidr",
+            "10.244.0.0/16",
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("start kube-ipvs run");
+    let converged = || {
+        virtual_servers().len() == foreign.len() + 7
+            && all_nat_rules().contains("outside cluster-cidr")
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(healthy() && converged()) {
+        if Instant::now() > deadline || matches!(child.try_wait(), Ok(Some(_))) {
+            let _ = child.kill();
+            panic!(
+                "run did not converge:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        run("kill", &["-TERM", &child.id().to_string()])
+            .status
+            .success()
+    );
+    let status = child.wait().expect("wait");
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert!(converged(), "SIGTERM leaves everything in place");
+    assert!(
+        run("/usr/sbin/ip", &["link", "show", "kube-ipvs0"])
+            .status
+            .success()
+    );
+
+    let cleanup = |extra: &[&str]| {
+        let mut args = vec!["cleanup", "--exclude-cidrs", "10.200.0.0/16"];
+        args.extend_from_slice(extra);
+        run(&kube_ipvs_bin(), &args)
+    };
+    let dry = cleanup(&["--dry-run"]);
+    assert_eq!(dry.status.code(), Some(0));
+    let dry_text = text(&dry);
+    assert!(
+        dry_text.contains("would remove: 7 IPVS virtual servers"),
+        "{dry_text}"
+    );
+    assert!(
+        dry_text.contains("would remove link kube-ipvs0"),
+        "{dry_text}"
+    );
+    assert!(
+        dry_text.contains("would remove iptables chain KUBE-IPVS-MASQ"),
+        "{dry_text}"
+    );
+    assert!(converged(), "--dry-run changes nothing");
+
+    let out = cleanup(&[]);
+    assert_eq!(out.status.code(), Some(0));
+    let done = text(&out);
+    assert!(done.contains("removed: 7 IPVS virtual servers"), "{done}");
+    assert!(
+        done.contains("removed IPVS virtual server TCP 10.96.0.30:80"),
+        "{done}"
+    );
+    assert_eq!(
+        virtual_servers(),
+        foreign,
+        "only the foreign entries are left"
+    );
+    assert!(
+        ipvsadm(&["-Ln"]).contains("10.1.0.1:80"),
+        "the foreign real server is kept too"
+    );
+    assert!(
+        !run("/usr/sbin/ip", &["link", "show", "kube-ipvs0"])
+            .status
+            .success()
+    );
+    assert!(!all_nat_rules().contains("KUBE-IPVS"));
+
+    let again = cleanup(&[]);
+    assert_eq!(again.status.code(), Some(0));
+    assert!(text(&again).contains(
+        "removed: 0 IPVS virtual servers, 0 addresses on kube-ipvs0, no link, 0 iptables chains"
+    ));
+}
