@@ -853,3 +853,137 @@ fn no_masquerade_leaves_the_nat_table_alone() {
     assert!(!nat_rules().contains("KUBE-IPVS"));
     assert_eq!(agent.terminate(), Some(0));
 }
+
+const UDP_SERVICE: &str = "apiVersion: v1
+kind: Service
+metadata: {name: dns, namespace: default}
+spec:
+  type: ClusterIP
+  clusterIP: 10.96.0.53
+  clusterIPs: [10.96.0.53]
+  ports:
+  - {name: dns, port: 53, protocol: UDP, targetPort: 5353}
+";
+
+fn udp_slice(addrs: &[&str]) -> String {
+    let mut s = String::from(
+        "apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: dns-a1
+  namespace: default
+  labels: {kubernetes.io/service-name: dns}
+addressType: IPv4
+endpoints:
+",
+    );
+    for a in addrs {
+        s += &format!(
+            "- addresses: [{a}]\n  conditions: {{ready: true, serving: true, terminating: false}}\n  nodeName: node-1\n"
+        );
+    }
+    s += "ports:\n- {name: dns, port: 5353, protocol: UDP}\n";
+    s
+}
+
+/// A UDP Service with two endpoints in a peer namespace; a datagram from each of two client
+/// ports is scheduled to each endpoint. Removing one endpoint from the EndpointSlice makes the
+/// agent delete that real server and then its conntrack entry (which would otherwise pin the
+/// flow to the gone endpoint for the UDP timeout, unless the kernel's `expire_nodest_conn`
+/// drops it first), and keep the other's.
+#[test]
+fn removing_a_udp_endpoint_deletes_its_conntrack_entries() {
+    use kube_ipvs::conntrack;
+    let ip = "/usr/sbin/ip";
+    let ns = "run-udp";
+    let _ = run(ip, &["netns", "del", ns]);
+    ip_ok(&["netns", "add", ns]);
+    ip_ok(&["link", "add", "ru0", "type", "veth", "peer", "name", "ru1"]);
+    ip_ok(&["link", "set", "ru1", "netns", ns]);
+    ip_ok(&["addr", "add", "192.168.78.1/24", "dev", "ru0"]);
+    ip_ok(&["link", "set", "ru0", "up"]);
+    for a in ["192.168.78.2/24", "192.168.78.3/24", "192.168.78.4/24"] {
+        ip_ok(&["-n", ns, "addr", "add", a, "dev", "ru1"]);
+    }
+    ip_ok(&["-n", ns, "link", "set", "ru1", "up"]);
+    ip_ok(&[
+        "-n",
+        ns,
+        "route",
+        "add",
+        "10.96.0.0/24",
+        "via",
+        "192.168.78.1",
+    ]);
+
+    let dir = PathBuf::from("/tmp/kube-ipvs-run-udp");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create manifest dir");
+    std::fs::write(dir.join("svc.yaml"), UDP_SERVICE).expect("write");
+    let slice = dir.join("slice.yaml");
+    std::fs::write(&slice, udp_slice(&["192.168.78.3", "192.168.78.4"])).expect("write");
+    // The masquerade rules' nat table is what makes this namespace track connections.
+    let mut agent = Agent::start(&dir, &["--cluster-cidr", "10.244.0.0/16"]);
+    agent.wait_healthy();
+    wait_for("the masquerade rules", Duration::from_secs(30), || {
+        nat_rules().contains("outside cluster-cidr")
+    });
+
+    for sport in ["40053", "40054"] {
+        let target = format!("UDP-SENDTO:10.96.0.53:53,bind=192.168.78.2:{sport}");
+        let out = run(
+            ip,
+            &[
+                "netns",
+                "exec",
+                ns,
+                "socat",
+                "-u",
+                "OPEN:/proc/sys/kernel/ostype",
+                &target,
+            ],
+        );
+        assert!(out.status.success());
+    }
+    let ep = |a: &str| a.parse::<std::net::IpAddr>().expect("ip");
+    let flows_to = |a: &str| {
+        conntrack::entries(false)
+            .expect("conntrack dump")
+            .iter()
+            .filter(|e| {
+                e.orig.protocol == conntrack::IPPROTO_UDP
+                    && e.reply.src == ep(a)
+                    && e.reply.src_port == 5353
+            })
+            .count()
+    };
+    assert_eq!(
+        flows_to("192.168.78.3"),
+        1,
+        "a tracked flow to each endpoint"
+    );
+    assert_eq!(flows_to("192.168.78.4"), 1);
+    // With expire_nodest_conn (which the agent sets) the kernel drops a deleted real server's
+    // IPVS connections, and with them their conntrack entries, a jiffy later on its own; turned
+    // off here so that only the agent's cleanup can remove the entry.
+    std::fs::write("/proc/sys/net/ipv4/vs/expire_nodest_conn", "0").expect("sysctl");
+
+    std::fs::write(&slice, udp_slice(&["192.168.78.4"])).expect("write");
+    wait_for(
+        "the removed endpoint's flow to go",
+        Duration::from_secs(30),
+        || flows_to("192.168.78.3") == 0,
+    );
+    assert!(!ipvsadm(&["-Ln"]).contains("192.168.78.3:5353"));
+    assert_eq!(
+        flows_to("192.168.78.4"),
+        1,
+        "the other endpoint's flow is kept"
+    );
+    wait_for("the cleanup to be counted", Duration::from_secs(10), || {
+        metric("kube_ipvs_conntrack_entries_deleted_total") == Some(1.0)
+    });
+    assert_eq!(metric("kube_ipvs_conntrack_errors_total"), Some(0.0));
+    assert_eq!(agent.terminate(), Some(0));
+    let _ = run(ip, &["netns", "del", ns]);
+}
