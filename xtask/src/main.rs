@@ -6,6 +6,7 @@ mod bench;
 mod ci;
 mod demo;
 mod host;
+mod image;
 mod initramfs;
 mod kernel;
 mod util;
@@ -25,7 +26,8 @@ const USAGE: &str = "usage: cargo xtask <command>
                                     interactive root shell in the guest
   bench netlink [-- ARGS]           ipvs-bench in the guest (default --services 10000 --dests 10)
   bench dump [-- ARGS]              kube-ipvs dump vs ipvsadm -Ln in the guest
-  bench diff|watch [ARGS]           cargo bench of kube-ipvs-diff / kube-ipvs-watch";
+  bench diff|watch [ARGS]           cargo bench of kube-ipvs-diff / kube-ipvs-watch
+  image [--check]                   OCI/docker archive target/image/kube-ipvs-<version>.tar; --check runs it in a chroot";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -39,6 +41,7 @@ fn main() -> Result<()> {
         "vm-run" => vm::vm_run_command(rest),
         "vm-shell" => vm::vm_shell_command(rest),
         "bench" => bench::command(rest),
+        "image" => image::command(rest),
         "help" | "--help" | "-h" => {
             println!("{USAGE}");
             Ok(())
