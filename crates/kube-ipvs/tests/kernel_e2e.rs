@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 const IP: &str = "/usr/sbin/ip";
 const GATEWAY: &str = "169.254.1.1";
+const GATEWAY6: &str = "fe80::1";
 const CLIENT: &str = "192.168.56.100";
 const NODE_IP: &str = "192.168.56.10";
 
@@ -104,7 +105,7 @@ impl Lab {
         format!("e2e-{}-{name}", self.tag)
     }
 
-    /// A host `name` holding `addr`/32, reached from the node through a veth whose node end is
+    /// A host `name` holding `addr`/32 (or /128), reached from the node through a veth whose node end is
     /// the gateway.
     fn host(&mut self, name: &str, addr: &str) {
         let ns = self.ns(name);
@@ -123,6 +124,9 @@ impl Lab {
         ok(IP, &["link", "set", &host_end, "netns", &ns]);
         ok(IP, &["-n", &ns, "link", "set", "lo", "up"]);
         ok(IP, &["-n", &ns, "link", "set", &host_end, "up"]);
+        if addr.contains(':') {
+            return self.host_v6(&ns, addr, &node_end, &host_end);
+        }
         let host_addr = format!("{addr}/32");
         ok(
             IP,
@@ -141,12 +145,53 @@ impl Lab {
         ok(IP, &["route", "add", &host_addr, "dev", &node_end]);
     }
 
+    /// The IPv6 half of [`Lab::host`]: the node end holds the link-local gateway fe80::1, and
+    /// addresses skip duplicate detection so they are usable at once.
+    fn host_v6(&mut self, ns: &str, addr: &str, node_end: &str, host_end: &str) {
+        std::fs::write("/proc/sys/net/ipv6/conf/all/forwarding", "1\n").expect("forwarding");
+        let host_addr = format!("{addr}/128");
+        ok(
+            IP,
+            &[
+                "-n", ns, "-6", "addr", "add", &host_addr, "dev", host_end, "nodad",
+            ],
+        );
+        ok(
+            IP,
+            &[
+                "-n", ns, "-6", "route", "add", "default", "via", GATEWAY6, "dev", host_end,
+            ],
+        );
+        ok(
+            IP,
+            &["-6", "addr", "add", "fe80::1/64", "dev", node_end, "nodad"],
+        );
+        ok(IP, &["link", "set", node_end, "up"]);
+        ok(IP, &["-6", "route", "add", &host_addr, "dev", node_end]);
+    }
+
     /// A pod `name` at `addr` with a TCP server on `port`, listening when this returns.
     fn pod(&mut self, name: &str, addr: &str, port: u16) {
+        self.pod_answering(name, addr, port, ANSWER);
+    }
+
+    /// A pod whose TCP server runs `script` (a fixed literal) per connection.
+    fn pod_answering(&mut self, name: &str, addr: &str, port: u16, script: &str) {
         self.host(name, addr);
-        let listen = format!("TCP-LISTEN:{port},fork,reuseaddr");
-        self.spawn_server(name, addr, &listen, ANSWER);
-        let target: SocketAddr = format!("{addr}:{port}").parse().expect("pod address");
+        let v6 = addr.contains(':');
+        let listen = if v6 {
+            format!("TCP6-LISTEN:{port},fork,reuseaddr")
+        } else {
+            format!("TCP-LISTEN:{port},fork,reuseaddr")
+        };
+        self.spawn_server(name, addr, &listen, script);
+        let target: SocketAddr = if v6 {
+            format!("[{addr}]:{port}")
+        } else {
+            format!("{addr}:{port}")
+        }
+        .parse()
+        .expect("pod address");
         // The node reaches the pod directly (not through IPVS), so this probe moves no
         // scheduler state.
         wait_for(
@@ -168,6 +213,7 @@ impl Lab {
             .args(["netns", "exec", &ns, "socat", listen, answer])
             .env("E2E_POD", addr)
             .stdin(Stdio::null())
+            .stdout(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("starting socat in {ns}: {e}"));
         self.servers.push(child);
@@ -184,6 +230,29 @@ impl Lab {
             ],
         );
         answer(&out)
+    }
+
+    /// A TCP connection from host `from` to `target` left open: the client process and the
+    /// answering pod's address (the pods of the `lc` test keep connections open).
+    fn hold(&self, from: &str, target: &str) -> (Child, String) {
+        use std::io::BufRead as _;
+        let ns = self.ns(from);
+        let remote = format!("TCP:{target},connect-timeout=3");
+        let mut child = Command::new(IP)
+            .args(["netns", "exec", &ns, "socat", "-u", &remote, "STDOUT"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start socat client");
+        let mut line = String::new();
+        if let Some(out) = child.stdout.take() {
+            let _ = std::io::BufReader::new(out).read_line(&mut line);
+        }
+        let addr = line
+            .split_whitespace()
+            .next()
+            .map_or_else(|| "none".to_owned(), normalise);
+        (child, addr)
     }
 
     /// One UDP datagram from host `from` to `target`: the answering pod's (address, peer).
@@ -238,10 +307,17 @@ fn answer(out: &Output) -> Option<(String, String)> {
         return None;
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    let mut words = text.split_whitespace();
-    let addr = words.next()?.to_owned();
-    let peer = words.next()?.to_owned();
+    let mut words = text.split_whitespace().map(normalise);
+    let addr = words.next()?;
+    let peer = words.next()?;
     Some((addr, peer))
+}
+
+/// socat prints IPv6 addresses bracketed and fully expanded; this gives the short form.
+fn normalise(word: &str) -> String {
+    let bare = word.trim_start_matches('[').trim_end_matches(']');
+    bare.parse::<std::net::IpAddr>()
+        .map_or_else(|_| word.to_owned(), |a| a.to_string())
 }
 
 /// One endpoint of a slice: address, node, ready.
@@ -314,6 +390,10 @@ struct Agent {
 impl Agent {
     /// Starts the agent on `dir` and waits until `kube-ipvs check` says the kernel matches.
     fn start(dir: &Path, source: &[&str]) -> Agent {
+        Agent::start_with(dir, source, "10.244.0.0/16")
+    }
+
+    fn start_with(dir: &Path, source: &[&str], cluster_cidr: &str) -> Agent {
         let healthz = free_port();
         let metrics = loop {
             let p = free_port();
@@ -333,7 +413,7 @@ impl Agent {
             "--hostname-override",
             "node-1",
             "--cluster-cidr",
-            "10.244.0.0/16",
+            cluster_cidr,
             "--healthz-bind-address",
             &healthz_arg,
             "--metrics-bind-address",
@@ -359,6 +439,13 @@ impl Agent {
         };
         agent.wait_converged();
         agent
+    }
+
+    /// SIGKILL: no chance to clean up or to finish a sync.
+    fn kill(&mut self) {
+        self.child.kill().expect("SIGKILL the agent");
+        let status = self.child.wait().expect("wait for the agent");
+        println!("agent killed: {status}");
     }
 
     fn log(&self) -> String {
@@ -688,5 +775,195 @@ fn the_same_port_serves_tcp_and_udp() {
         seen,
         counts(&[("10.244.1.53", 2), ("10.244.2.53", 2)]),
         "UDP spread over both pods"
+    );
+}
+
+/// `web` with the scheduler annotation `sched` on its Service.
+fn with_scheduler(yaml: &str, sched: &str) -> String {
+    yaml.replacen(
+        "namespace: default}\nspec:",
+        &format!("namespace: default, annotations: {{kube-ipvs.io/scheduler: {sched}}}}}\nspec:"),
+        1,
+    )
+}
+
+#[test]
+fn source_hashing_keeps_a_client_on_one_backend_and_lc_favours_the_idle_one() {
+    let mut lab = Lab::new("sched");
+    lab.host("client", CLIENT);
+    for (name, addr) in [
+        ("sh1", "10.244.1.10"),
+        ("sh2", "10.244.2.10"),
+        ("sh3", "10.244.3.10"),
+    ] {
+        lab.pod(name, addr, 8080);
+    }
+    // The lc pods keep each connection open for a while after answering, so a connection
+    // the client holds stays active in IPVS.
+    for (name, addr) in [("lc1", "10.244.1.50"), ("lc2", "10.244.2.50")] {
+        lab.pod_answering(
+            name,
+            addr,
+            8080,
+            "SYSTEM:echo $SOCAT_SOCKADDR $SOCAT_PEERADDR; sleep 20",
+        );
+    }
+    let sh = service_yaml(
+        "hashed",
+        "10.96.0.10",
+        "  type: ClusterIP\n",
+        WEB_PORTS,
+        &[
+            Ep("10.244.1.10", "node-1", true),
+            Ep("10.244.2.10", "node-2", true),
+            Ep("10.244.3.10", "node-3", true),
+        ],
+    );
+    let lc = service_yaml(
+        "least",
+        "10.96.0.50",
+        "  type: ClusterIP\n",
+        WEB_PORTS,
+        &[
+            Ep("10.244.1.50", "node-1", true),
+            Ep("10.244.2.50", "node-2", true),
+        ],
+    );
+    let dir = manifests(
+        "sched",
+        &[
+            ("hashed.yaml", with_scheduler(&sh, "sh")),
+            ("least.yaml", with_scheduler(&lc, "lc")),
+        ],
+    );
+    let _agent = Agent::start(&dir, &[]);
+
+    let seen = lab.spread("client", "10.96.0.10:80", 9);
+    assert_eq!(seen.len(), 1, "sh: one backend for one client: {seen:?}");
+    assert!(
+        !seen.contains_key("none"),
+        "every connection answered: {seen:?}"
+    );
+
+    let (mut held, busy) = lab.hold("client", "10.96.0.50:80");
+    assert!(
+        busy.starts_with("10.244."),
+        "held connection answered by {busy}"
+    );
+    let mut others = BTreeMap::new();
+    for _ in 0..4 {
+        // Each of these is closed by the client once answered, so it turns inactive while
+        // the held one stays active.
+        let (mut c, who) = lab.hold("client", "10.96.0.50:80");
+        let _ = c.kill();
+        let _ = c.wait();
+        *others.entry(who).or_insert(0) += 1;
+    }
+    let _ = held.kill();
+    let _ = held.wait();
+    println!("lc: held {busy}, then {others:?}");
+    assert_eq!(others.len(), 1, "lc: all to one backend: {others:?}");
+    assert!(
+        !others.contains_key(&busy) && !others.contains_key("none"),
+        "lc: new connections go to the idle backend, not {busy}: {others:?}"
+    );
+}
+
+#[test]
+fn an_ipv6_service_spreads_over_ipv6_pods() {
+    let mut lab = Lab::new("six");
+    // A client inside the Pod network, so its traffic is not masqueraded.
+    lab.host("client", "fd00:244::100");
+    for (name, addr) in [("web1", "fd00:244::10"), ("web2", "fd00:244::20")] {
+        lab.pod(name, addr, 8080);
+    }
+    let web = service_yaml(
+        "web6",
+        "fd00:96::10",
+        "  type: ClusterIP\n  ipFamilies: [IPv6]\n",
+        WEB_PORTS,
+        &[
+            Ep("fd00:244::10", "node-1", true),
+            Ep("fd00:244::20", "node-2", true),
+        ],
+    );
+    let dir = manifests("six", &[("web6.yaml", web)]);
+    let _agent = Agent::start_with(&dir, &[], "10.244.0.0/16,fd00:244::/64");
+    let mut seen = BTreeMap::new();
+    for _ in 0..4 {
+        let got = lab.connect("client", "[fd00:96::10]:80");
+        let key = got.map_or_else(|| "none".to_owned(), |(a, p)| format!("{a} saw {p}"));
+        *seen.entry(key).or_insert(0) += 1;
+    }
+    assert_eq!(
+        seen,
+        counts(&[
+            ("fd00:244::10 saw fd00:244::100", 2),
+            ("fd00:244::20 saw fd00:244::100", 2)
+        ])
+    );
+}
+
+#[test]
+fn a_killed_agent_leaves_services_working_and_check_reports_the_drift() {
+    let mut lab = Lab::new("kill");
+    lab.host("client", CLIENT);
+    for (name, addr) in [
+        ("web1", "10.244.1.10"),
+        ("web2", "10.244.2.10"),
+        ("api1", "10.244.1.40"),
+    ] {
+        lab.pod(name, addr, 8080);
+    }
+    let web = service_yaml(
+        "web",
+        "10.96.0.10",
+        "  type: ClusterIP\n",
+        WEB_PORTS,
+        &[
+            Ep("10.244.1.10", "node-1", true),
+            Ep("10.244.2.10", "node-2", true),
+        ],
+    );
+    let dir = manifests("kill", &[("web.yaml", web)]);
+    let mut agent = Agent::start(&dir, &[]);
+    agent.kill();
+
+    assert_eq!(
+        lab.spread("client", "10.96.0.10:80", 4),
+        counts(&[("10.244.1.10", 2), ("10.244.2.10", 2)]),
+        "the existing Service keeps working"
+    );
+    let api = service_yaml(
+        "api",
+        "10.96.0.40",
+        "  type: ClusterIP\n",
+        WEB_PORTS,
+        &[Ep("10.244.1.40", "node-1", true)],
+    );
+    std::fs::write(dir.join("api.yaml"), api).expect("write api.yaml");
+    assert_eq!(
+        lab.connect("client", "10.96.0.40:80"),
+        None,
+        "no agent, no rules for the new Service"
+    );
+    let check = agent.check();
+    let report = String::from_utf8_lossy(&check.stdout).into_owned();
+    assert_eq!(
+        check.status.code(),
+        Some(1),
+        "check reports drift:\n{report}"
+    );
+    assert!(
+        report.contains("missing virtual server TCP 10.96.0.40:80"),
+        "the drift names the new Service:\n{report}"
+    );
+    drop(agent);
+
+    // A restart converges (Agent::start waits for check to exit 0) and the new Service answers.
+    let _agent = Agent::start(&dir, &[]);
+    assert_eq!(
+        lab.connect("client", "10.96.0.40:80").map(|(a, _)| a),
+        Some("10.244.1.40".to_owned())
     );
 }
