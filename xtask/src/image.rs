@@ -127,8 +127,13 @@ fn build(out_dir: &Path) -> Result<PathBuf> {
     }
     let bin_dir = rootfs.join("usr/local/bin");
     std::fs::create_dir_all(&bin_dir)?;
-    std::fs::copy(&binary, bin_dir.join("kube-ipvs"))
-        .with_context(|| format!("copying {}", binary.display()))?;
+    let installed = bin_dir.join("kube-ipvs");
+    std::fs::copy(&binary, &installed).with_context(|| format!("copying {}", binary.display()))?;
+    // The release profile keeps line tables for backtraces on developer machines; on nodes they
+    // are most of the image's size. Without binutils the image is just larger.
+    if util::which("strip").is_some() {
+        util::run(Command::new("strip").arg("--strip-debug").arg(&installed))?;
+    }
 
     // The layer: GNU tar with everything that varies between builds pinned.
     let blobs = out_dir.join("oci/blobs/sha256");
