@@ -4,8 +4,15 @@
 //! socket, rather than the async `rtnetlink` crate: the IPVS handle is synchronous too, the agent runs both on one
 //! worker thread, and a handful of requests per sync does not justify a tokio connection task. The module owns the
 //! dummy interface and its addresses; it never touches other interfaces' addresses or any routes.
+//!
+//! [`AddressWatch`] listens to the kernel's address notifications (the `RTNLGRP_IPV4_IFADDR` and
+//! `RTNLGRP_IPV6_IFADDR` multicast groups), so a caller follows the node's addresses without polling. It only
+//! reads; it never changes anything.
 
+use std::collections::VecDeque;
+use std::io;
 use std::net::IpAddr;
+use std::time::Duration;
 
 use netlink_packet_core::{
     NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage,
@@ -55,6 +62,186 @@ pub fn validate_ifname(name: &str) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The interface's own address in an address message.
+fn own_address(a: &AddressMessage) -> Option<IpAddr> {
+    // For IPv4, IFA_LOCAL is the interface's own address and IFA_ADDRESS the peer on point-to-point links;
+    // IPv6 sends only IFA_ADDRESS.
+    let mut local = None;
+    let mut address = None;
+    for attr in &a.attributes {
+        match attr {
+            AddressAttribute::Local(ip) => local = Some(*ip),
+            AddressAttribute::Address(ip) => address = Some(*ip),
+            _ => {}
+        }
+    }
+    local.or(address)
+}
+
+/// The multicast groups of IPv4 and IPv6 address changes (`RTNLGRP_IPV4_IFADDR`, `RTNLGRP_IPV6_IFADDR`).
+const IFADDR_GROUPS: [u32; 2] = [libc::RTNLGRP_IPV4_IFADDR, libc::RTNLGRP_IPV6_IFADDR];
+
+/// The kernel's message types for an added and a removed address.
+const RTM_NEWADDR: u16 = 20;
+const RTM_DELADDR: u16 = 21;
+
+/// One change to the node's addresses, as the kernel announced it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AddressEvent {
+    /// An address was added (or an existing one changed, e.g. its lifetime or flags).
+    Added {
+        /// Interface index.
+        index: u32,
+        /// The address.
+        addr: IpAddr,
+        /// Its prefix length.
+        prefix: u8,
+    },
+    /// An address was removed.
+    Removed {
+        /// Interface index.
+        index: u32,
+        /// The address.
+        addr: IpAddr,
+        /// Its prefix length.
+        prefix: u8,
+    },
+    /// Notifications were lost (the socket's receive buffer overflowed, `ENOBUFS`, or a message could not be
+    /// parsed): the caller must re-read every address instead of trusting the events it saw.
+    Resync,
+}
+
+/// A subscription to the kernel's address notifications in the caller's network namespace.
+///
+/// Events are only those that happen after [`AddressWatch::subscribe`] returns, so a caller subscribes first and
+/// then reads the current addresses, and misses nothing in between.
+pub struct AddressWatch {
+    sock: NlSocket,
+    buf: Vec<u8>,
+    /// Events of a datagram that carried more than one message.
+    pending: VecDeque<AddressEvent>,
+    /// The receive timeout the socket has now.
+    timeout: Option<Duration>,
+}
+
+impl AddressWatch {
+    /// Opens a route netlink socket joined to the IPv4 and IPv6 address groups.
+    pub fn subscribe() -> Result<Self> {
+        let sock = NlSocket::open_groups(netlink_sys::protocols::NETLINK_ROUTE, &IFADDR_GROUPS)
+            .map_err(|source| Error::Io {
+                op: "subscribe to address notifications".to_owned(),
+                source,
+            })?;
+        Ok(AddressWatch {
+            sock,
+            buf: Vec::with_capacity(64 * 1024),
+            pending: VecDeque::new(),
+            timeout: None,
+        })
+    }
+
+    /// Waits for the next address event.
+    pub fn recv(&mut self) -> Result<AddressEvent> {
+        self.set_timeout(None)?;
+        loop {
+            if let Some(event) = self.next()? {
+                return Ok(event);
+            }
+        }
+    }
+
+    /// Waits at most about `timeout` for the next address event; `None` when none came. (The wait starts again
+    /// when a datagram holds only messages that are not address events.)
+    pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Option<AddressEvent>> {
+        self.set_timeout(Some(timeout))?;
+        self.next()
+    }
+
+    fn set_timeout(&mut self, timeout: Option<Duration>) -> Result<()> {
+        if self.timeout != timeout {
+            self.sock
+                .set_recv_timeout(timeout)
+                .map_err(|source| Error::Io {
+                    op: "set the receive timeout of the address subscription".to_owned(),
+                    source,
+                })?;
+            self.timeout = timeout;
+        }
+        Ok(())
+    }
+
+    /// The next queued event, or the events of the next datagram; `None` on a timeout.
+    fn next(&mut self) -> Result<Option<AddressEvent>> {
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                return Ok(Some(event));
+            }
+            match self.sock.recv(&mut self.buf, true) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    return Ok(Some(AddressEvent::Resync));
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Ok(None);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(source) => {
+                    return Err(Error::Io {
+                        op: "receive address notifications".to_owned(),
+                        source,
+                    });
+                }
+            }
+            self.pending = parse_events(&self.buf);
+        }
+    }
+}
+
+/// The address events in one notification datagram. A message that cannot be parsed means an event the caller
+/// does not know about, so it becomes a [`AddressEvent::Resync`] rather than an error that would end the watch.
+fn parse_events(datagram: &[u8]) -> VecDeque<AddressEvent> {
+    let mut out = VecDeque::new();
+    for m in crate::ipvs::wire::messages(datagram) {
+        let Ok((h, _, whole)) = m else {
+            out.push_back(AddressEvent::Resync);
+            break;
+        };
+        if h.kind != RTM_NEWADDR && h.kind != RTM_DELADDR {
+            continue;
+        }
+        let parsed = match NetlinkMessage::<RouteNetlinkMessage>::deserialize(whole) {
+            Ok(p) => p,
+            Err(_) => {
+                out.push_back(AddressEvent::Resync);
+                continue;
+            }
+        };
+        let event = match parsed.payload {
+            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewAddress(a)) => own_address(&a)
+                .map(|addr| AddressEvent::Added {
+                    index: a.header.index,
+                    addr,
+                    prefix: a.header.prefix_len,
+                }),
+            NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelAddress(a)) => own_address(&a)
+                .map(|addr| AddressEvent::Removed {
+                    index: a.header.index,
+                    addr,
+                    prefix: a.header.prefix_len,
+                }),
+            _ => None,
+        };
+        out.extend(event);
+    }
+    out
 }
 
 /// A handle on the rtnetlink socket of the caller's network namespace.
@@ -193,25 +380,14 @@ impl Rtnl {
             NLM_F_REQUEST | NLM_F_DUMP,
             op,
             |reply| {
-                if let RouteNetlinkMessage::NewAddress(a) = reply {
-                    // For IPv4, IFA_LOCAL is the interface's own address and IFA_ADDRESS the peer on
-                    // point-to-point links; IPv6 sends only IFA_ADDRESS.
-                    let mut local = None;
-                    let mut address = None;
-                    for attr in &a.attributes {
-                        match attr {
-                            AddressAttribute::Local(ip) => local = Some(*ip),
-                            AddressAttribute::Address(ip) => address = Some(*ip),
-                            _ => {}
-                        }
-                    }
-                    if let Some(addr) = local.or(address) {
-                        out.push(LocalAddress {
-                            ifindex: a.header.index,
-                            addr,
-                            prefix_len: a.header.prefix_len,
-                        });
-                    }
+                if let RouteNetlinkMessage::NewAddress(a) = reply
+                    && let Some(addr) = own_address(&a)
+                {
+                    out.push(LocalAddress {
+                        ifindex: a.header.index,
+                        addr,
+                        prefix_len: a.header.prefix_len,
+                    });
                 }
                 Ok(())
             },
@@ -315,5 +491,81 @@ impl Rtnl {
             0 | libc::EADDRNOTAVAIL | libc::ENOENT | libc::ESRCH => Ok(()),
             e => Err(kernel_err(op(), e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(payload: RouteNetlinkMessage) -> Vec<u8> {
+        let mut msg = NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::from(payload));
+        msg.finalize();
+        let mut out = vec![0u8; msg.buffer_len()];
+        msg.serialize(&mut out);
+        out
+    }
+
+    fn address(index: u32, local: &str, peer: Option<&str>, prefix: u8) -> AddressMessage {
+        let mut a = AddressMessage::default();
+        a.header.family = AddressFamily::Inet;
+        a.header.index = index;
+        a.header.prefix_len = prefix;
+        let local: IpAddr = local.parse().expect("literal");
+        a.attributes.push(AddressAttribute::Local(local));
+        let peer: IpAddr = peer.map_or(local, |p| p.parse().expect("literal"));
+        a.attributes.push(AddressAttribute::Address(peer));
+        a
+    }
+
+    #[test]
+    fn a_datagram_of_adds_and_removes_becomes_events_in_order() {
+        let mut datagram = message(RouteNetlinkMessage::NewAddress(address(
+            3,
+            "192.168.77.10",
+            None,
+            24,
+        )));
+        // A point-to-point address: the event carries the interface's own (IFA_LOCAL) address.
+        datagram.extend(message(RouteNetlinkMessage::DelAddress(address(
+            4,
+            "10.0.0.1",
+            Some("10.0.0.2"),
+            32,
+        ))));
+        // A link message in the same datagram is not an address event.
+        datagram.extend(message(
+            RouteNetlinkMessage::NewLink(LinkMessage::default()),
+        ));
+        let ip = |s: &str| -> IpAddr { s.parse().expect("literal") };
+        assert_eq!(
+            Vec::from(parse_events(&datagram)),
+            vec![
+                AddressEvent::Added {
+                    index: 3,
+                    addr: ip("192.168.77.10"),
+                    prefix: 24
+                },
+                AddressEvent::Removed {
+                    index: 4,
+                    addr: ip("10.0.0.1"),
+                    prefix: 32
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn an_unparsable_address_message_asks_for_a_resync() {
+        let mut bytes = message(RouteNetlinkMessage::NewAddress(address(
+            3,
+            "192.168.77.10",
+            None,
+            24,
+        )));
+        // Declare an attribute longer than the message, which no parser can accept.
+        let first_attr = 16 + 8;
+        bytes[first_attr] = 0xff;
+        assert_eq!(Vec::from(parse_events(&bytes)), vec![AddressEvent::Resync]);
     }
 }

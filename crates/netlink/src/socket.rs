@@ -21,6 +21,49 @@ impl NlSocket {
         Ok(NlSocket { sock })
     }
 
+    /// A socket that only listens: bound to an automatic port id and joined to these multicast groups, not
+    /// connected, so it receives the kernel's notifications and never sends.
+    pub(crate) fn open_groups(protocol: isize, groups: &[u32]) -> io::Result<Self> {
+        let mut sock = Socket::new(protocol)?;
+        sock.bind_auto()?;
+        for &group in groups {
+            sock.add_membership(group)?;
+        }
+        Ok(NlSocket { sock })
+    }
+
+    /// Makes a waiting `recv` give up with `WouldBlock` after `timeout`; `None` waits for ever.
+    pub(crate) fn set_recv_timeout(&self, timeout: Option<std::time::Duration>) -> io::Result<()> {
+        let tv = match timeout {
+            // A zero timeval means "wait for ever" to the kernel, so the shortest real timeout is 1 us.
+            Some(d) => libc::timeval {
+                tv_sec: libc::time_t::try_from(d.as_secs()).unwrap_or(libc::time_t::MAX),
+                tv_usec: libc::suseconds_t::from(
+                    d.subsec_micros().max(u32::from(d.as_secs() == 0)),
+                ),
+            },
+            None => libc::timeval {
+                tv_sec: 0,
+                tv_usec: 0,
+            },
+        };
+        // SAFETY: the fd is owned by `self.sock` and open for its lifetime; the option value points to a live
+        // timeval and the length passed is exactly its size.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&raw const tv).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Error replies carry only the failed message's header, not its whole payload.
     pub(crate) fn set_cap_ack(&self) -> io::Result<()> {
         self.sock.set_cap_ack(true)
