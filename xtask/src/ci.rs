@@ -89,5 +89,10 @@ fn steps(vm: bool, timings: &mut Vec<(String, Duration)>) -> Result<()> {
     if vm {
         timed(timings, "cargo xtask vm-test", || vmtest::command(&[]))?;
     }
+    // The container image: built from Debian's packages without a Docker engine, unpacked, and
+    // its binary run in a chroot (issue 8's proof that the archive is usable).
+    timed(timings, "cargo xtask image --check", || {
+        crate::image::command(&["--check".to_owned()])
+    })?;
     Ok(())
 }
