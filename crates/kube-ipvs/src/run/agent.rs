@@ -12,6 +12,10 @@
 //! The kernel is reached through [`NodeKernel`] (the executor's [`Kernel`] plus reading), so the
 //! loop runs against an in-memory kernel in tests, and time is tokio's, so tests pause it. This
 //! module decides nothing about the table itself: the engine does.
+//!
+//! With `--nodeport-addresses`, the node's addresses are re-read at each full sync and whenever
+//! the address watch ([`watch_addresses`]) signals that one inside those CIDRs may have come or
+//! gone, so NodePorts follow the node's addresses without waiting for the sync period.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -272,6 +276,8 @@ pub struct Agent<K> {
     health_checks: Option<super::hcport::HealthChecks>,
     /// The masquerade rules, if managed.
     masq: Option<super::masq::Masq>,
+    /// Signals that the node's addresses may have changed, if watched.
+    address_changes: Option<mpsc::Receiver<()>>,
     /// Whether a full sync has read the kernel; until then the engine's idea of the kernel is
     /// empty and an incremental sync would re-add what is already there.
     adopted: bool,
@@ -292,6 +298,7 @@ impl<K: NodeKernel> Agent<K> {
             node_ips,
             health_checks: None,
             masq: None,
+            address_changes: None,
             adopted: false,
         }
     }
@@ -306,6 +313,13 @@ impl<K: NodeKernel> Agent<K> {
     /// when what they are built from changes).
     pub fn with_masquerade(mut self, masq: super::masq::Masq) -> Self {
         self.masq = Some(masq);
+        self
+    }
+
+    /// Re-reads the node's addresses (for `--nodeport-addresses`) and syncs what changed
+    /// whenever `signals` delivers, instead of only at full syncs.
+    pub fn with_address_changes(mut self, signals: mpsc::Receiver<()>) -> Self {
+        self.address_changes = Some(signals);
         self
     }
 
@@ -339,6 +353,7 @@ impl<K: NodeKernel> Agent<K> {
         let period = self.cfg.sync_period;
         let mut reconcile = tokio::time::interval_at(Instant::now() + period, period);
         reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut address_changes = self.address_changes.take();
         loop {
             let retry_due = self.retry.values().map(|p| p.due).min();
             let drain_due = self
@@ -357,6 +372,24 @@ impl<K: NodeKernel> Agent<K> {
                     }
                     self.incremental_sync();
                     self.sync_masquerade(false);
+                }
+                signal = next_signal(&mut address_changes) => {
+                    if signal.is_none() {
+                        tracing::warn!(
+                            "the address watch stopped; NodePort addresses are re-read at each reconcile only"
+                        );
+                        address_changes = None;
+                        continue;
+                    }
+                    // A burst of notifications (a link brought up with several addresses) is
+                    // one re-read.
+                    if let Some(rx) = &mut address_changes {
+                        while rx.try_recv().is_ok() {}
+                    }
+                    if self.refresh_node_addresses() {
+                        self.incremental_sync();
+                        self.sync_masquerade(false);
+                    }
                 }
                 _ = reconcile.tick() => {
                     self.full_sync(SyncKind::Reconcile);
@@ -421,10 +454,11 @@ impl<K: NodeKernel> Agent<K> {
         }
     }
 
-    /// Re-reads the node's addresses for `--nodeport-addresses`.
-    fn refresh_node_addresses(&mut self) {
+    /// Re-reads the node's addresses for `--nodeport-addresses`; says whether the NodePort
+    /// addresses changed.
+    fn refresh_node_addresses(&mut self) -> bool {
         if !self.cfg.node_ips.is_empty() || self.cfg.nodeport_cidrs.is_empty() {
-            return;
+            return false;
         }
         match self.kernel.node_addresses() {
             Ok(all) => {
@@ -439,11 +473,14 @@ impl<K: NodeKernel> Agent<K> {
                     tracing::info!("NodePort addresses: {chosen:?}");
                     self.node_ips = Some(next);
                     self.impose_node_ips();
+                    return true;
                 }
+                false
             }
             Err(e) => {
                 self.shared.with_metrics(|m| m.kernel_errors += 1);
                 tracing::warn!("reading the node's addresses: {e}");
+                false
             }
         }
     }
@@ -630,6 +667,61 @@ fn split(ips: &[IpAddr]) -> (Vec<Ipv4Addr>, Vec<Ipv6Addr>) {
     (v4, v6)
 }
 
+/// The next signal of an address watch; never completes without one.
+async fn next_signal(signals: &mut Option<mpsc::Receiver<()>>) -> Option<()> {
+    match signals {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Subscribes to the kernel's address notifications and forwards a signal for each change of an
+/// address inside `cidrs` (and for each loss of notifications) from a dedicated thread, since
+/// the subscription's socket blocks. `None`, with a warning, when the subscription fails: the
+/// caller then relies on the re-read at each full sync.
+pub fn watch_addresses(cidrs: Vec<Cidr>) -> Option<mpsc::Receiver<()>> {
+    use kube_ipvs_netlink::link::{AddressEvent, AddressWatch};
+    let mut watch = match AddressWatch::subscribe() {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!("{e}; NodePort addresses are re-read at each reconcile only");
+            return None;
+        }
+    };
+    // One pending signal is enough: the loop re-reads every address when it gets it.
+    let (tx, rx) = mpsc::channel(1);
+    let spawned = std::thread::Builder::new()
+        .name("address-watch".to_owned())
+        .spawn(move || {
+            loop {
+                let relevant = match watch.recv() {
+                    Ok(AddressEvent::Added { addr, .. } | AddressEvent::Removed { addr, .. }) => {
+                        cidrs.iter().any(|c| c.contains(addr))
+                    }
+                    Ok(AddressEvent::Resync) => true,
+                    Ok(_) => false,
+                    Err(e) => {
+                        // Dropping the sender tells the loop, which logs the fallback.
+                        tracing::warn!("address watch: {e}");
+                        return;
+                    }
+                };
+                if relevant && let Err(mpsc::error::TrySendError::Closed(())) = tx.try_send(()) {
+                    return;
+                }
+            }
+        });
+    match spawned {
+        Ok(_) => Some(rx),
+        Err(e) => {
+            tracing::warn!(
+                "starting the address watch thread: {e}; NodePort addresses are re-read at each reconcile only"
+            );
+            None
+        }
+    }
+}
+
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(t) => tokio::time::sleep_until(t).await,
@@ -640,6 +732,146 @@ async fn sleep_until(at: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube_ipvs_netlink::ipvs::{Request, ServiceKey};
+    use std::sync::Mutex;
+
+    /// A kernel that accepts every request and records the NodePort-relevant ones: the virtual
+    /// servers added and deleted, by address and port. Its node addresses are set by the test.
+    #[derive(Clone, Default)]
+    struct AddrKernel(Arc<Mutex<AddrState>>);
+
+    /// The node's addresses, and (added?, address, port) of each virtual server request.
+    type AddrState = (Vec<IpAddr>, Vec<(bool, IpAddr, u16)>);
+
+    impl AddrKernel {
+        fn set_addresses(&self, addrs: &[&str]) {
+            let mut st = self.0.lock().expect("lock");
+            st.0 = addrs.iter().map(|a| ip(a)).collect();
+        }
+        fn changes(&self) -> Vec<(bool, IpAddr, u16)> {
+            self.0.lock().expect("lock").1.clone()
+        }
+    }
+
+    impl Kernel for AddrKernel {
+        fn apply_requests(&mut self, requests: &[Request]) -> Vec<Result<(), String>> {
+            let mut st = self.0.lock().expect("lock");
+            for r in requests {
+                match r {
+                    Request::NewService(s) => {
+                        if let ServiceKey::Addr { addr, port, .. } = s.key {
+                            st.1.push((true, addr, port));
+                        }
+                    }
+                    Request::DelService(ServiceKey::Addr { addr, port, .. }) => {
+                        st.1.push((false, *addr, *port));
+                    }
+                    _ => {}
+                }
+            }
+            requests.iter().map(|_| Ok(())).collect()
+        }
+        fn ensure_interface(&mut self) -> Result<(), String> {
+            Ok(())
+        }
+        fn add_address(&mut self, _: IpAddr) -> Result<(), String> {
+            Ok(())
+        }
+        fn remove_address(&mut self, _: IpAddr) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    impl NodeKernel for AddrKernel {
+        fn observe(&mut self) -> Result<(Observed, Counts), String> {
+            Ok((
+                Observed {
+                    table: kube_ipvs_diff::Table::default(),
+                    foreign: Vec::new(),
+                    interface_exists: true,
+                },
+                Counts::new(),
+            ))
+        }
+        fn connection_counts(&mut self, _: &BTreeSet<VirtualKey>) -> Counts {
+            Counts::new()
+        }
+        fn node_addresses(&mut self) -> Result<Vec<IpAddr>, String> {
+            Ok(self.0.lock().expect("lock").0.clone())
+        }
+    }
+
+    /// With a one-hour sync period only the address signal can make the agent re-read the node's
+    /// addresses: the NodePort follows an added and a removed address.
+    #[tokio::test]
+    async fn an_address_signal_moves_the_nodeports() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster");
+        let m = kube_ipvs_watch::manifest::load(&dir).expect("the examples load");
+        let mut t = kube_ipvs_watch::Tracker::new(kube_ipvs_watch::TranslateOptions::default());
+        t.relist_services(&m.services);
+        t.relist_slices(&m.slices);
+        t.apply_node(&m.nodes[0]);
+        let cs = t.take_change_set().expect("an initial change set");
+
+        let kernel = AddrKernel::default();
+        kernel.set_addresses(&["192.168.77.10", "10.0.2.15"]);
+        let period = Duration::from_secs(3600);
+        let shared = Arc::new(Shared::new(period));
+        let cfg = AgentConfig {
+            sync_period: period,
+            retry_min: Duration::from_secs(1),
+            retry_max: period,
+            node_ips: Vec::new(),
+            nodeport_cidrs: vec!["192.168.77.0/24".parse().expect("literal")],
+        };
+        let inputs = Inputs::new(kube_ipvs_diff::NodeContext::new("node-1")).expect("valid node");
+        let (signal, signals) = mpsc::channel(1);
+        let mut agent =
+            Agent::new(kernel.clone(), inputs, cfg, shared.clone()).with_address_changes(signals);
+        let (changes, rx) = mpsc::channel(4);
+        changes.send(cs).await.expect("send");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            agent
+                .run(rx, async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        let mut syncs = shared.syncs();
+        syncs.wait_for(|c| *c >= 1).await.expect("running");
+        let nodeports = |k: &AddrKernel| -> Vec<(bool, IpAddr)> {
+            k.changes()
+                .into_iter()
+                .filter(|c| c.2 == 30080)
+                .map(|c| (c.0, c.1))
+                .collect()
+        };
+        assert_eq!(nodeports(&kernel), vec![(true, ip("192.168.77.10"))]);
+
+        kernel.set_addresses(&["192.168.77.10", "192.168.77.11", "10.0.2.15"]);
+        signal.send(()).await.expect("send");
+        syncs.wait_for(|c| *c >= 2).await.expect("running");
+        assert_eq!(
+            nodeports(&kernel),
+            vec![(true, ip("192.168.77.10")), (true, ip("192.168.77.11"))]
+        );
+
+        // Removing .10 deletes its NodePort; the addresses outside the CIDRs never count.
+        kernel.set_addresses(&["192.168.77.11", "10.0.2.15", "10.0.2.16"]);
+        signal.send(()).await.expect("send");
+        syncs.wait_for(|c| *c >= 3).await.expect("running");
+        assert_eq!(
+            nodeports(&kernel),
+            vec![
+                (true, ip("192.168.77.10")),
+                (true, ip("192.168.77.11")),
+                (false, ip("192.168.77.10"))
+            ]
+        );
+        let _ = stop.send(());
+        assert!(task.await.expect("agent task").is_ok());
+    }
 
     fn ip(s: &str) -> IpAddr {
         s.parse().expect("literal")

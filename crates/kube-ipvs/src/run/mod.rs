@@ -219,7 +219,16 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
         std::net::Ipv4Addr::UNSPECIFIED.into(),
         shared.clone(),
     ));
+    // Subscribed before the startup sync reads the addresses, so no change falls in between.
+    let address_changes = if cfg.node_ips.is_empty() && !cfg.nodeport_cidrs.is_empty() {
+        agent::watch_addresses(cfg.nodeport_cidrs.clone())
+    } else {
+        None
+    };
     let mut agent = Agent::new(kernel, inputs, cfg, shared).with_health_checks(health_checks);
+    if let Some(signals) = address_changes {
+        agent = agent.with_address_changes(signals);
+    }
     if settings.masquerade {
         agent = agent.with_masquerade(masq::Masq::new(
             masq::Fixed {
