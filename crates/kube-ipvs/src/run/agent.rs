@@ -801,6 +801,15 @@ mod tests {
         }
     }
 
+    /// Waits (at most 10 s, so a missing sync fails the test instead of hanging it) until `n`
+    /// syncs have finished.
+    async fn wait_syncs(syncs: &mut tokio::sync::watch::Receiver<u64>, n: u64) {
+        tokio::time::timeout(Duration::from_secs(10), syncs.wait_for(|c| *c >= n))
+            .await
+            .unwrap_or_else(|_| panic!("sync {n} did not happen within 10 s"))
+            .expect("the agent is running");
+    }
+
     /// With a one-hour sync period only the address signal can make the agent re-read the node's
     /// addresses: the NodePort follows an added and a removed address.
     #[tokio::test]
@@ -839,7 +848,7 @@ mod tests {
                 .await
         });
         let mut syncs = shared.syncs();
-        syncs.wait_for(|c| *c >= 1).await.expect("running");
+        wait_syncs(&mut syncs, 1).await;
         let nodeports = |k: &AddrKernel| -> Vec<(bool, IpAddr)> {
             k.changes()
                 .into_iter()
@@ -851,7 +860,7 @@ mod tests {
 
         kernel.set_addresses(&["192.168.77.10", "192.168.77.11", "10.0.2.15"]);
         signal.send(()).await.expect("send");
-        syncs.wait_for(|c| *c >= 2).await.expect("running");
+        wait_syncs(&mut syncs, 2).await;
         assert_eq!(
             nodeports(&kernel),
             vec![(true, ip("192.168.77.10")), (true, ip("192.168.77.11"))]
@@ -860,7 +869,7 @@ mod tests {
         // Removing .10 deletes its NodePort; the addresses outside the CIDRs never count.
         kernel.set_addresses(&["192.168.77.11", "10.0.2.15", "10.0.2.16"]);
         signal.send(()).await.expect("send");
-        syncs.wait_for(|c| *c >= 3).await.expect("running");
+        wait_syncs(&mut syncs, 3).await;
         assert_eq!(
             nodeports(&kernel),
             vec![
