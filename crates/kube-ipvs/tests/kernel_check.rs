@@ -7,81 +7,10 @@
 //! its manifests to its own directory under the shared `/tmp`.
 #![cfg(feature = "kernel-tests")]
 
+mod common;
+use common::*;
+
 use std::path::PathBuf;
-use std::process::{Command, Output};
-
-const EXAMPLES: [(&str, &str); 6] = [
-    (
-        "node.yaml",
-        include_str!("../../../examples/cluster/node.yaml"),
-    ),
-    (
-        "web.yaml",
-        include_str!("../../../examples/cluster/web.yaml"),
-    ),
-    (
-        "sticky.yaml",
-        include_str!("../../../examples/cluster/sticky.yaml"),
-    ),
-    (
-        "shop.yaml",
-        include_str!("../../../examples/cluster/shop.yaml"),
-    ),
-    (
-        "dns.yaml",
-        include_str!("../../../examples/cluster/dns.yaml"),
-    ),
-    (
-        "api.yaml",
-        include_str!("../../../examples/cluster/api.yaml"),
-    ),
-];
-
-fn kube_ipvs_bin() -> String {
-    std::env::var("KUBE_IPVS_BIN").unwrap_or_else(|_| "/usr/local/bin/kube-ipvs".into())
-}
-
-fn ipvsadm_bin() -> String {
-    std::env::var("IPVSADM").unwrap_or_else(|_| "/usr/sbin/ipvsadm".into())
-}
-
-fn run(bin: &str, args: &[&str]) -> Output {
-    let out = Command::new(bin)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("running {bin} {args:?}: {e}"));
-    println!(
-        "$ {bin} {}\n{}{}(exit {:?})",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        out.status.code()
-    );
-    out
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The example manifests copied to a directory of this test's own.
-fn manifests(test: &str) -> PathBuf {
-    let dir = PathBuf::from(format!("/tmp/kube-ipvs-check-{test}"));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create manifest dir");
-    for (name, text) in EXAMPLES {
-        std::fs::write(dir.join(name), text).expect("write manifest");
-    }
-    dir
-}
-
-/// `kube-ipvs <cmd> --manifests DIR --hostname-override node-1 [extra]`.
-fn kube_ipvs(cmd: &str, dir: &std::path::Path, extra: &[&str]) -> Output {
-    let dir = dir.to_str().expect("utf-8 path");
-    let mut args = vec![cmd, "--manifests", dir, "--hostname-override", "node-1"];
-    args.extend_from_slice(extra);
-    run(&kube_ipvs_bin(), &args)
-}
 
 /// Programs the kernel from the manifests and checks that `check` agrees: the common start.
 fn apply_and_expect_in_sync(dir: &std::path::Path) {
@@ -113,7 +42,7 @@ fn kube_ipvs0_addresses() -> String {
 
 #[test]
 fn check_is_in_sync_after_plan_apply() {
-    let dir = manifests("in-sync");
+    let dir = manifests("check-in-sync");
     apply_and_expect_in_sync(&dir);
     // The kernel holds what the plan said, as ipvsadm reads it.
     let web = ipvsadm_list(&["-t", "10.96.0.10:80"]);
@@ -143,7 +72,7 @@ fn check_is_in_sync_after_plan_apply() {
 
 #[test]
 fn check_reports_a_stale_endpoint() {
-    let dir = manifests("stale-endpoint");
+    let dir = manifests("check-stale-endpoint");
     apply_and_expect_in_sync(&dir);
     // The endpoint 10.244.3.10 is replaced by 10.244.3.11 in the API's view.
     let web = std::fs::read_to_string(dir.join("web.yaml")).expect("read");
@@ -189,7 +118,7 @@ fn check_reports_a_stale_endpoint() {
 
 #[test]
 fn check_reports_a_missing_service() {
-    let dir = manifests("missing-service");
+    let dir = manifests("check-missing-service");
     apply_and_expect_in_sync(&dir);
     let out = run(&ipvsadm_bin(), &["-D", "-t", "10.96.0.20:443"]);
     assert!(out.status.success(), "ipvsadm -D");
@@ -218,7 +147,7 @@ fn check_reports_a_missing_service() {
 
 #[test]
 fn check_reports_a_missing_address() {
-    let dir = manifests("missing-address");
+    let dir = manifests("check-missing-address");
     apply_and_expect_in_sync(&dir);
     let out = run(
         "/usr/sbin/ip",
@@ -261,7 +190,7 @@ fn a_failed_op_is_reported_with_its_service_and_the_rest_applies() {
         !std::path::Path::new("/sys/module/ip_vs_twos").exists(),
         "this test needs a kernel without ip_vs_twos; pick another missing scheduler"
     );
-    let dir = manifests("failed-op");
+    let dir = manifests("check-failed-op");
     let odd = "apiVersion: v1\nkind: Service\nmetadata:\n  name: odd\n  namespace: default\n  \
                annotations: {kube-ipvs.io/scheduler: twos}\nspec:\n  clusterIP: 10.96.0.77\n  \
                ports:\n  - {name: http, port: 80, protocol: TCP}\n---\n\

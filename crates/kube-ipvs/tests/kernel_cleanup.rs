@@ -5,69 +5,12 @@
 //! `kube-ipvs0` and no `KUBE-IPVS` chains in any iptables backend; a second run finds nothing.
 #![cfg(feature = "kernel-tests")]
 
+mod common;
+use common::*;
+
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-const EXAMPLES: [(&str, &str); 6] = [
-    (
-        "node.yaml",
-        include_str!("../../../examples/cluster/node.yaml"),
-    ),
-    (
-        "web.yaml",
-        include_str!("../../../examples/cluster/web.yaml"),
-    ),
-    (
-        "sticky.yaml",
-        include_str!("../../../examples/cluster/sticky.yaml"),
-    ),
-    (
-        "shop.yaml",
-        include_str!("../../../examples/cluster/shop.yaml"),
-    ),
-    (
-        "dns.yaml",
-        include_str!("../../../examples/cluster/dns.yaml"),
-    ),
-    (
-        "api.yaml",
-        include_str!("../../../examples/cluster/api.yaml"),
-    ),
-];
-
-fn kube_ipvs_bin() -> String {
-    std::env::var("KUBE_IPVS_BIN").unwrap_or_else(|_| "/usr/local/bin/kube-ipvs".into())
-}
-
-fn ipvsadm_bin() -> String {
-    std::env::var("IPVSADM").unwrap_or_else(|_| "/usr/sbin/ipvsadm".into())
-}
-
-fn run(bin: &str, args: &[&str]) -> Output {
-    let out = Command::new(bin)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("running {bin} {args:?}: {e}"));
-    println!(
-        "$ {bin} {}\n{}{}(exit {:?})",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        out.status.code()
-    );
-    out
-}
-
-fn text(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn ipvsadm(args: &[&str]) -> String {
-    let out = run(&ipvsadm_bin(), args);
-    assert!(out.status.success(), "ipvsadm {args:?}");
-    text(&out)
-}
 
 /// The virtual server lines of `ipvsadm -Ln` (TCP, UDP, SCTP, FWM).
 fn virtual_servers() -> Vec<String> {
@@ -186,7 +129,7 @@ fn cleanup_removes_what_run_created_and_nothing_else() {
     };
     let dry = cleanup(&["--dry-run"]);
     assert_eq!(dry.status.code(), Some(0));
-    let dry_text = text(&dry);
+    let dry_text = stdout(&dry);
     assert!(
         dry_text.contains("would remove: 7 IPVS virtual servers"),
         "{dry_text}"
@@ -203,7 +146,7 @@ fn cleanup_removes_what_run_created_and_nothing_else() {
 
     let out = cleanup(&[]);
     assert_eq!(out.status.code(), Some(0));
-    let done = text(&out);
+    let done = stdout(&out);
     assert!(done.contains("removed: 7 IPVS virtual servers"), "{done}");
     assert!(
         done.contains("removed IPVS virtual server TCP 10.96.0.30:80"),
@@ -227,7 +170,7 @@ fn cleanup_removes_what_run_created_and_nothing_else() {
 
     let again = cleanup(&[]);
     assert_eq!(again.status.code(), Some(0));
-    assert!(text(&again).contains(
+    assert!(stdout(&again).contains(
         "removed: 0 IPVS virtual servers, 0 addresses on kube-ipvs0, no link, 0 iptables chains"
     ));
 }

@@ -8,37 +8,17 @@
 //! network namespace, so the default ports on loopback are free.
 #![cfg(feature = "kernel-tests")]
 
+mod common;
+use common::*;
+
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const NODE: &str = include_str!("../../../examples/cluster/node.yaml");
 /// A NodePort Service (nodePort 30080) with an endpoint on node-1.
 const SHOP: &str = include_str!("../../../examples/cluster/shop.yaml");
-
-fn kube_ipvs_bin() -> String {
-    std::env::var("KUBE_IPVS_BIN").unwrap_or_else(|_| "/usr/local/bin/kube-ipvs".into())
-}
-
-fn ipvsadm_bin() -> String {
-    std::env::var("IPVSADM").unwrap_or_else(|_| "/usr/sbin/ipvsadm".into())
-}
-
-fn run(bin: &str, args: &[&str]) -> Output {
-    let out = Command::new(bin)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("running {bin} {args:?}: {e}"));
-    println!(
-        "$ {bin} {}\n{}{}(exit {:?})",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        out.status.code()
-    );
-    out
-}
 
 fn ip(args: &[&str]) {
     assert!(run("/usr/sbin/ip", args).status.success(), "ip {args:?}");

@@ -10,107 +10,19 @@
 //! network namespace, so the default ports on loopback are free.
 #![cfg(feature = "kernel-tests")]
 
+mod common;
+use common::*;
+
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-const EXAMPLES: [(&str, &str); 6] = [
-    (
-        "node.yaml",
-        include_str!("../../../examples/cluster/node.yaml"),
-    ),
-    (
-        "web.yaml",
-        include_str!("../../../examples/cluster/web.yaml"),
-    ),
-    (
-        "sticky.yaml",
-        include_str!("../../../examples/cluster/sticky.yaml"),
-    ),
-    (
-        "shop.yaml",
-        include_str!("../../../examples/cluster/shop.yaml"),
-    ),
-    (
-        "dns.yaml",
-        include_str!("../../../examples/cluster/dns.yaml"),
-    ),
-    (
-        "api.yaml",
-        include_str!("../../../examples/cluster/api.yaml"),
-    ),
-];
 
 /// What the examples need on an empty kernel (as `kernel_check` establishes with `plan`).
 const EMPTY_KERNEL_OPS: u64 = 25;
 
-fn kube_ipvs_bin() -> String {
-    std::env::var("KUBE_IPVS_BIN").unwrap_or_else(|_| "/usr/local/bin/kube-ipvs".into())
-}
-
-fn ipvsadm_bin() -> String {
-    std::env::var("IPVSADM").unwrap_or_else(|_| "/usr/sbin/ipvsadm".into())
-}
-
-fn run(bin: &str, args: &[&str]) -> Output {
-    let out = Command::new(bin)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("running {bin} {args:?}: {e}"));
-    println!(
-        "$ {bin} {}\n{}{}(exit {:?})",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        out.status.code()
-    );
-    out
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The example manifests in a directory of this test's own.
-fn manifests(test: &str) -> PathBuf {
-    let dir = PathBuf::from(format!("/tmp/kube-ipvs-run-{test}"));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create manifest dir");
-    for (name, text) in EXAMPLES {
-        std::fs::write(dir.join(name), text).expect("write manifest");
-    }
-    dir
-}
-
-/// `kube-ipvs <cmd> --manifests DIR --hostname-override node-1 [extra]` (plan, check).
-fn kube_ipvs(cmd: &str, dir: &Path, extra: &[&str]) -> Output {
-    let dir = dir.to_str().expect("utf-8 path");
-    let mut args = vec![cmd, "--manifests", dir, "--hostname-override", "node-1"];
-    args.extend_from_slice(extra);
-    run(&kube_ipvs_bin(), &args)
-}
-
 fn in_sync(dir: &Path, extra: &[&str]) -> bool {
     kube_ipvs("check", dir, extra).status.code() == Some(0)
-}
-
-fn ipvsadm(args: &[&str]) -> String {
-    let out = run(&ipvsadm_bin(), args);
-    assert!(out.status.success(), "ipvsadm {args:?}");
-    stdout(&out)
-}
-
-/// Polls `cond` every 100 ms until it holds or `limit` passes.
-fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// A minimal HTTP/1.0 GET over loopback: (status, body), or `None` if nothing listens yet.
@@ -229,7 +141,7 @@ fn startup_ops() -> Option<f64> {
 
 #[test]
 fn converges_an_empty_kernel_and_serves_health_and_metrics() {
-    let dir = manifests("empty");
+    let dir = manifests("run-empty");
     assert_eq!(planned_ops(&dir), EMPTY_KERNEL_OPS);
     let mut agent = Agent::start(&dir, &[]);
     agent.wait_healthy();
@@ -258,7 +170,7 @@ fn converges_an_empty_kernel_and_serves_health_and_metrics() {
 
 #[test]
 fn adopts_a_stale_table_with_only_the_needed_operations_and_survives_restart() {
-    let dir = manifests("stale");
+    let dir = manifests("run-stale");
     let out = kube_ipvs("plan", &dir, &["--apply"]);
     assert_eq!(out.status.code(), Some(0));
     // Make it stale: one endpoint gone, one foreign endpoint, one virtual server deleted.
@@ -293,7 +205,7 @@ fn adopts_a_stale_table_with_only_the_needed_operations_and_survives_restart() {
 
 #[test]
 fn ipvsadm_clear_is_repaired_by_the_next_reconcile() {
-    let dir = manifests("clear");
+    let dir = manifests("run-clear");
     let mut agent = Agent::start(&dir, &["--sync-period", "2s"]);
     agent.wait_healthy();
     assert!(in_sync(&dir, &[]));
@@ -312,7 +224,7 @@ fn ipvsadm_clear_is_repaired_by_the_next_reconcile() {
 
 #[test]
 fn a_manifest_change_is_applied() {
-    let dir = manifests("change");
+    let dir = manifests("run-change");
     let mut agent = Agent::start(&dir, &[]);
     agent.wait_healthy();
     let web = dir.join("web.yaml");
@@ -335,7 +247,7 @@ fn a_manifest_change_is_applied() {
 
 #[test]
 fn flags_change_what_they_should() {
-    let dir = manifests("flags");
+    let dir = manifests("run-flags");
     // A foreign virtual server inside --exclude-cidrs and a stale one outside it.
     ipvsadm(&["-A", "-t", "10.200.0.1:80", "-s", "rr"]);
     ipvsadm(&["-A", "-t", "10.96.99.1:80", "-s", "rr"]);
@@ -420,7 +332,7 @@ fn run_exit(args: &[&str]) -> (Option<i32>, String) {
 
 #[test]
 fn startup_errors_have_one_message_and_distinct_exit_codes() {
-    let dir = manifests("errors");
+    let dir = manifests("run-errors");
     let d = dir.to_str().expect("utf-8");
     let bad = dir.join("bad-config.yaml");
     std::fs::write(
@@ -615,7 +527,7 @@ fn an_open_tcp_connection_survives_a_restart() {
 /// timeouts, bind addresses), and a flag given beside it wins.
 #[test]
 fn a_kube_proxy_config_file_is_applied_and_flags_win() {
-    let dir = manifests("config");
+    let dir = manifests("run-config");
     let config = PathBuf::from("/tmp/kube-ipvs-run-config.yaml");
     std::fs::write(
         &config,
@@ -694,7 +606,7 @@ ports:
 
 #[test]
 fn health_check_node_port_answers_for_local_endpoints() {
-    let dir = manifests("hcport");
+    let dir = manifests("run-hcport");
     std::fs::write(dir.join("lb.yaml"), LB).expect("write manifest");
     let mut agent = Agent::start(&dir, &[]);
     agent.wait_healthy();
@@ -733,7 +645,7 @@ fn lines_with(text: &str, needles: &[&str]) -> usize {
 
 #[test]
 fn masquerade_rules_follow_the_settings_and_the_local_policy_set() {
-    let dir = manifests("masq");
+    let dir = manifests("run-masq");
     let mut agent = Agent::start(&dir, &["--cluster-cidr", "10.244.0.0/16"]);
     agent.wait_healthy();
     wait_for(
@@ -840,7 +752,7 @@ fn masquerade_rules_follow_the_settings_and_the_local_policy_set() {
 
 #[test]
 fn no_masquerade_leaves_the_nat_table_alone() {
-    let dir = manifests("nomasq");
+    let dir = manifests("run-nomasq");
     let mut agent = Agent::start(
         &dir,
         &["--no-masquerade", "--cluster-cidr", "10.244.0.0/16"],
