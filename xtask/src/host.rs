@@ -18,6 +18,7 @@ const PACKAGES: &[&str] = &[
     "cpio",
     "kmod",
     "socat",
+    "ipset",
 ];
 
 /// Each tool with the reason we need it, for the error message.
@@ -29,6 +30,7 @@ const TOOLS: &[(&str, &str)] = &[
     ("iptables-nft", "shipped into the guest"),
     ("ip", "shipped into the guest (iproute2)"),
     ("socat", "shipped into the guest, and forwards guest ports"),
+    ("ipset", "shipped into the guest for kube-proxy (bench e2e)"),
     ("depmod", "indexes the guest kernel's modules"),
     ("cpio", "only for inspecting images by hand"),
     ("apt-get", "downloads the guest kernel"),

@@ -71,13 +71,7 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
 
 /// `<cargo target dir>/image`.
 fn image_dir() -> Result<PathBuf> {
-    let text =
-        util::output(util::cargo_cmd().args(["metadata", "--format-version", "1", "--no-deps"]))?;
-    let meta: serde_json::Value = serde_json::from_str(&text).context("parsing cargo metadata")?;
-    let target = meta["target_directory"]
-        .as_str()
-        .context("cargo metadata has no target_directory")?;
-    Ok(Path::new(target).join("image"))
+    Ok(util::target_dir()?.join("image"))
 }
 
 fn build(out_dir: &Path) -> Result<PathBuf> {

@@ -4,11 +4,13 @@
 
 mod bench;
 mod ci;
+mod cluster;
 mod demo;
 mod host;
 mod image;
 mod initramfs;
 mod kernel;
+mod tools;
 mod util;
 mod vm;
 mod vmtest;
@@ -27,6 +29,8 @@ const USAGE: &str = "usage: cargo xtask <command>
   bench netlink [-- ARGS]           ipvs-bench in the guest (default --services 10000 --dests 10)
   bench dump [-- ARGS]              kube-ipvs dump vs ipvsadm -Ln in the guest
   bench diff|watch [ARGS]           cargo bench of kube-ipvs-diff / kube-ipvs-watch
+  tools                             build kube-apiserver, etcd, kube-proxy, kubectl (integration/tools)
+  deploy-check                      kubectl apply --dry-run=server of deploy/ against a real API server
   image [--check]                   OCI/docker archive target/image/kube-ipvs-<version>.tar; --check runs it in a chroot";
 
 fn main() -> Result<()> {
@@ -42,6 +46,8 @@ fn main() -> Result<()> {
         "vm-shell" => vm::vm_shell_command(rest),
         "bench" => bench::command(rest),
         "image" => image::command(rest),
+        "tools" => tools::command(rest),
+        "deploy-check" => cluster::command(rest),
         "help" | "--help" | "-h" => {
             println!("{USAGE}");
             Ok(())

@@ -17,6 +17,16 @@ pub(crate) fn workspace_root() -> PathBuf {
     manifest_dir.parent().unwrap_or(manifest_dir).to_path_buf()
 }
 
+/// The cargo target directory (honours `CARGO_TARGET_DIR` and config), from `cargo metadata`.
+pub(crate) fn target_dir() -> Result<PathBuf> {
+    let text = output(cargo_cmd().args(["metadata", "--format-version", "1", "--no-deps"]))?;
+    let meta: serde_json::Value = serde_json::from_str(&text).context("parsing cargo metadata")?;
+    let target = meta["target_directory"]
+        .as_str()
+        .context("cargo metadata has no target_directory")?;
+    Ok(PathBuf::from(target))
+}
+
 /// The cargo that invoked us, so toolchain overrides (`cargo +nightly xtask`) carry through.
 pub(crate) fn cargo_cmd() -> Command {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());

@@ -49,6 +49,7 @@ const HOST_TOOLS: &[&str] = &[
     "/usr/sbin/ip6tables-legacy",
     "/usr/sbin/ip6tables-nft",
     "/usr/bin/socat",
+    "/usr/sbin/ipset",
 ];
 
 /// iptables loads its matches and targets from here with `dlopen`, so `ldd` cannot see them.
@@ -93,7 +94,22 @@ if [ -e /etc/vm/net ]; then
     # User-mode networking: reach forwarded host ports at 10.0.2.100; there is no default route.
     /usr/sbin/ip link set eth0 up && /usr/sbin/ip addr add 10.0.2.15/24 dev eth0
     export KUBE_IPVS_HOST_ADDR=10.0.2.100
+    # eth0 exists only in this (the initial) network namespace; a unix socket per forwarded
+    # port lets processes in any namespace reach the host port (see `forward-port` below).
+    for port in $(cat /etc/vm/forward); do
+        socat UNIX-LISTEN:/run/host-$port.sock,fork TCP:10.0.2.100:$port &
+    done
+    for port in $(cat /etc/vm/forward); do
+        while [ ! -S /run/host-$port.sock ]; do sleep 0.05; done
+    done
 fi
+# `forward-port PORT` (run inside a network namespace) makes 127.0.0.1:PORT there reach the
+# host's 127.0.0.1:PORT through the socket above; it runs until killed.
+cat > /bin/forward-port <<'FWD'
+#!/bin/sh
+exec socat TCP-LISTEN:$1,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:/run/host-$1.sock
+FWD
+chmod 755 /bin/forward-port
 echo "##vm:ready uptime=$(cut -d' ' -f1 /proc/uptime)"
 cd /tmp
 /bin/sh /job/run.sh
@@ -187,13 +203,7 @@ impl Outcome {
 
 /// The directory everything VM-related is cached in: `<cargo target dir>/vm`.
 pub(crate) fn vm_dir() -> Result<PathBuf> {
-    let text =
-        util::output(util::cargo_cmd().args(["metadata", "--format-version", "1", "--no-deps"]))?;
-    let meta: serde_json::Value = serde_json::from_str(&text).context("parsing cargo metadata")?;
-    let target = meta["target_directory"]
-        .as_str()
-        .context("cargo metadata has no target_directory")?;
-    Ok(Path::new(target).join("vm"))
+    Ok(util::target_dir()?.join("vm"))
 }
 
 /// Builds the image for `job`, boots it, streams the console and waits for power-off.
@@ -225,6 +235,8 @@ pub(crate) fn run(job: &Job) -> Result<Outcome> {
     overlay.add_bytes("/job/run.sh", job.script.clone(), 0o755)?;
     if !job.forward_ports.is_empty() {
         overlay.add_bytes("/etc/vm/net", Vec::new(), 0o644)?;
+        let ports: Vec<String> = job.forward_ports.iter().map(u16::to_string).collect();
+        overlay.add_bytes("/etc/vm/forward", ports.join(" ").into_bytes(), 0o644)?;
     }
     // Per-process scratch, so two runs at once (a developer and CI) do not overwrite each
     // other's image; only `last-run.log` is shared, by design.

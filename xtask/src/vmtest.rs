@@ -15,9 +15,13 @@
 //! * A test is named `PACKAGE/TARGET::path::to::test` (e.g. `xtask/kernel_harness::dummy_link`);
 //!   FILTER is a substring of that. Each test has a timeout (`--test-timeout`, default 120 s).
 //! * The full console goes to `target/vm/last-run.log`; print captured kernel bytes there.
+//! * Test targets named `kernel_apiserver*` need a real API server: vm-test starts etcd and
+//!   kube-apiserver on the host (`cargo xtask tools` builds them), forwards its port and a
+//!   control port into the guest and ships kubeconfigs under `/etc/kube-ipvs-test/` (see
+//!   `cluster.rs`). Without a Go toolchain those tests are reported as skipped, with the reason.
 //!
 //! The guest prints one marker line per test (`##ktest:start NAME`, then `##ktest:pass NAME`,
-//! `##ktest:fail NAME rc=N` or `##ktest:timeout NAME`), which the host turns into the summary
+//! `##ktest:fail NAME rc=N` or `##ktest:timeout NAME`; or `##ktest:skip NAME REASON`), which the host turns into the summary
 //! and the final `N passed, N failed` line.
 
 use std::path::{Path, PathBuf};
@@ -47,6 +51,17 @@ for bin in /tests/*/*; do
         name=${line%: test}
         full="$label::$name"
         case "$full" in *"$filter"*) ;; *) continue ;; esac
+        # Tests whose prerequisites the host lacks are reported as skipped, with the reason.
+        why=
+        if [ -s /etc/ktest/skip ]; then
+            while IFS='	' read -r pattern reason; do
+                case "$full" in *"$pattern"*) why=$reason ;; esac
+            done < /etc/ktest/skip
+        fi
+        if [ -n "$why" ]; then
+            echo "##ktest:skip $full $why"
+            continue
+        fi
         echo "##ktest:start $full"
         t0=$(cut -d' ' -f1 /proc/uptime)
         # A fresh network namespace per test: IPVS tables, links and iptables rules are all
@@ -241,6 +256,8 @@ fn vm_test(options: &Options) -> Result<()> {
     job.executables = files;
     job.timeout = options.timeout;
     job.forward_ports = options.forward_ports.clone();
+    // Held until the VM has powered off; dropping it stops etcd and kube-apiserver.
+    let _control_plane = control_plane(options, &mut job)?;
     job.data.push((
         "/etc/ktest/filter".into(),
         options.filter.clone().unwrap_or_default().into_bytes(),
@@ -266,16 +283,64 @@ fn vm_test(options: &Options) -> Result<()> {
         secs(started.elapsed())
     );
     println!("console log: {}", outcome.log.display());
+    for (name, why) in &report.skipped {
+        println!("SKIPPED {name}: {why}");
+    }
     for (name, why) in &report.failed {
         println!("FAILED {name}: {why}");
     }
     let verdict = report.verdict(outcome.failure(), options.filter.as_deref());
     println!(
-        "{} passed, {} failed",
+        "{} passed, {} failed, {} skipped",
         report.passed.len(),
-        report.failed.len()
+        report.failed.len(),
+        report.skipped.len()
     );
     verdict
+}
+
+/// The test targets that need the API server (see the module docs).
+const APISERVER_TARGET: &str = "kernel_apiserver";
+
+/// Whether FILTER can select a test of `label` (`PACKAGE/TARGET`): the filter is a substring of
+/// `label::NAME`, or names the target and more.
+fn filter_may_select(filter: Option<&str>, label: &str) -> bool {
+    filter.is_none_or(|f| label.contains(f) || f.starts_with(label) || label.starts_with(f))
+}
+
+/// Starts the control plane when a selected test needs it, or tells the guest to skip those
+/// tests (with the reason) when it cannot be had.
+fn control_plane(
+    options: &Options,
+    job: &mut Job,
+) -> Result<Option<std::sync::Arc<crate::cluster::ControlPlane>>> {
+    let wanted = discover()?.iter().any(|pkg| {
+        pkg.targets.iter().any(|t| {
+            t.starts_with(APISERVER_TARGET)
+                && filter_may_select(options.filter.as_deref(), &format!("{}/{t}", pkg.name))
+        })
+    });
+    if !wanted {
+        return Ok(None);
+    }
+    let tools = match crate::tools::ensure()? {
+        Ok(tools) => tools,
+        Err(crate::tools::Unavailable(why)) => {
+            eprintln!("xtask: SKIPPING the {APISERVER_TARGET}* tests: {why}");
+            job.data.push((
+                "/etc/ktest/skip".into(),
+                format!("/{APISERVER_TARGET}\t{why}\n").into_bytes(),
+            ));
+            return Ok(None);
+        }
+    };
+    let dir = util::target_dir()?.join(format!("control-plane/vm-test-{}", std::process::id()));
+    let plane = std::sync::Arc::new(crate::cluster::ControlPlane::start(&tools, &dir)?);
+    plane.apply_rbac()?;
+    plane.serve_control()?;
+    job.forward_ports.extend([plane.port, plane.control_port]);
+    job.data.extend(plane.guest_files()?);
+    Ok(Some(plane))
 }
 
 /// The per-test results parsed from the console.
@@ -284,6 +349,8 @@ pub(crate) struct Report {
     pub(crate) passed: Vec<String>,
     /// Failed tests with the reason.
     pub(crate) failed: Vec<(String, String)>,
+    /// Tests not run, with the reason.
+    pub(crate) skipped: Vec<(String, String)>,
 }
 
 impl Report {
@@ -311,6 +378,7 @@ impl Report {
                         .failed
                         .push((name, format!("exited with {}", rest.join(" "))));
                 }
+                ("skip", Some(name)) => report.skipped.push((name, rest.join(" "))),
                 ("timeout", Some(name)) => {
                     running = None;
                     report
@@ -387,6 +455,38 @@ test dummy_link ... FAILED
         assert!(report.verdict(None, None).is_err());
         let timed = Report::parse(["##ktest:timeout p/kernel::slow after 120s"]);
         assert_eq!(timed.failed[0].1, "timed out after 120s");
+    }
+
+    #[test]
+    fn skipped_tests_are_reported_with_their_reason_and_do_not_fail_the_run() {
+        let report = Report::parse([
+            "##ktest:skip kube-ipvs/kernel_apiserver::converges no Go toolchain (`go` missing)",
+            "##ktest:pass a::b 0.1s",
+        ]);
+        assert_eq!(
+            report.skipped,
+            [(
+                "kube-ipvs/kernel_apiserver::converges".to_owned(),
+                "no Go toolchain (`go` missing)".to_owned()
+            )]
+        );
+        assert!(report.verdict(None, None).is_ok());
+    }
+
+    #[test]
+    fn the_control_plane_starts_only_for_filters_that_can_select_its_tests() {
+        let label = "kube-ipvs/kernel_apiserver";
+        for f in [
+            None,
+            Some("kube-ipvs/"),
+            Some("kernel_api"),
+            Some("kube-ipvs/kernel_apiserver::x"),
+        ] {
+            assert!(filter_may_select(f, label), "{f:?}");
+        }
+        for f in [Some("kube-ipvs/kernel_e2e"), Some("kube-ipvs-netlink/")] {
+            assert!(!filter_may_select(f, label), "{f:?}");
+        }
     }
 
     #[test]

@@ -1,0 +1,506 @@
+//! A real control plane on the host's loopback: etcd and kube-apiserver from `cargo xtask tools`,
+//! for the kernel tests that need an API server (`tests/kernel_apiserver*.rs`) and for
+//! `cargo xtask bench e2e`.
+//!
+//! The API server serves HTTPS with a certificate from a throwaway CA (subject alternative names
+//! 127.0.0.1 and 10.0.2.100, the addresses the host and the guest use), authenticates static
+//! tokens and authorises with RBAC. Two identities:
+//! * `admin` (group `system:masters`) for tests that create Services and EndpointSlices;
+//! * `system:serviceaccount:kube-system:kube-ipvs`, the identity the DaemonSet runs as; RBAC
+//!   gives it exactly what `deploy/clusterrole.yaml` grants once that is applied, so an agent
+//!   run with this token proves the manifest's rules suffice.
+//!
+//! The guest reaches the API server through the VM's forwarded ports; a small control port lets
+//! a test in the guest restart the API server (the "rides out an API server restart" test).
+//! Everything lives in a fresh directory per run and is killed when [`ControlPlane`] drops.
+
+use std::fs;
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::tools::Tools;
+use crate::util::{self, Fnv, secs};
+use crate::vm::HOST_ALIAS;
+
+/// Where the guest finds the files of [`ControlPlane::guest_files`].
+pub(crate) const GUEST_DIR: &str = "/etc/kube-ipvs-test";
+
+/// The Service CIDR the API server allocates ClusterIPs from (room for 65k Services).
+pub(crate) const SERVICE_CIDR: &str = "10.96.0.0/16";
+
+/// The ServiceAccount user the DaemonSet runs as (see the module docs).
+const AGENT_USER: &str = "system:serviceaccount:kube-system:kube-ipvs";
+
+struct Processes {
+    etcd: Child,
+    apiserver: Option<Child>,
+}
+
+/// etcd and kube-apiserver, running until dropped.
+pub(crate) struct ControlPlane {
+    dir: PathBuf,
+    apiserver_bin: PathBuf,
+    kubectl: PathBuf,
+    apiserver_args: Vec<String>,
+    processes: Arc<Mutex<Processes>>,
+    /// The API server's HTTPS port on 127.0.0.1 (and the guest's forwarded port).
+    pub(crate) port: u16,
+    /// The restart-control port (see [`ControlPlane::serve_control`]).
+    pub(crate) control_port: u16,
+    admin_token: String,
+    agent_token: String,
+}
+
+/// A free TCP port on loopback (the kernel picks it; nothing holds it afterwards).
+pub(crate) fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A token nobody can guess across runs: a hash of the time, the process and a counter. These
+/// tokens guard a loopback test server that lives for one run, not anything of value.
+fn token(label: &str) -> String {
+    let mut key = Fnv::default();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    key.str(label)
+        .str(now.as_nanos().to_string())
+        .str(std::process::id().to_string());
+    let mut second = Fnv::default();
+    second.str(key.hex()).str(label);
+    format!("{}{}", key.hex(), second.hex())
+}
+
+fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
+    let mut cmd = Command::new("openssl");
+    cmd.current_dir(dir).args(args);
+    util::output(&mut cmd).map(drop)
+}
+
+/// CA, serving certificate and service-account key pair in `dir`, with openssl.
+fn certificates(dir: &Path) -> Result<()> {
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
+    let mut args = vec!["req", "-x509", "-nodes", "-days", "2"];
+    args.extend(ec);
+    args.extend([
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-subj",
+        "/CN=kube-ipvs-test-ca",
+    ]);
+    openssl(dir, &args)?;
+    let mut args = vec!["req", "-nodes"];
+    args.extend(ec);
+    args.extend([
+        "-keyout",
+        "serving.key",
+        "-out",
+        "serving.csr",
+        "-subj",
+        "/CN=kube-apiserver",
+    ]);
+    openssl(dir, &args)?;
+    fs::write(
+        dir.join("serving.ext"),
+        format!(
+            "subjectAltName=IP:127.0.0.1,IP:{HOST_ALIAS},DNS:localhost\n\
+             extendedKeyUsage=serverAuth\n"
+        ),
+    )?;
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "serving.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "serving.ext",
+            "-out",
+            "serving.crt",
+        ],
+    )?;
+    openssl(
+        dir,
+        &[
+            "ecparam",
+            "-name",
+            "prime256v1",
+            "-genkey",
+            "-noout",
+            "-out",
+            "sa.key",
+        ],
+    )?;
+    openssl(dir, &["ec", "-in", "sa.key", "-pubout", "-out", "sa.pub"])?;
+    Ok(())
+}
+
+/// A kubeconfig for `server` with the CA at `ca` and a bearer token.
+pub(crate) fn kubeconfig(server: &str, ca: &str, token: &str, user: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server}\n    \
+         certificate-authority: {ca}\nusers:\n- name: {user}\n  user:\n    token: {token}\n\
+         contexts:\n- name: test\n  context:\n    cluster: test\n    user: {user}\n\
+         current-context: test\n"
+    )
+}
+
+fn log_tail(path: &Path) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+fn spawn_logged(bin: &Path, args: &[String], log: &Path) -> Result<Child> {
+    let file = fs::File::create(log)?;
+    let err = file.try_clone()?;
+    Command::new(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(file)
+        .stderr(err)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))
+}
+
+/// Stops a child with SIGTERM (a clean shutdown, as kubelet would), then SIGKILL after 20 s.
+fn terminate(child: &mut Child) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+impl ControlPlane {
+    /// Starts etcd and kube-apiserver in a fresh `dir` and waits until the API server is ready.
+    pub(crate) fn start(tools: &Tools, dir: &Path) -> Result<ControlPlane> {
+        let started = Instant::now();
+        let _ = fs::remove_dir_all(dir);
+        fs::create_dir_all(dir)?;
+        certificates(dir).context("making the test certificates (is openssl installed?)")?;
+        let admin_token = token("admin");
+        let agent_token = token("agent");
+        fs::write(
+            dir.join("tokens.csv"),
+            format!(
+                "{admin_token},admin,admin-uid,system:masters\n\
+                 {agent_token},{AGENT_USER},kube-ipvs-uid\n"
+            ),
+        )?;
+        let etcd_client = free_port()?;
+        let etcd_peer = free_port()?;
+        let port = free_port()?;
+        let control_port = free_port()?;
+        let etcd_args: Vec<String> = [
+            "--name=default".to_owned(),
+            format!("--data-dir={}", dir.join("etcd").display()),
+            format!("--listen-client-urls=http://127.0.0.1:{etcd_client}"),
+            format!("--advertise-client-urls=http://127.0.0.1:{etcd_client}"),
+            format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"),
+            format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"),
+            format!("--initial-cluster=default=http://127.0.0.1:{etcd_peer}"),
+            // A test store: losing it on a host crash is fine, waiting for fsync is not.
+            "--unsafe-no-fsync".to_owned(),
+            "--quota-backend-bytes=4294967296".to_owned(),
+        ]
+        .into();
+        let etcd = spawn_logged(&tools.etcd, &etcd_args, &dir.join("etcd.log"))?;
+        let d = |name: &str| dir.join(name).display().to_string();
+        let apiserver_args: Vec<String> = vec![
+            format!("--etcd-servers=http://127.0.0.1:{etcd_client}"),
+            "--bind-address=127.0.0.1".to_owned(),
+            format!("--secure-port={port}"),
+            // The address the `kubernetes` Service's endpoint points at; the guest reaches the
+            // host there, so it is a real route for anything in the VM.
+            format!("--advertise-address={HOST_ALIAS}"),
+            format!("--tls-cert-file={}", d("serving.crt")),
+            format!("--tls-private-key-file={}", d("serving.key")),
+            format!("--token-auth-file={}", d("tokens.csv")),
+            "--authorization-mode=RBAC".to_owned(),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
+            format!("--service-account-key-file={}", d("sa.pub")),
+            format!("--service-account-signing-key-file={}", d("sa.key")),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            // deploy/daemonset.yaml runs privileged; `kubectl apply --dry-run=server` checks it.
+            "--allow-privileged=true".to_owned(),
+            format!("--cert-dir={}", d("apiserver-certs")),
+            "--profiling=false".to_owned(),
+        ];
+        let plane = ControlPlane {
+            dir: dir.to_owned(),
+            apiserver_bin: tools.kube_apiserver.clone(),
+            kubectl: tools.kubectl.clone(),
+            apiserver_args,
+            processes: Arc::new(Mutex::new(Processes {
+                etcd,
+                apiserver: None,
+            })),
+            port,
+            control_port,
+            admin_token,
+            agent_token,
+        };
+        plane.start_apiserver()?;
+        eprintln!(
+            "xtask: control plane (etcd, kube-apiserver {}) ready on 127.0.0.1:{port} in {} ({})",
+            tools.kubernetes_version,
+            secs(started.elapsed()),
+            dir.display()
+        );
+        Ok(plane)
+    }
+
+    fn start_apiserver(&self) -> Result<()> {
+        let log = self.dir.join("kube-apiserver.log");
+        let child = spawn_logged(&self.apiserver_bin, &self.apiserver_args, &log)?;
+        {
+            let mut processes = self
+                .processes
+                .lock()
+                .map_err(|_| anyhow::anyhow!("control plane lock poisoned"))?;
+            processes.apiserver = Some(child);
+        }
+        self.wait_ready(&log)
+    }
+
+    fn wait_ready(&self, log: &Path) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let ready = Command::new(&self.kubectl)
+                .arg(format!(
+                    "--kubeconfig={}",
+                    self.host_kubeconfig()?.display()
+                ))
+                .args(["get", "--raw", "/readyz"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ready {
+                return Ok(());
+            }
+            {
+                let mut processes = self
+                    .processes
+                    .lock()
+                    .map_err(|_| anyhow::anyhow!("control plane lock poisoned"))?;
+                if let Ok(Some(status)) = processes.etcd.try_wait() {
+                    bail!(
+                        "etcd exited ({status}):\n{}",
+                        log_tail(&self.dir.join("etcd.log"))
+                    );
+                }
+                if let Some(Ok(Some(status))) = processes.apiserver.as_mut().map(|c| c.try_wait()) {
+                    bail!("kube-apiserver exited ({status}):\n{}", log_tail(log));
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("kube-apiserver not ready after 120 s:\n{}", log_tail(log));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Stops the API server (SIGTERM) and starts it again on the same port and store.
+    pub(crate) fn restart_apiserver(&self) -> Result<()> {
+        let old = {
+            let mut processes = self
+                .processes
+                .lock()
+                .map_err(|_| anyhow::anyhow!("control plane lock poisoned"))?;
+            processes.apiserver.take()
+        };
+        if let Some(mut child) = old {
+            terminate(&mut child);
+        }
+        self.start_apiserver()
+    }
+
+    /// The admin kubeconfig for the host (written once into the run directory).
+    pub(crate) fn host_kubeconfig(&self) -> Result<PathBuf> {
+        let path = self.dir.join("admin.kubeconfig");
+        if !path.exists() {
+            let ca = self.dir.join("ca.crt").display().to_string();
+            let text = kubeconfig(
+                &format!("https://127.0.0.1:{}", self.port),
+                &ca,
+                &self.admin_token,
+                "admin",
+            );
+            fs::write(&path, text)?;
+        }
+        Ok(path)
+    }
+
+    /// Files for the guest under [`GUEST_DIR`]: `ca.crt`, `admin.kubeconfig` and
+    /// `agent.kubeconfig` (server `https://127.0.0.1:PORT`, reachable in a test's namespace
+    /// once it runs `forward-port PORT`; `ports` names both forwarded ports), and the
+    /// same pair for the guest's initial namespace (`*-direct.kubeconfig`, server
+    /// `https://10.0.2.100:PORT`).
+    pub(crate) fn guest_files(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        let ca_guest = format!("{GUEST_DIR}/ca.crt");
+        let local = format!("https://127.0.0.1:{}", self.port);
+        let direct = format!("https://{HOST_ALIAS}:{}", self.port);
+        Ok(vec![
+            (ca_guest.clone(), fs::read(self.dir.join("ca.crt"))?),
+            (
+                format!("{GUEST_DIR}/admin.kubeconfig"),
+                kubeconfig(&local, &ca_guest, &self.admin_token, "admin").into_bytes(),
+            ),
+            (
+                format!("{GUEST_DIR}/agent.kubeconfig"),
+                kubeconfig(&local, &ca_guest, &self.agent_token, "kube-ipvs").into_bytes(),
+            ),
+            (
+                format!("{GUEST_DIR}/admin-direct.kubeconfig"),
+                kubeconfig(&direct, &ca_guest, &self.admin_token, "admin").into_bytes(),
+            ),
+            (
+                format!("{GUEST_DIR}/agent-direct.kubeconfig"),
+                kubeconfig(&direct, &ca_guest, &self.agent_token, "kube-ipvs").into_bytes(),
+            ),
+            (
+                format!("{GUEST_DIR}/ports"),
+                format!("apiserver={}\ncontrol={}\n", self.port, self.control_port).into_bytes(),
+            ),
+        ])
+    }
+
+    /// `kubectl` with the admin kubeconfig.
+    pub(crate) fn kubectl(&self) -> Result<Command> {
+        let mut cmd = Command::new(&self.kubectl);
+        cmd.arg(format!(
+            "--kubeconfig={}",
+            self.host_kubeconfig()?.display()
+        ));
+        Ok(cmd)
+    }
+
+    /// Applies the RBAC part of `deploy/` for real, so the agent token has the DaemonSet's
+    /// permissions and nothing more.
+    pub(crate) fn apply_rbac(&self) -> Result<()> {
+        let deploy = util::workspace_root().join("deploy");
+        let mut cmd = self.kubectl()?;
+        cmd.args(["apply", "-f"])
+            .arg(deploy.join("serviceaccount.yaml"))
+            .arg("-f")
+            .arg(deploy.join("clusterrole.yaml"))
+            .arg("-f")
+            .arg(deploy.join("clusterrolebinding.yaml"));
+        util::output(&mut cmd).map(drop)
+    }
+
+    /// Serves the control port on 127.0.0.1 in a background thread: each connection sends one
+    /// line, `restart-apiserver`, and gets `ok` once the API server is ready again (or
+    /// `error: ...`).
+    pub(crate) fn serve_control(self: &Arc<Self>) -> Result<()> {
+        let listener = TcpListener::bind(("127.0.0.1", self.control_port))?;
+        let plane = Arc::clone(self);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                if let Err(e) = plane.control(stream) {
+                    eprintln!("xtask: control connection: {e:#}");
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn control(&self, stream: TcpStream) -> Result<()> {
+        let mut line = String::new();
+        BufReader::new(stream.try_clone()?).read_line(&mut line)?;
+        let mut stream = stream;
+        match line.trim() {
+            "restart-apiserver" => {
+                eprintln!("xtask: restarting kube-apiserver (asked by the guest)");
+                match self.restart_apiserver() {
+                    Ok(()) => writeln!(stream, "ok")?,
+                    Err(e) => writeln!(stream, "error: {e:#}")?,
+                }
+            }
+            other => writeln!(stream, "error: unknown command {other:?}")?,
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        if let Ok(mut processes) = self.processes.lock() {
+            if let Some(mut child) = processes.apiserver.take() {
+                terminate(&mut child);
+            }
+            terminate(&mut processes.etcd);
+        }
+    }
+}
+
+/// `kubectl apply --dry-run=server` of every manifest under `deploy/` (the overlay's kustomize
+/// file is not an object; `-k` renders it): the API server's own validation and admission of
+/// what we ship.
+pub(crate) fn dry_run_deploy(plane: &ControlPlane) -> Result<String> {
+    let deploy = util::workspace_root().join("deploy");
+    let mut files: Vec<PathBuf> = fs::read_dir(&deploy)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "yaml")
+                && p.file_name().is_some_and(|n| n != "kustomization.yaml")
+        })
+        .collect();
+    files.sort();
+    let mut cmd = plane.kubectl()?;
+    cmd.args(["apply", "--dry-run=server"]);
+    for f in &files {
+        cmd.arg("-f").arg(f);
+    }
+    let mut out = util::output(&mut cmd)?;
+    for overlay in [deploy.clone(), deploy.join("replace-kube-proxy")] {
+        let mut cmd = plane.kubectl()?;
+        cmd.args(["apply", "--dry-run=server", "-k"]).arg(&overlay);
+        out.push_str(&util::output(&mut cmd)?);
+    }
+    Ok(out)
+}
+
+/// `cargo xtask deploy-check`: starts the control plane and dry-runs `deploy/` against it.
+pub(crate) fn command(args: &[String]) -> Result<()> {
+    if let Some(arg) = args.first() {
+        bail!("deploy-check: unexpected argument {arg:?}");
+    }
+    let tools = match crate::tools::ensure()? {
+        Ok(t) => t,
+        Err(crate::tools::Unavailable(why)) => {
+            println!("SKIPPED kubectl apply --dry-run=server -f deploy/: {why}");
+            return Ok(());
+        }
+    };
+    let dir = util::target_dir()?.join("control-plane/deploy-check");
+    let plane = ControlPlane::start(&tools, &dir)?;
+    let out = dry_run_deploy(&plane)?;
+    print!("{out}");
+    Ok(())
+}

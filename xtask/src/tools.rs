@@ -1,0 +1,197 @@
+//! `cargo xtask tools`: the real Kubernetes programs (kube-apiserver, etcd, kube-proxy, kubectl)
+//! built from the Go module proxy at the versions pinned in `integration/tools/go.mod`.
+//!
+//! The binaries land in `<target>/tools/<hash>/`, where the hash covers `go.mod`, `go.sum` and
+//! the Go version, so they are built once per machine and rebuilt only when a pin changes. A
+//! build goes to a scratch directory first and is renamed into place, so an interrupted build
+//! never leaves a half-filled cache that a later run would trust.
+//!
+//! Without a Go toolchain nothing is built: callers get [`Unavailable`] with the reason and skip
+//! (loudly) what needs these programs.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+
+use crate::util::{self, Fnv, secs};
+
+/// The packages built, and the file name each binary gets.
+const PACKAGES: &[(&str, &str)] = &[
+    ("go.etcd.io/etcd/server/v3", "etcd"),
+    ("k8s.io/kubernetes/cmd/kube-apiserver", "kube-apiserver"),
+    ("k8s.io/kubernetes/cmd/kube-proxy", "kube-proxy"),
+    ("k8s.io/kubernetes/cmd/kubectl", "kubectl"),
+];
+
+/// Paths of the built programs.
+#[derive(Debug, Clone)]
+pub(crate) struct Tools {
+    pub(crate) etcd: PathBuf,
+    pub(crate) kube_apiserver: PathBuf,
+    pub(crate) kube_proxy: PathBuf,
+    pub(crate) kubectl: PathBuf,
+    /// The pinned Kubernetes release, e.g. `v1.37.2`.
+    pub(crate) kubernetes_version: String,
+}
+
+/// Why the programs cannot be had here (no Go toolchain); callers print it and skip.
+#[derive(Debug)]
+pub(crate) struct Unavailable(pub(crate) String);
+
+pub(crate) fn command(args: &[String]) -> Result<()> {
+    if let Some(arg) = args.first() {
+        anyhow::bail!("tools: unexpected argument {arg:?}; usage: cargo xtask tools");
+    }
+    match ensure()? {
+        Ok(tools) => {
+            println!("kubernetes {}", tools.kubernetes_version);
+            for path in [
+                &tools.etcd,
+                &tools.kube_apiserver,
+                &tools.kube_proxy,
+                &tools.kubectl,
+            ] {
+                println!("{}", path.display());
+            }
+            Ok(())
+        }
+        Err(Unavailable(why)) => anyhow::bail!("tools: {why}"),
+    }
+}
+
+/// The `go` command: on `PATH`, else the usual install location.
+fn go() -> Option<PathBuf> {
+    util::which("go").or_else(|| {
+        let p = PathBuf::from("/usr/local/go/bin/go");
+        p.is_file().then_some(p)
+    })
+}
+
+fn module_dir() -> PathBuf {
+    util::workspace_root().join("integration/tools")
+}
+
+/// The pinned `k8s.io/kubernetes` version, read from `go.mod`.
+fn kubernetes_version(go_mod: &str) -> Option<String> {
+    // `go mod tidy` keeps it inside the require block, marked indirect (only tools use it).
+    go_mod.lines().find_map(|line| {
+        let line = line.trim();
+        let rest = line
+            .strip_prefix("require k8s.io/kubernetes ")
+            .or_else(|| line.strip_prefix("k8s.io/kubernetes "))?;
+        rest.split_whitespace().next().map(str::to_owned)
+    })
+}
+
+/// The built programs, building them first if the cache lacks them. The outer error is a real
+/// failure (a build error); the inner one means "no Go here", which callers skip on.
+pub(crate) fn ensure() -> Result<std::result::Result<Tools, Unavailable>> {
+    let Some(go) = go() else {
+        return Ok(Err(Unavailable(
+            "no Go toolchain (`go` is not on PATH or in /usr/local/go/bin); \
+             kube-apiserver, etcd and kube-proxy cannot be built"
+                .into(),
+        )));
+    };
+    let dir = module_dir();
+    let go_mod = fs::read_to_string(dir.join("go.mod"))
+        .with_context(|| format!("reading {}/go.mod", dir.display()))?;
+    let go_sum = fs::read_to_string(dir.join("go.sum"))
+        .with_context(|| format!("reading {}/go.sum", dir.display()))?;
+    let kubernetes_version = kubernetes_version(&go_mod)
+        .context("integration/tools/go.mod pins no k8s.io/kubernetes")?;
+    let go_version = util::output(Command::new(&go).arg("version"))?;
+    let mut key = Fnv::default();
+    key.str(&go_mod).str(&go_sum).str(go_version.trim());
+    let target = util::target_dir()?.join("tools");
+    let out = target.join(key.hex());
+    let tools = Tools {
+        etcd: out.join("etcd"),
+        kube_apiserver: out.join("kube-apiserver"),
+        kube_proxy: out.join("kube-proxy"),
+        kubectl: out.join("kubectl"),
+        kubernetes_version,
+    };
+    if PACKAGES.iter().all(|(_, name)| out.join(name).is_file()) {
+        return Ok(Ok(tools));
+    }
+    build(&go, &dir, &target, &out)?;
+    Ok(Ok(tools))
+}
+
+fn build(go: &Path, module: &Path, target: &Path, out: &Path) -> Result<()> {
+    let started = Instant::now();
+    let scratch = target.join(format!("building-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&scratch);
+    fs::create_dir_all(&scratch)?;
+    eprintln!(
+        "xtask: building {} from the Go module proxy (first time on this machine: several minutes)",
+        PACKAGES
+            .iter()
+            .map(|(_, n)| *n)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let mut cmd = Command::new(go);
+    cmd.current_dir(module)
+        .args(["build", "-trimpath", "-o"])
+        .arg(&scratch)
+        .args(PACKAGES.iter().map(|(pkg, _)| *pkg))
+        // go.sum is committed: a build must never rewrite the pins, and must not switch to
+        // another Go release on its own.
+        .env("GOFLAGS", "-mod=readonly -buildvcs=false")
+        .env("GOTOOLCHAIN", "local")
+        .env("CGO_ENABLED", "0");
+    util::run(&mut cmd)?;
+    // `go build -o DIR` names each binary after the last element of its package path, which
+    // for etcd is `v3`'s parent directory name `server`.
+    for (pkg, name) in PACKAGES {
+        let built = pkg
+            .trim_end_matches("/v3")
+            .rsplit('/')
+            .next()
+            .unwrap_or(name);
+        if built != *name {
+            fs::rename(scratch.join(built), scratch.join(name))
+                .with_context(|| format!("renaming the {pkg} binary to {name}"))?;
+        }
+    }
+    let _ = fs::remove_dir_all(out);
+    fs::rename(&scratch, out)?;
+    eprintln!(
+        "xtask: built the tools into {} in {}",
+        out.display(),
+        secs(started.elapsed())
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pinned_release_is_read_from_go_mod() -> Result<()> {
+        let go_mod = fs::read_to_string(module_dir().join("go.mod"))?;
+        let version = kubernetes_version(&go_mod).context("no pin")?;
+        assert!(version.starts_with("v1."), "{version}");
+        // Every staging module is replaced at the matching v0 version, or the build mixes
+        // releases.
+        let staging = format!("v0.{}", &version["v1.".len()..]);
+        let replaces: Vec<&str> = go_mod
+            .lines()
+            .filter(|l| l.contains(" => k8s.io/"))
+            .collect();
+        assert!(replaces.len() > 20, "{replaces:?}");
+        for line in replaces {
+            assert!(
+                line.trim_end().ends_with(&staging),
+                "{line} is not {staging}"
+            );
+        }
+        Ok(())
+    }
+}
