@@ -464,20 +464,10 @@ impl Drop for ControlPlane {
 /// what we ship.
 pub(crate) fn dry_run_deploy(plane: &ControlPlane) -> Result<String> {
     let deploy = util::workspace_root().join("deploy");
-    let mut files: Vec<PathBuf> = fs::read_dir(&deploy)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.extension().is_some_and(|x| x == "yaml")
-                && p.file_name().is_some_and(|n| n != "kustomization.yaml")
-        })
-        .collect();
-    files.sort();
+    let mut out = String::new();
     let mut cmd = plane.kubectl()?;
-    cmd.args(["apply", "--dry-run=server"]);
-    for f in &files {
-        cmd.arg("-f").arg(f);
-    }
-    let mut out = util::output(&mut cmd)?;
+    cmd.args(["apply", "--dry-run=server", "-f"]).arg(&deploy);
+    out.push_str(&util::output(&mut cmd)?);
     for overlay in [deploy.clone(), deploy.join("replace-kube-proxy")] {
         let mut cmd = plane.kubectl()?;
         cmd.args(["apply", "--dry-run=server", "-k"]).arg(&overlay);
