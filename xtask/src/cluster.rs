@@ -459,18 +459,24 @@ impl Drop for ControlPlane {
     }
 }
 
-/// `kubectl apply --dry-run=server` of every manifest under `deploy/` (the overlay's kustomize
-/// file is not an object; `-k` renders it): the API server's own validation and admission of
-/// what we ship.
+/// `kubectl apply --dry-run=server` of exactly the install commands the docs give operators
+/// (README.md and docs/operations.md; `crates/kube-ipvs/tests/deploy.rs` fails when the two lists
+/// differ): the API server's own validation and admission of what we ship, in the form we tell
+/// people to apply it. Each command's output follows a `$ kubectl ...` line naming it.
 pub(crate) fn dry_run_deploy(plane: &ControlPlane) -> Result<String> {
-    let deploy = util::workspace_root().join("deploy");
+    // (flag, path from the workspace root), as written in the docs.
+    const INSTALL: [(&str, &str); 3] = [
+        ("-f", "deploy/"),
+        ("-k", "deploy/"),
+        ("-f", "deploy/replace-kube-proxy/"),
+    ];
+    let root = util::workspace_root();
     let mut out = String::new();
-    let mut cmd = plane.kubectl()?;
-    cmd.args(["apply", "--dry-run=server", "-f"]).arg(&deploy);
-    out.push_str(&util::output(&mut cmd)?);
-    for overlay in [deploy.clone(), deploy.join("replace-kube-proxy")] {
+    for (flag, path) in INSTALL {
+        out.push_str(&format!("$ kubectl apply --dry-run=server {flag} {path}\n"));
         let mut cmd = plane.kubectl()?;
-        cmd.args(["apply", "--dry-run=server", "-k"]).arg(&overlay);
+        cmd.args(["apply", "--dry-run=server", flag])
+            .arg(root.join(path));
         out.push_str(&util::output(&mut cmd)?);
     }
     Ok(out)

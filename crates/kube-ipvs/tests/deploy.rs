@@ -4,6 +4,12 @@
 //! runs in the host network with the mounts, probes and rollout the docs promise, the ConfigMap's
 //! `config.conf` loads with the agent's own `--config` reader, and the image tag is the workspace
 //! version that `cargo xtask image` builds.
+//!
+//! The layout is what a real API server accepts (`cargo xtask deploy-check` dry-runs it): the
+//! kustomization is `deploy/Kustomization`, a name `kubectl apply -f deploy/` does not read, and
+//! `deploy/replace-kube-proxy/` holds plain copies of the base's manifests (kustomize refuses an
+//! overlay inside its base), which must not drift from the base except in where the DaemonSet
+//! reads its configuration. The install commands in the docs are the ones deploy-check runs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -28,24 +34,35 @@ fn deploy_dir() -> PathBuf {
     repo_root().join("deploy")
 }
 
-/// Every Kubernetes object in the base: file name, kind and the raw document.
-fn base_objects() -> Vec<(String, String, Value)> {
-    let mut out = Vec::new();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(deploy_dir())
-        .expect("read deploy/")
-        .map(|e| e.expect("deploy/ entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+fn overlay_dir() -> PathBuf {
+    deploy_dir().join("replace-kube-proxy")
+}
+
+/// The files `kubectl apply -f DIR` reads: the directory's own (not its subdirectories') files
+/// ending in `.yaml`, `.yml` or `.json`, sorted by name.
+fn manifest_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .map(|e| e.expect("directory entry").path())
+        .filter(|p| {
+            p.is_file()
+                && p.extension()
+                    .is_some_and(|e| e == "yaml" || e == "yml" || e == "json")
+        })
         .collect();
     files.sort();
-    for path in files {
+    files
+}
+
+/// Every document `kubectl apply -f DIR` would send: file name, kind and the raw document.
+fn objects(dir: &Path) -> Vec<(String, String, Value)> {
+    let mut out = Vec::new();
+    for path in manifest_files(dir) {
         let name = path
             .file_name()
             .expect("file name")
             .to_string_lossy()
             .into_owned();
-        if name == "kustomization.yaml" {
-            continue;
-        }
         let text = std::fs::read_to_string(&path).expect("read manifest");
         let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
             .unwrap_or_else(|e| panic!("{name} is not YAML: {e}"));
@@ -60,15 +77,46 @@ fn base_objects() -> Vec<(String, String, Value)> {
     out
 }
 
-/// The single object of a kind, parsed into its typed form (which fails on a wrong shape).
-fn one<T: serde::de::DeserializeOwned>(kind: &str) -> T {
-    let objs: Vec<_> = base_objects()
+/// Every Kubernetes object in the base, `deploy/`.
+fn base_objects() -> Vec<(String, String, Value)> {
+    objects(&deploy_dir())
+}
+
+/// The single object of a kind in a directory, parsed into its typed form (which fails on a
+/// wrong shape).
+fn one_in<T: serde::de::DeserializeOwned>(dir: &Path, kind: &str) -> T {
+    let objs: Vec<_> = objects(dir)
         .into_iter()
         .filter(|(_, k, _)| k == kind)
         .collect();
-    assert_eq!(objs.len(), 1, "want exactly one {kind} in deploy/");
+    assert_eq!(
+        objs.len(),
+        1,
+        "want exactly one {kind} in {}",
+        dir.display()
+    );
     let (file, _, doc) = objs.into_iter().next().expect("one object");
     serde_json::from_value(doc).unwrap_or_else(|e| panic!("{file}: not a valid {kind}: {e}"))
+}
+
+/// The single object of a kind in `deploy/`.
+fn one<T: serde::de::DeserializeOwned>(kind: &str) -> T {
+    one_in(&deploy_dir(), kind)
+}
+
+/// Parses a document into the typed object of its kind, naming the file on failure.
+fn check_typed(file: &str, kind: &str, doc: Value) {
+    let parsed = match kind {
+        "ServiceAccount" => serde_json::from_value::<ServiceAccount>(doc).map(drop),
+        "ClusterRole" => serde_json::from_value::<ClusterRole>(doc).map(drop),
+        "ClusterRoleBinding" => serde_json::from_value::<ClusterRoleBinding>(doc).map(drop),
+        "ConfigMap" => serde_json::from_value::<ConfigMap>(doc).map(drop),
+        "DaemonSet" => serde_json::from_value::<DaemonSet>(doc).map(drop),
+        other => panic!("{file}: unexpected kind {other}"),
+    };
+    if let Err(e) = parsed {
+        panic!("{file}: not a valid {kind}: {e}");
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -80,8 +128,6 @@ struct Kustomization {
     resources: Vec<String>,
     #[serde(default)]
     images: Vec<KustomizeImage>,
-    #[serde(default)]
-    patches: Vec<KustomizePatch>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -91,43 +137,69 @@ struct KustomizeImage {
     new_tag: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
-struct KustomizePatch {
-    patch: String,
-    #[serde(default)]
-    target: Option<BTreeMap<String, String>>,
-}
+/// The names kustomize looks for in a kustomization root besides `Kustomization`, the one
+/// `deploy/` uses because `kubectl apply -f DIR` skips it (these two it would read).
+const KUSTOMIZATION_YAML: [&str; 2] = ["kustomization.yaml", "kustomization.yml"];
 
-fn kustomization(dir: &Path) -> Kustomization {
-    let path = dir.join("kustomization.yaml");
-    let text = std::fs::read_to_string(&path).expect("read kustomization.yaml");
+/// `deploy/Kustomization`.
+fn kustomization() -> Kustomization {
+    let path = deploy_dir().join("Kustomization");
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 #[test]
+fn kubectl_apply_f_reads_only_kubernetes_objects() {
+    for dir in [deploy_dir(), overlay_dir()] {
+        for name in KUSTOMIZATION_YAML {
+            assert!(
+                !dir.join(name).exists(),
+                "{}/{name}: `kubectl apply -f` sends it to the API server, which has no kind \
+                 Kustomization; name it Kustomization",
+                dir.display()
+            );
+        }
+        for (file, _, doc) in objects(&dir) {
+            let api = doc["apiVersion"].as_str().unwrap_or_default();
+            assert!(
+                !api.is_empty() && !api.starts_with("kustomize.config.k8s.io/"),
+                "{}/{file}: apiVersion {api:?} is not served by an API server",
+                dir.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn replace_kube_proxy_is_not_a_kustomization() {
+    // An overlay there would name its base as `..`, which kustomize refuses ("cycle detected:
+    // candidate root deploy contains visited root deploy/replace-kube-proxy"), and it may not
+    // name files outside its own directory either.
+    for name in KUSTOMIZATION_YAML.into_iter().chain(["Kustomization"]) {
+        assert!(
+            !overlay_dir().join(name).exists(),
+            "deploy/replace-kube-proxy/{name}: it is applied with `kubectl apply -f`"
+        );
+    }
+}
+
+#[test]
 fn every_manifest_is_a_typed_object_listed_in_the_kustomization() {
-    let k = kustomization(&deploy_dir());
+    let k = kustomization();
     assert_eq!(k.namespace.as_deref(), Some("kube-system"));
     let listed: BTreeSet<&str> = k.resources.iter().map(String::as_str).collect();
-    let objects = base_objects();
-    let files: BTreeSet<&str> = objects.iter().map(|(f, _, _)| f.as_str()).collect();
+    let base = base_objects();
+    let files: BTreeSet<&str> = base.iter().map(|(f, _, _)| f.as_str()).collect();
     assert_eq!(
         listed, files,
-        "kustomization resources vs the files in deploy/"
+        "Kustomization resources vs the files `kubectl apply -f deploy/` reads"
     );
-    for (file, kind, doc) in &objects {
-        let doc = doc.clone();
-        let parsed = match kind.as_str() {
-            "ServiceAccount" => serde_json::from_value::<ServiceAccount>(doc).map(drop),
-            "ClusterRole" => serde_json::from_value::<ClusterRole>(doc).map(drop),
-            "ClusterRoleBinding" => serde_json::from_value::<ClusterRoleBinding>(doc).map(drop),
-            "ConfigMap" => serde_json::from_value::<ConfigMap>(doc).map(drop),
-            "DaemonSet" => serde_json::from_value::<DaemonSet>(doc).map(drop),
-            other => panic!("{file}: unexpected kind {other}"),
-        };
-        if let Err(e) = parsed {
-            panic!("{file}: not a valid {kind}: {e}");
-        }
+    for (file, kind, doc) in base {
+        check_typed(&file, &kind, doc);
+    }
+    for (file, kind, doc) in objects(&overlay_dir()) {
+        check_typed(&format!("replace-kube-proxy/{file}"), &kind, doc);
     }
 }
 
@@ -408,10 +480,18 @@ fn configmap_loads_with_the_agents_own_reader() {
 fn image_is_the_workspace_version() {
     let version = env!("CARGO_PKG_VERSION");
     let want = format!("{IMAGE}:{version}");
-    let ds: DaemonSet = one("DaemonSet");
-    let pod = ds.spec.expect("spec").template.spec.expect("pod spec");
-    assert_eq!(pod.containers[0].image.as_deref(), Some(want.as_str()));
-    let k = kustomization(&deploy_dir());
+    // `kubectl apply -f` uses the DaemonSets' image as written, `-k` the Kustomization's tag.
+    for dir in [deploy_dir(), overlay_dir()] {
+        let ds: DaemonSet = one_in(&dir, "DaemonSet");
+        let pod = ds.spec.expect("spec").template.spec.expect("pod spec");
+        assert_eq!(
+            pod.containers[0].image.as_deref(),
+            Some(want.as_str()),
+            "{}",
+            dir.display()
+        );
+    }
+    let k = kustomization();
     assert_eq!(k.images.len(), 1);
     assert_eq!(k.images[0].name, IMAGE);
     assert_eq!(k.images[0].new_tag.as_deref(), Some(version));
@@ -425,35 +505,171 @@ fn image_is_the_workspace_version() {
     assert!(xtask.contains("env!(\"CARGO_PKG_VERSION\")"));
 }
 
-#[test]
-fn overlay_swaps_in_kube_proxys_configmap() {
-    let k = kustomization(&deploy_dir().join("replace-kube-proxy"));
-    assert_eq!(k.resources, ["..".to_owned()]);
-    let ds: DaemonSet = one("DaemonSet");
-    let mut doc = serde_json::to_value(&ds).expect("DaemonSet to JSON");
-    let mut deleted = Vec::new();
-    for p in &k.patches {
-        if p.target.is_some() {
-            let ops: Vec<Value> = serde_saphyr::from_str(&p.patch).expect("JSON 6902 patch");
-            for op in ops {
-                assert_eq!(op["op"], "replace");
-                let path = op["path"].as_str().expect("path");
-                let slot = doc
-                    .pointer_mut(path)
-                    .unwrap_or_else(|| panic!("overlay patch path {path} is not in the DaemonSet"));
-                *slot = op["value"].clone();
+/// The fields in which `replace-kube-proxy/daemonset.yaml` may differ from `daemonset.yaml`: the
+/// config volume's ConfigMap, where it is mounted, and the `--config` argument.
+const OVERLAY_FIELDS: [&str; 3] = [
+    "/spec/template/spec/volumes/0/configMap/name",
+    "/spec/template/spec/containers/0/volumeMounts/0/mountPath",
+    "/spec/template/spec/containers/0/args/1",
+];
+
+/// The first JSON pointer at which two documents differ, with both values.
+fn first_difference(a: &Value, b: &Value, at: &str) -> Option<String> {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => x.keys().chain(y.keys()).find_map(|k| {
+            let here = format!("{at}/{k}");
+            match (x.get(k), y.get(k)) {
+                (Some(u), Some(v)) => first_difference(u, v, &here),
+                (u, v) => Some(format!("{here}: {u:?} vs {v:?}")),
             }
-        } else {
-            let del: Value = serde_saphyr::from_str(&p.patch).expect("delete patch");
-            assert_eq!(del["$patch"], "delete");
-            deleted.push(del["metadata"]["name"].clone());
+        }),
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find_map(|(i, (u, v))| first_difference(u, v, &format!("{at}/{i}"))),
+        _ if a == b => None,
+        _ => Some(format!("{at}: {a} vs {b}")),
+    }
+}
+
+#[test]
+fn replace_kube_proxy_copies_the_base_but_reads_kube_proxys_configmap() {
+    let base = base_objects();
+    let overlay = objects(&overlay_dir());
+    // Every base file but our ConfigMap, which kube-proxy's replaces.
+    let cm: ConfigMap = one("ConfigMap");
+    let cm_file = base
+        .iter()
+        .find(|(_, kind, _)| kind == "ConfigMap")
+        .map(|(f, _, _)| f.clone())
+        .expect("a ConfigMap file");
+    let want: BTreeSet<&str> = base
+        .iter()
+        .map(|(f, _, _)| f.as_str())
+        .filter(|f| *f != cm_file)
+        .collect();
+    let got: BTreeSet<&str> = overlay.iter().map(|(f, _, _)| f.as_str()).collect();
+    assert_eq!(
+        got, want,
+        "deploy/replace-kube-proxy/ vs deploy/ without {cm_file}"
+    );
+    assert!(overlay.iter().all(|(_, kind, _)| kind != "ConfigMap"));
+
+    for (file, kind, doc) in overlay {
+        let mut doc = doc;
+        let original = base
+            .iter()
+            .find(|(f, k, _)| *f == file && *k == kind)
+            .map(|(_, _, d)| d)
+            .unwrap_or_else(|| panic!("replace-kube-proxy/{file}: no {kind} in ../{file}"));
+        if kind == "DaemonSet" {
+            let ds: DaemonSet = serde_json::from_value(doc.clone()).expect("typed DaemonSet");
+            let (name, key, path) = config_source(&ds);
+            // kubeadm's ConfigMap and key; its config.conf names /var/lib/kube-proxy/kubeconfig.conf.
+            assert_eq!((name.as_str(), key.as_str()), ("kube-proxy", "config.conf"));
+            assert_eq!(path, "/var/lib/kube-proxy/config.conf");
+            assert_ne!(cm.metadata.name.as_deref(), Some("kube-proxy"));
+            // Put back the base's values in the intended fields; what remains must be equal.
+            for field in OVERLAY_FIELDS {
+                let from = original
+                    .pointer(field)
+                    .unwrap_or_else(|| panic!("{file}: no {field}"));
+                let slot = doc
+                    .pointer_mut(field)
+                    .unwrap_or_else(|| panic!("replace-kube-proxy/{file}: no {field}"));
+                assert_ne!(slot, from, "{field} is one of the intended differences");
+                *slot = from.clone();
+            }
+        }
+        if let Some(diff) = first_difference(&doc, original, "") {
+            panic!(
+                "replace-kube-proxy/{file} drifted from ../{file} at {diff}; change both \
+                 (only {OVERLAY_FIELDS:?} of the DaemonSet may differ)"
+            );
         }
     }
-    let patched: DaemonSet = serde_json::from_value(doc).expect("patched DaemonSet");
-    let (name, key, path) = config_source(&patched);
-    // kubeadm's ConfigMap and key; its config.conf names /var/lib/kube-proxy/kubeconfig.conf.
-    assert_eq!((name.as_str(), key.as_str()), ("kube-proxy", "config.conf"));
-    assert_eq!(path, "/var/lib/kube-proxy/config.conf");
-    let cm: ConfigMap = one("ConfigMap");
-    assert_eq!(deleted, [Value::from(cm.metadata.name.expect("name"))]);
+}
+
+/// `kubectl apply|delete -f|-k PATH` commands naming `deploy...` in the operator docs, as
+/// (verb, flag, path without a trailing slash).
+fn documented_commands() -> BTreeSet<(String, String, String)> {
+    let mut out = BTreeSet::new();
+    for doc in ["README.md", "docs/operations.md", "docs/comparison.md"] {
+        let text = std::fs::read_to_string(repo_root().join(doc))
+            .unwrap_or_else(|e| panic!("read {doc}: {e}"));
+        for line in text.lines() {
+            let words: Vec<&str> = line
+                .split_whitespace()
+                .map(|w| w.trim_matches(|c: char| "`.,;:()".contains(c)))
+                .collect();
+            for (i, pair) in words.windows(2).enumerate() {
+                let verb = match pair {
+                    ["kubectl", verb @ ("apply" | "delete")] => *verb,
+                    _ => continue,
+                };
+                let rest = &words[i + 2..];
+                for flag_path in rest.windows(2) {
+                    if let [flag @ ("-f" | "-k"), path] = flag_path
+                        && path.starts_with("deploy")
+                    {
+                        out.insert((
+                            verb.to_owned(),
+                            (*flag).to_owned(),
+                            path.trim_end_matches('/').to_owned(),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn documented_install_commands_are_the_ones_deploy_check_dry_runs() {
+    let docs = documented_commands();
+    let applied: BTreeSet<(String, String)> = docs
+        .iter()
+        .filter(|(verb, _, _)| verb == "apply")
+        .map(|(_, flag, path)| (flag.clone(), path.clone()))
+        .collect();
+    assert!(
+        !applied.is_empty(),
+        "the docs name no `kubectl apply` of deploy/"
+    );
+    for (verb, flag, path) in &docs {
+        let target = repo_root().join(path);
+        assert!(
+            target.exists(),
+            "the docs `kubectl {verb} {flag} {path}`: no such path"
+        );
+        if flag == "-k" {
+            assert!(
+                target.join("Kustomization").is_file(),
+                "the docs `kubectl {verb} -k {path}`: no Kustomization there"
+            );
+        }
+    }
+    // The (flag, path) pairs in `dry_run_deploy` in xtask/src/cluster.rs.
+    let xtask = std::fs::read_to_string(repo_root().join("xtask/src/cluster.rs"))
+        .expect("read xtask/src/cluster.rs");
+    let body = xtask
+        .split_once("fn dry_run_deploy(")
+        .and_then(|(_, rest)| rest.split_once("\n}\n"))
+        .map(|(body, _)| body)
+        .expect("fn dry_run_deploy in xtask/src/cluster.rs");
+    let dry_run: BTreeSet<(String, String)> = body
+        .split("(\"-")
+        .skip(1)
+        .filter_map(|piece| {
+            let (flag, rest) = piece.split_once("\", \"")?;
+            let (path, _) = rest.split_once("\")")?;
+            Some((format!("-{flag}"), path.trim_end_matches('/').to_owned()))
+        })
+        .collect();
+    assert_eq!(
+        applied, dry_run,
+        "`kubectl apply` commands in the docs vs what `cargo xtask deploy-check` dry-runs"
+    );
 }
