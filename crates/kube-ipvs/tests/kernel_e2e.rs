@@ -9,6 +9,26 @@
 //! address they see), a fixed shell literal, so no data ever reaches a shell. Namespace names are
 //! global to the guest, so each test prefixes its own and deletes them when it ends.
 //!
+//! What the scenarios prove, each with real traffic (and `ipvsadm -Ln`/`-Lnc` read back):
+//! - ClusterIP `rr` spreads connections evenly; a not-ready endpoint gets none; an added
+//!   endpoint answers within the sync interval.
+//! - ClientIP affinity keeps a client on one backend; once the client's connections are gone
+//!   (reset, so IPVS holds them in CLOSE for 10 s instead of TIME_WAIT for 120 s) the
+//!   persistence template expires after `timeoutSeconds` and the client is scheduled afresh.
+//! - NodePort answers on the node address; `externalTrafficPolicy: Local` reaches only the
+//!   local endpoint, keeps the client address, and its health check turns 200 -> 503.
+//! - One port serves TCP and UDP; `sh` keeps a client on one backend and `lc` favours the
+//!   idle one; an IPv6 Service spreads over IPv6 pods.
+//! - A terminating (serving, not ready) endpoint drains: weight 0 while its open connection
+//!   still echoes, no new connections, removed only once IPVS counts no connection to it.
+//! - A UDP flow (one client port) moves off a removed endpoint within seconds.
+//! - A SIGKILLed agent leaves Services working; changes made while it is dead are not applied
+//!   (stale real servers carry traffic, `check` exits 1 naming them); a restart converges
+//!   and an open connection to a pod that stays survives it.
+//!
+//! Echo pods (`ECHO`) answer like the others and then copy every line back through `cat`, so
+//! a test can hold a connection and prove it still carries data.
+//!
 //! Waits poll a condition until a deadline (a server listening, `kube-ipvs check` exiting 0,
 //! a new backend answering); nothing sleeps for a fixed time to synchronise.
 #![cfg(feature = "kernel-tests")]
@@ -30,9 +50,16 @@ const NODE_IP: &str = "192.168.56.10";
 /// fixed literal; socat sets both variables.
 const ANSWER: &str = "SYSTEM:echo $SOCAT_SOCKADDR $SOCAT_PEERADDR";
 
+/// What echo pods run per connection: the same first line as [`ANSWER`], then every line the
+/// client sends comes back (`cat` copies the connection's data; none of it enters the script).
+const ECHO: &str = "SYSTEM:echo $SOCAT_SOCKADDR $SOCAT_PEERADDR; exec cat";
+
 /// The same for UDP, where socat does not set `SOCAT_SOCKADDR`: the pod's address comes from
 /// the environment the test gives the server (`E2E_POD`), so it still never enters the script.
-const UDP_ANSWER: &str = "SYSTEM:echo $E2E_POD $SOCAT_PEERADDR";
+/// The datagram itself goes to a `cat` that discards it: with nothing reading, socat's write
+/// of the datagram could fail with EPIPE once `echo` had exited, and socat then quit without
+/// sending the answer (seen as a lost datagram).
+const UDP_ANSWER: &str = "SYSTEM:cat >/dev/null & echo $E2E_POD $SOCAT_PEERADDR";
 
 fn kube_ipvs_bin() -> String {
     std::env::var("KUBE_IPVS_BIN").unwrap_or_else(|_| "/usr/local/bin/kube-ipvs".into())
@@ -255,10 +282,70 @@ impl Lab {
         (child, addr)
     }
 
+    /// A pod `name` at `addr` whose TCP server on `port` answers like [`Lab::pod`] and then
+    /// echoes every line until the client closes.
+    fn echo_pod(&mut self, name: &str, addr: &str, port: u16) {
+        self.pod_answering(name, addr, port, ECHO);
+    }
+
+    /// A TCP connection from host `from` to an echo pod behind `target`, left open: the
+    /// answering pod's address is in [`Session::pod`].
+    fn open(&self, from: &str, target: &str) -> Session {
+        use std::io::BufRead as _;
+        let ns = self.ns(from);
+        // linger=0: when the client process dies its socket is closed with a RST, so IPVS
+        // moves the connection to CLOSE (10 s) instead of TIME_WAIT (120 s).
+        let remote = format!("TCP:{target},connect-timeout=3,linger=0");
+        let mut child = Command::new(IP)
+            .args(["netns", "exec", &ns, "socat", "-", &remote])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start socat client");
+        let stdin = child.stdin.take();
+        let (tx, lines) = std::sync::mpsc::channel();
+        if let Some(out) = child.stdout.take() {
+            // A reader thread, so every wait for a line has a deadline.
+            std::thread::spawn(move || {
+                for line in std::io::BufReader::new(out).lines() {
+                    let Ok(line) = line else { break };
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        let mut session = Session {
+            child,
+            stdin,
+            lines,
+            pod: String::new(),
+        };
+        session.pod = session
+            .line()
+            .and_then(|l| l.split_whitespace().next().map(normalise))
+            .unwrap_or_else(|| "none".to_owned());
+        session
+    }
+
+    /// One connection to an echo pod behind `target`, closed with a RST once the pod has
+    /// said who it is: the pod's address (`"none"` if nothing answered).
+    fn ask(&self, from: &str, target: &str) -> String {
+        let session = self.open(from, target);
+        let pod = session.pod.clone();
+        session.reset();
+        pod
+    }
+
     /// One UDP datagram from host `from` to `target`: the answering pod's (address, peer).
     fn datagram(&self, from: &str, target: &str) -> Option<(String, String)> {
+        self.datagram_with(from, target, "")
+    }
+
+    /// [`Lab::datagram`] with extra socat options on the client socket (a literal of the test).
+    fn datagram_with(&self, from: &str, target: &str, options: &str) -> Option<(String, String)> {
         let ns = self.ns(from);
-        let remote = format!("UDP:{target}");
+        let remote = format!("UDP:{target}{options}");
         // After stdin ends socat waits up to -t seconds for the answer, then exits.
         let mut child = Command::new(IP)
             .args(["netns", "exec", &ns, "socat", "-t", "2", "-", &remote])
@@ -299,6 +386,125 @@ impl Drop for Lab {
             let _ = run(IP, &["netns", "del", ns]);
         }
     }
+}
+
+/// An open TCP connection to an echo pod (see [`Lab::open`]).
+struct Session {
+    child: Child,
+    stdin: Option<std::process::ChildStdin>,
+    lines: std::sync::mpsc::Receiver<String>,
+    /// The address of the pod that answered, or `"none"`.
+    pod: String,
+}
+
+impl Session {
+    /// The next line from the pod, waiting at most 10 s.
+    fn line(&self) -> Option<String> {
+        self.lines.recv_timeout(Duration::from_secs(10)).ok()
+    }
+
+    /// Sends `text` as one line and tells whether the same line came back.
+    fn echoes(&mut self, text: &str) -> bool {
+        let Some(stdin) = self.stdin.as_mut() else {
+            return false;
+        };
+        if writeln!(stdin, "{text}")
+            .and_then(|()| stdin.flush())
+            .is_err()
+        {
+            return false;
+        }
+        let back = self.line();
+        println!("sent {text:?} to {}, got {back:?}", self.pod);
+        back.as_deref() == Some(text)
+    }
+
+    /// Ends the connection with a RST: the client is killed and its socket has `linger=0`.
+    fn reset(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `ipvsadm` with `args`: its standard output.
+fn ipvsadm(args: &[&str]) -> String {
+    let bin = std::env::var("IPVSADM").unwrap_or_else(|_| "/usr/sbin/ipvsadm".into());
+    let out = run(&bin, args);
+    assert!(out.status.success(), "ipvsadm {args:?} failed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// One real server's row in `ipvsadm -Ln`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DestRow {
+    weight: u32,
+    active: u32,
+    inactive: u32,
+}
+
+/// The row of real server `dest` (`addr:port`) under virtual server `service`
+/// (`TCP 10.96.0.10:80`) in `ipvsadm -Ln` output, if the kernel has it.
+fn dest_row(table: &str, service: &str, dest: &str) -> Option<DestRow> {
+    let mut inside = false;
+    for line in table.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if words.first() == Some(&"->") {
+            if inside && words.get(1) == Some(&dest) {
+                let num = |i: usize| words.get(i).and_then(|w| w.parse().ok());
+                return Some(DestRow {
+                    weight: num(3)?,
+                    active: num(4)?,
+                    inactive: num(5)?,
+                });
+            }
+        } else {
+            inside = words.len() >= 2 && format!("{} {}", words[0], words[1]) == service;
+        }
+    }
+    None
+}
+
+/// One entry of `ipvsadm -Lnc`: protocol, state, source, virtual and destination addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ConnEntry {
+    state: String,
+    source: String,
+    virt: String,
+    dest: String,
+}
+
+impl ConnEntry {
+    /// A persistence template (session affinity) rather than a connection: its client port
+    /// is 0 (ipvsadm shows its state as `ASSURED` or `NONE`).
+    fn is_template(&self) -> bool {
+        self.source.ends_with(":0")
+    }
+}
+
+/// IPVS's connection table (`ipvsadm -Lnc`).
+fn connections() -> Vec<ConnEntry> {
+    let text = ipvsadm(&["-Lnc"]);
+    text.lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            if w.len() != 6 || !matches!(w[0], "TCP" | "UDP" | "SCTP") {
+                return None;
+            }
+            Some(ConnEntry {
+                state: w[2].to_owned(),
+                source: w[3].to_owned(),
+                virt: w[4].to_owned(),
+                dest: w[5].to_owned(),
+            })
+        })
+        .collect()
 }
 
 /// The first line of a pod's answer split into its address and the peer it saw.
@@ -385,6 +591,8 @@ struct Agent {
     dir: PathBuf,
     /// The desired-state flags `check` must be given too.
     source: Vec<String>,
+    /// Where the agent serves `/metrics` (on loopback).
+    metrics: u16,
 }
 
 impl Agent {
@@ -436,6 +644,7 @@ impl Agent {
             log,
             dir: dir.to_owned(),
             source: source.iter().map(|s| (*s).to_owned()).collect(),
+            metrics,
         };
         agent.wait_converged();
         agent
@@ -458,6 +667,25 @@ impl Agent {
         let mut args = vec!["check", "--manifests", dir, "--hostname-override", "node-1"];
         args.extend(self.source.iter().map(String::as_str));
         run(&kube_ipvs_bin(), &args)
+    }
+
+    /// How many full syncs (startup, reconcile, retry) the agent has finished, from its
+    /// metrics; each one dumps the kernel and reads fresh connection counts.
+    fn full_syncs(&self) -> Option<u64> {
+        let body = http_body(self.metrics, "/metrics")?;
+        body.lines()
+            .find_map(|l| l.strip_prefix("kubeproxy_sync_full_proxy_rules_duration_seconds_count "))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// Waits until the agent has finished `n` more full syncs than it had when called.
+    fn wait_full_syncs(&self, n: u64) {
+        let before = self.full_syncs().expect("the agent's metrics");
+        wait_for(
+            &format!("{n} more full syncs after {before}"),
+            Duration::from_secs(20),
+            || self.full_syncs().is_some_and(|c| c >= before + n),
+        );
     }
 
     fn wait_converged(&mut self) {
@@ -494,6 +722,16 @@ fn http_status(port: u16, path: &str) -> Option<u16> {
     let mut text = String::new();
     s.read_to_string(&mut text).ok()?;
     text.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The body of a minimal HTTP/1.0 GET on loopback, or `None` if nothing answers.
+fn http_body(port: u16, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
 }
 
 fn counts(pairs: &[(&str, usize)]) -> BTreeMap<String, usize> {
@@ -966,4 +1204,448 @@ fn a_killed_agent_leaves_services_working_and_check_reports_the_drift() {
         lab.connect("client", "10.96.0.40:80").map(|(a, _)| a),
         Some("10.244.1.40".to_owned())
     );
+}
+
+#[test]
+fn client_ip_affinity_expires_and_the_client_is_scheduled_again() {
+    let mut lab = Lab::new("expire");
+    lab.host("client", CLIENT);
+    for (name, addr) in [
+        ("ex1", "10.244.1.21"),
+        ("ex2", "10.244.2.21"),
+        ("ex3", "10.244.3.21"),
+    ] {
+        lab.echo_pod(name, addr, 8443);
+    }
+    let expiry = service_yaml(
+        "expiry",
+        "10.96.0.21",
+        "  type: ClusterIP\n  sessionAffinity: ClientIP\n  sessionAffinityConfig:\n    \
+         clientIP: {timeoutSeconds: 15}\n",
+        &[("https", "TCP", 443, 8443, None)],
+        &[
+            Ep("10.244.1.21", "node-1", true),
+            Ep("10.244.2.21", "node-2", true),
+            Ep("10.244.3.21", "node-3", true),
+        ],
+    );
+    let dir = manifests("expire", &[("expiry.yaml", expiry)]);
+    let _agent = Agent::start(&dir, &[]);
+    // Each client resets its connection (Lab::ask) once the pod has answered, so IPVS holds
+    // it in CLOSE for 10 s; a FIN exchange would leave it in TIME_WAIT for 120 s, and the
+    // affinity template lives as long as any connection it placed. The echo pods never close
+    // first, so the client's socket is still established when it is reset.
+    let burst = |n: usize| {
+        let mut seen = BTreeMap::new();
+        for _ in 0..n {
+            *seen.entry(lab.ask("client", "10.96.0.21:443")).or_insert(0) += 1;
+        }
+        println!("{n} connections to 10.96.0.21:443: {seen:?}");
+        seen
+    };
+    let first = burst(5);
+    assert_eq!(first.len(), 1, "one backend for one client: {first:?}");
+    let x = first.keys().next().cloned().unwrap_or_default();
+    assert!(x.starts_with("10.244."), "answered by a pod: {first:?}");
+
+    let x_dest = format!("{x}:8443");
+    let template = |c: &ConnEntry| {
+        c.is_template() && c.source == format!("{CLIENT}:0") && c.virt == "10.96.0.21:443"
+    };
+    // The last reset reaches IPVS a moment after the client is gone, hence the short wait.
+    let mut table = Vec::new();
+    wait_for(
+        &format!("the client's connections to {x}, all reset (CLOSE)"),
+        Duration::from_secs(5),
+        || {
+            table = connections();
+            let placed: Vec<&ConnEntry> = table
+                .iter()
+                .filter(|c| !c.is_template() && c.virt == "10.96.0.21:443")
+                .collect();
+            !placed.is_empty()
+                && placed
+                    .iter()
+                    .all(|c| c.state == "CLOSE" && c.dest == x_dest)
+        },
+    );
+    println!("IPVS connections: {table:#?}");
+    assert!(
+        table.iter().any(|c| template(c) && c.dest == x_dest),
+        "a persistence template pins {CLIENT} to {x}"
+    );
+
+    // The template's timer (15 s, restarted by each connection it places) outlasts the
+    // reset connections (CLOSE: 10 s). Had it fired while it still controlled one, the
+    // kernel would have re-armed it for 60 s (ip_vs_conn_expire), as a 3 s timeout showed;
+    // so the expected wait is about 15 s, and 80 s still fails a template that never expires.
+    let since = Instant::now();
+    wait_for(
+        "the affinity template to expire",
+        Duration::from_secs(80),
+        || {
+            let table = connections();
+            if table.iter().any(template) {
+                return false;
+            }
+            let placed: Vec<&ConnEntry> = table
+                .iter()
+                .filter(|c| c.virt == "10.96.0.21:443")
+                .collect();
+            assert!(
+                placed.is_empty(),
+                "the template went while connections it placed remain: {placed:?}"
+            );
+            true
+        },
+    );
+    println!(
+        "the template expired {:?} after the last connection",
+        since.elapsed()
+    );
+
+    let second = burst(4);
+    assert_eq!(
+        second.len(),
+        1,
+        "the client sticks to one backend again: {second:?}"
+    );
+    let y = second.keys().next().cloned().unwrap_or_default();
+    assert!(
+        y.starts_with("10.244.") && y != x,
+        "after expiry rr places the client on another pod than {x}: {second:?}"
+    );
+}
+
+/// `yaml` with the endpoint `addr` not ready, still serving and terminating (a pod being
+/// deleted).
+fn terminating(yaml: &str, addr: &str) -> String {
+    let ready =
+        format!("[\"{addr}\"]\n  conditions: {{ready: true, serving: true, terminating: false}}");
+    let gone =
+        format!("[\"{addr}\"]\n  conditions: {{ready: false, serving: true, terminating: true}}");
+    assert!(
+        yaml.contains(&ready),
+        "{addr} is a ready endpoint of\n{yaml}"
+    );
+    yaml.replacen(&ready, &gone, 1)
+}
+
+#[test]
+fn a_terminating_endpoint_drains_its_open_connection_then_is_removed() {
+    let mut lab = Lab::new("drain");
+    lab.host("client", CLIENT);
+    let pods = ["10.244.1.60", "10.244.2.60", "10.244.3.60"];
+    for (i, addr) in pods.iter().enumerate() {
+        lab.echo_pod(&format!("dr{i}"), addr, 8080);
+    }
+    let yaml = service_yaml(
+        "drain",
+        "10.96.0.60",
+        "  type: ClusterIP\n",
+        WEB_PORTS,
+        &[
+            Ep(pods[0], "node-1", true),
+            Ep(pods[1], "node-2", true),
+            Ep(pods[2], "node-3", true),
+        ],
+    );
+    let dir = manifests("drain", &[("drain.yaml", yaml.clone())]);
+    let agent = Agent::start(&dir, &[]);
+    const VS: &str = "TCP 10.96.0.60:80";
+
+    let mut held = lab.open("client", "10.96.0.60:80");
+    let x = held.pod.clone();
+    assert!(
+        pods.contains(&x.as_str()),
+        "the held connection reached a pod: {x}"
+    );
+    assert!(held.echoes("before"), "the held connection echoes");
+    let x_dest = format!("{x}:8080");
+    let others: Vec<&str> = pods.iter().copied().filter(|p| *p != x).collect();
+
+    std::fs::write(dir.join("drain.yaml"), terminating(&yaml, &x)).expect("rewrite drain.yaml");
+    // The engine sets a removed TCP real server with connections (active + inactive, as the
+    // kernel counts them) to weight 0 and keeps it.
+    wait_for(&format!("{x} at weight 0"), Duration::from_secs(15), || {
+        dest_row(&ipvsadm(&["-Ln"]), VS, &x_dest).is_some_and(|r| r.weight == 0)
+    });
+    let check = agent.check();
+    assert_eq!(
+        check.status.code(),
+        Some(0),
+        "a draining real server is not drift:\n{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+    // Two more full syncs read fresh counts from the kernel; the open connection must keep
+    // the real server through them.
+    agent.wait_full_syncs(2);
+    assert!(
+        held.echoes("after"),
+        "the open connection still echoes through {x}"
+    );
+    let table = ipvsadm(&["-Ln"]);
+    println!("$ ipvsadm -Ln\n{table}");
+    assert_eq!(
+        dest_row(&table, VS, &x_dest),
+        Some(DestRow {
+            weight: 0,
+            active: 1,
+            inactive: 0
+        }),
+        "{x} is kept at weight 0 while its connection is open"
+    );
+    for other in &others {
+        assert_eq!(
+            dest_row(&table, VS, &format!("{other}:8080")).map(|r| r.weight),
+            Some(1),
+            "{other} stays in service"
+        );
+    }
+
+    let mut seen = BTreeMap::new();
+    for _ in 0..6 {
+        *seen.entry(lab.ask("client", "10.96.0.60:80")).or_insert(0) += 1;
+    }
+    assert_eq!(
+        seen,
+        counts(&[(others[0], 3), (others[1], 3)]),
+        "new connections go only to the serving endpoints"
+    );
+    assert!(held.echoes("still"), "the open connection is unaffected");
+
+    // A RST moves the connection to CLOSE, an inactive connection for 10 s; the real server
+    // goes at the first full sync that counts 0 connections, so never before IPVS has
+    // forgotten the connection.
+    held.reset();
+    let closed = Instant::now();
+    wait_for(
+        &format!("IPVS to see the reset of the connection to {x} (CLOSE)"),
+        Duration::from_secs(5),
+        || {
+            let states: Vec<String> = connections()
+                .into_iter()
+                .filter(|c| c.dest == x_dest)
+                .map(|c| c.state)
+                .collect();
+            states == ["CLOSE"]
+        },
+    );
+    wait_for(
+        &format!("{x} to be removed"),
+        Duration::from_secs(45),
+        || {
+            let table = ipvsadm(&["-Ln"]);
+            if dest_row(&table, VS, &x_dest).is_some() {
+                return false;
+            }
+            let left: Vec<ConnEntry> = connections()
+                .into_iter()
+                .filter(|c| c.dest == x_dest)
+                .collect();
+            assert!(
+                left.is_empty(),
+                "{x} was removed while IPVS still had connections to it: {left:?}"
+            );
+            true
+        },
+    );
+    println!(
+        "{x} was removed {:?} after its connection was reset",
+        closed.elapsed()
+    );
+    assert_eq!(
+        agent.check().status.code(),
+        Some(0),
+        "in sync after the drain"
+    );
+}
+
+#[test]
+fn a_udp_flow_moves_off_a_removed_endpoint() {
+    let mut lab = Lab::new("udpmv");
+    lab.host("client", CLIENT);
+    let pods = ["10.244.1.54", "10.244.2.54"];
+    for (i, addr) in pods.iter().enumerate() {
+        let name = format!("u{i}");
+        lab.host(&name, addr);
+        lab.udp_server(&name, addr, 5353);
+    }
+    let ports = &[("dns", "UDP", 53, 5353, None)];
+    let both = service_yaml(
+        "udpmv",
+        "10.96.0.54",
+        "  type: ClusterIP\n",
+        ports,
+        &[Ep(pods[0], "node-1", true), Ep(pods[1], "node-2", true)],
+    );
+    let dir = manifests("udpmv", &[("udpmv.yaml", both)]);
+    let _agent = Agent::start(&dir, &[]);
+    // The agent turns this on (the kernel's default is 0): a datagram of a flow whose real
+    // server was deleted expires the flow's IPVS connection instead of following it.
+    let sysctl = std::fs::read_to_string("/proc/sys/net/ipv4/vs/expire_nodest_conn")
+        .expect("read expire_nodest_conn");
+    assert_eq!(sysctl.trim(), "1", "the agent sets expire_nodest_conn");
+
+    // One flow: every datagram leaves from the same client port, so IPVS and conntrack keep
+    // it on the pod that got its first datagram.
+    const FLOW: &str = ",sourceport=40054,reuseaddr";
+    let send = || {
+        lab.datagram_with("client", "10.96.0.54:53", FLOW)
+            .map_or_else(|| "none".to_owned(), |(addr, _)| addr)
+    };
+    // The UDP servers have no readiness probe, so the first datagram is retried until one
+    // answers.
+    let mut a = String::new();
+    wait_for("a UDP answer", Duration::from_secs(20), || {
+        a = send();
+        a != "none"
+    });
+    let pinned: Vec<String> = (0..3).map(|_| send()).collect();
+    assert_eq!(pinned, vec![a.clone(); 3], "the flow stays on {a}");
+    let b: &'static str = pods
+        .iter()
+        .copied()
+        .find(|p| *p != a)
+        .expect("a second pod");
+
+    let rest = service_yaml(
+        "udpmv",
+        "10.96.0.54",
+        "  type: ClusterIP\n",
+        ports,
+        &[Ep(b, "node-2", true)],
+    );
+    std::fs::write(dir.join("udpmv.yaml"), rest).expect("rewrite udpmv.yaml");
+    let a_dest = format!("{a}:5353");
+    wait_for(
+        &format!("{a} to be removed"),
+        Duration::from_secs(15),
+        || dest_row(&ipvsadm(&["-Ln"]), "UDP 10.96.0.54:53", &a_dest).is_none(),
+    );
+    // The first datagram after the removal may be dropped while the kernel expires the old
+    // connection; none may reach the removed pod, and the flow must move within seconds.
+    let removed = Instant::now();
+    let mut answers = Vec::new();
+    wait_for(
+        &format!("the flow to move to {b}"),
+        Duration::from_secs(15),
+        || {
+            let who = send();
+            answers.push(who.clone());
+            who == b
+        },
+    );
+    println!("after the removal: {answers:?} in {:?}", removed.elapsed());
+    assert!(
+        !answers.contains(&a),
+        "no datagram reached the removed {a}: {answers:?}"
+    );
+    let moved: Vec<String> = (0..3).map(|_| send()).collect();
+    assert_eq!(moved, vec![b.to_owned(); 3], "the flow stays on {b}");
+}
+
+#[test]
+fn an_endpoint_change_waits_for_a_restarted_agent_and_open_connections_survive() {
+    let mut lab = Lab::new("stale");
+    lab.host("client", CLIENT);
+    let (gone, stays, new) = ("10.244.1.70", "10.244.2.70", "10.244.3.70");
+    lab.echo_pod("web1", gone, 8080);
+    lab.echo_pod("web2", stays, 8080);
+    let yaml =
+        |eps: &[Ep]| service_yaml("web", "10.96.0.70", "  type: ClusterIP\n", WEB_PORTS, eps);
+    let dir = manifests(
+        "stale",
+        &[(
+            "web.yaml",
+            yaml(&[Ep(gone, "node-1", true), Ep(stays, "node-2", true)]),
+        )],
+    );
+    let mut agent = Agent::start(&dir, &[]);
+    const VS: &str = "TCP 10.96.0.70:80";
+    const TARGET: &str = "10.96.0.70:80";
+
+    // A connection to the pod that stays, opened while the agent runs; rr alternates, so
+    // the second try at the latest lands there.
+    let mut held = None;
+    for _ in 0..4 {
+        let s = lab.open("client", TARGET);
+        if s.pod == stays {
+            held = Some(s);
+            break;
+        }
+        s.reset();
+    }
+    let mut held = held.unwrap_or_else(|| panic!("no connection reached {stays}"));
+    assert!(held.echoes("before the kill"));
+    agent.kill();
+
+    lab.echo_pod("web3", new, 8080);
+    std::fs::write(
+        dir.join("web.yaml"),
+        yaml(&[Ep(stays, "node-2", true), Ep(new, "node-3", true)]),
+    )
+    .expect("rewrite web.yaml");
+    let table = ipvsadm(&["-Ln"]);
+    println!("$ ipvsadm -Ln\n{table}");
+    assert!(
+        dest_row(&table, VS, &format!("{gone}:8080")).is_some_and(|r| r.weight == 1),
+        "the removed endpoint is still a real server"
+    );
+    assert_eq!(
+        dest_row(&table, VS, &format!("{new}:8080")),
+        None,
+        "the added endpoint is not"
+    );
+    let mut seen = BTreeMap::new();
+    for _ in 0..4 {
+        *seen.entry(lab.ask("client", TARGET)).or_insert(0) += 1;
+    }
+    assert_eq!(
+        seen,
+        counts(&[(gone, 2), (stays, 2)]),
+        "stale rules: traffic still reaches the removed pod and not the new one"
+    );
+    let check = agent.check();
+    let report = String::from_utf8_lossy(&check.stdout).into_owned();
+    assert_eq!(
+        check.status.code(),
+        Some(1),
+        "check reports drift:\n{report}"
+    );
+    for finding in [
+        format!("stale real server {VS} -> {gone}:8080"),
+        format!("missing real server {VS} -> {new}:8080"),
+    ] {
+        assert!(
+            report.contains(&finding),
+            "check says {finding:?}:\n{report}"
+        );
+    }
+    assert!(held.echoes("while the agent is dead"));
+    drop(agent);
+
+    // Agent::start waits for check to exit 0. The removed pod had connections (the ones
+    // just counted, now in CLOSE), so it may still drain at weight 0, never at weight 1.
+    let _agent = Agent::start(&dir, &[]);
+    let table = ipvsadm(&["-Ln"]);
+    println!("$ ipvsadm -Ln\n{table}");
+    assert!(
+        dest_row(&table, VS, &format!("{gone}:8080")).is_none_or(|r| r.weight == 0),
+        "the removed endpoint is gone or draining"
+    );
+    assert!(
+        held.echoes("after the restart"),
+        "the open connection survives"
+    );
+    let mut seen = BTreeMap::new();
+    for _ in 0..4 {
+        *seen.entry(lab.ask("client", TARGET)).or_insert(0) += 1;
+    }
+    assert_eq!(
+        seen,
+        counts(&[(stays, 2), (new, 2)]),
+        "traffic follows the new endpoints"
+    );
+    assert!(held.echoes("at the end"));
 }
