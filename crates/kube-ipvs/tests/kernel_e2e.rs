@@ -1482,7 +1482,9 @@ fn a_udp_flow_moves_off_a_removed_endpoint() {
     let dir = manifests("udpmv", &[("udpmv.yaml", both)]);
     let _agent = Agent::start(&dir, &[]);
     // The agent turns this on (the kernel's default is 0): a datagram of a flow whose real
-    // server was deleted expires the flow's IPVS connection instead of following it.
+    // server was deleted expires the flow's IPVS connection instead of following it. It is
+    // what moves the flow: with it set back to 0 after startup, the agent's conntrack
+    // cleanup alone left the flow on the removed pod and this test failed (tried in the VM).
     let sysctl = std::fs::read_to_string("/proc/sys/net/ipv4/vs/expire_nodest_conn")
         .expect("read expire_nodest_conn");
     assert_eq!(sysctl.trim(), "1", "the agent sets expire_nodest_conn");
