@@ -34,6 +34,9 @@ use super::metrics::SyncKind;
 use crate::apply::{self, Kernel, KernelHandles, Owners, names_label};
 use crate::observe::{self, Observed};
 
+/// How often the connections of draining real servers are re-read (see the sync loop).
+const DRAIN_POLL: Duration = Duration::from_secs(1);
+
 /// Connection counts (active + inactive) by virtual server and real server.
 pub type Counts = HashMap<(VirtualKey, DestKey), u64>;
 
@@ -360,7 +363,18 @@ impl<K: NodeKernel> Agent<K> {
                 .engine
                 .next_deadline(&self.inputs)
                 .map(|d| self.epoch + d);
-            let wake = [retry_due, drain_due].into_iter().flatten().min();
+            // While real servers drain, their connection counts are re-read every
+            // DRAIN_POLL, so one whose last connection closed is deleted within a second
+            // rather than at the next reconcile (kube-proxy checks once a minute).
+            let drain_poll = self
+                .engine
+                .draining()
+                .next()
+                .map(|_| Instant::now() + DRAIN_POLL);
+            let wake = [retry_due, drain_due, drain_poll]
+                .into_iter()
+                .flatten()
+                .min();
             tokio::select! {
                 () = &mut shutdown => return Ok(()),
                 cs = changes.recv() => {
