@@ -358,7 +358,7 @@ impl ControlPlane {
 
     /// Files for the guest under [`GUEST_DIR`]: `ca.crt`, `admin.kubeconfig` and
     /// `agent.kubeconfig` (server `https://127.0.0.1:PORT`, reachable in a test's namespace
-    /// once it runs `forward-port PORT`; `ports` names both forwarded ports), and the
+    /// through a relay to `/run/host-PORT.sock`; `ports` names both forwarded ports), and the
     /// same pair for the guest's initial namespace (`*-direct.kubeconfig`, server
     /// `https://10.0.2.100:PORT`).
     pub(crate) fn guest_files(&self) -> Result<Vec<(String, Vec<u8>)>> {

@@ -95,7 +95,8 @@ if [ -e /etc/vm/net ]; then
     /usr/sbin/ip link set eth0 up && /usr/sbin/ip addr add 10.0.2.15/24 dev eth0
     export KUBE_IPVS_HOST_ADDR=10.0.2.100
     # eth0 exists only in this (the initial) network namespace; a unix socket per forwarded
-    # port lets processes in any namespace reach the host port (see `forward-port` below).
+    # port lets processes in any namespace reach the host port: there, run
+    # `socat TCP-LISTEN:PORT,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:/run/host-PORT.sock`.
     for port in $(cat /etc/vm/forward); do
         socat UNIX-LISTEN:/run/host-$port.sock,fork TCP:10.0.2.100:$port &
     done
@@ -103,13 +104,6 @@ if [ -e /etc/vm/net ]; then
         while [ ! -S /run/host-$port.sock ]; do sleep 0.05; done
     done
 fi
-# `forward-port PORT` (run inside a network namespace) makes 127.0.0.1:PORT there reach the
-# host's 127.0.0.1:PORT through the socket above; it runs until killed.
-cat > /bin/forward-port <<'FWD'
-#!/bin/sh
-exec socat TCP-LISTEN:$1,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:/run/host-$1.sock
-FWD
-chmod 755 /bin/forward-port
 echo "##vm:ready uptime=$(cut -d' ' -f1 /proc/uptime)"
 cd /tmp
 /bin/sh /job/run.sh
@@ -181,7 +175,11 @@ pub(crate) struct Outcome {
 impl Outcome {
     /// A one-line reason the boot itself went wrong, if it did (independent of the job's result).
     pub(crate) fn failure(&self) -> Option<String> {
-        if self.kernel_panic {
+        if self.first("Initramfs unpacking failed").is_some() {
+            // The image did not fit in guest memory: binaries are truncated and die with
+            // SIGBUS far from the cause, so name the cause here.
+            Some("the initramfs did not fit in the guest's memory (\"Initramfs unpacking failed\"); give the job more memory_mib or ship smaller binaries".into())
+        } else if self.kernel_panic {
             Some("the guest kernel panicked".into())
         } else if self.timed_out {
             Some("the guest did not finish in time; QEMU was killed".into())
@@ -609,6 +607,20 @@ mod tests {
             elapsed: Duration::ZERO,
             log: PathBuf::new(),
         }
+    }
+
+    #[test]
+    fn a_truncated_initramfs_fails_the_boot_even_if_the_job_ran() {
+        let o = outcome(&[
+            "[    4.716786] Initramfs unpacking failed: write error",
+            "##vm:ready uptime=3.1",
+            "##vm:done rc=0",
+        ]);
+        let o = Outcome {
+            guest_rc: Some(0),
+            ..o
+        };
+        assert!(o.failure().is_some_and(|f| f.contains("did not fit")));
     }
 
     #[test]
