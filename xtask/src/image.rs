@@ -21,8 +21,9 @@ use serde_json::json;
 
 use crate::util;
 
-/// The image name; `deploy/daemonset.yaml` and `deploy/kustomization.yaml` use it with the
-/// workspace version as the tag (checked by `crates/kube-ipvs/tests/deploy.rs`).
+/// The image name; `deploy/daemonset.yaml`, `deploy/replace-kube-proxy/daemonset.yaml` and
+/// `deploy/Kustomization` use it with the workspace version as the tag (checked by
+/// `crates/kube-ipvs/tests/deploy.rs`).
 const IMAGE_NAME: &str = "kube-ipvs";
 
 /// The workspace version, inherited by this package: the one source of the tag.
