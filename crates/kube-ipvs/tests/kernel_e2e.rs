@@ -471,7 +471,7 @@ fn dest_row(table: &str, service: &str, dest: &str) -> Option<DestRow> {
     None
 }
 
-/// One entry of `ipvsadm -Lnc`: protocol, state, source, virtual and destination addresses.
+/// One entry of `ipvsadm -Lnc`: its state and its source, virtual and destination addresses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct ConnEntry {
     state: String,
