@@ -62,8 +62,13 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
     }
 }
 
-/// The `go` command: on `PATH`, else the usual install location.
+/// The `go` command: `$GO` if set (which also lets one check the no-Go path with
+/// `GO=/nonexistent`), else `go` on `PATH`, else the usual install location.
 fn go() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("GO") {
+        let path = PathBuf::from(path);
+        return path.is_file().then_some(path);
+    }
     util::which("go").or_else(|| {
         let p = PathBuf::from("/usr/local/go/bin/go");
         p.is_file().then_some(p)
@@ -91,7 +96,7 @@ fn kubernetes_version(go_mod: &str) -> Option<String> {
 pub(crate) fn ensure() -> Result<std::result::Result<Tools, Unavailable>> {
     let Some(go) = go() else {
         return Ok(Err(Unavailable(
-            "no Go toolchain (`go` is not on PATH or in /usr/local/go/bin); \
+            "no Go toolchain (`$GO` unset or not a file, no `go` on PATH or in /usr/local/go/bin); \
              kube-apiserver, etcd and kube-proxy cannot be built"
                 .into(),
         )));
