@@ -9,8 +9,20 @@
 //! **Invariant: only the API's own word removes anything.** A Service leaves the change
 //! stream when a watch event deletes it or a completed relist no longer has it; watch errors,
 //! outages and bad objects never remove state. A bad update keeps the last good translation.
+//!
+//! It also carries, per Service, the trigger times of the slice changes behind each change set
+//! (the `endpoints.kubernetes.io/last-change-trigger-time` annotation), so the agent can export
+//! kube-proxy's `kubeproxy_network_programming_duration_seconds`. The rules are kube-proxy's
+//! (`pkg/proxy/endpointschangetracker.go`): a slice update records its trigger time only if it
+//! changed what the proxy holds for that slice; every trigger time of a Service is kept until
+//! it is handed out, so coalesced changes are each measured; trigger times from before the
+//! tracker started are dropped (they belong to changes an earlier proxy, or nobody, programmed,
+//! and would make every restart look like a slow sync); and deleting a slice forgets the
+//! Service's pending trigger times, since a deleted object's annotation dates from its last
+//! update, not from the deletion.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -40,6 +52,10 @@ pub struct ChangeSet {
     pub services: BTreeMap<ServiceName, ServiceChange>,
     /// This node's new zone and addresses, if they changed.
     pub node: Option<NodeInfo>,
+    /// For Services in [`ChangeSet::services`]: the trigger times of the slice changes this
+    /// change set carries, oldest first as they arrived, one per change (coalesced changes
+    /// each keep theirs). Services without a (valid, recent) trigger time are absent.
+    pub trigger_times: BTreeMap<ServiceName, Vec<SystemTime>>,
 }
 
 impl ChangeSet {
@@ -89,11 +105,21 @@ pub struct Tracker {
     services_listed: bool,
     slices_listed: bool,
     sent_initial: bool,
+    /// Wall-clock time the tracker started; older trigger times are not measured.
+    started: SystemTime,
+    /// Trigger times of slice changes not yet handed out, by Service.
+    triggers: HashMap<ServiceName, Vec<SystemTime>>,
 }
 
 impl Tracker {
-    /// An empty tracker.
+    /// An empty tracker, started now (by the system clock; see [`Tracker::started_at`]).
     pub fn new(opts: TranslateOptions) -> Self {
+        Self::started_at(opts, SystemTime::now())
+    }
+
+    /// An empty tracker that measures only trigger times after `started`. The clock is
+    /// injected so tests can use fixed times.
+    pub fn started_at(opts: TranslateOptions, started: SystemTime) -> Self {
         Self {
             opts,
             services: HashMap::new(),
@@ -106,6 +132,35 @@ impl Tracker {
             services_listed: false,
             slices_listed: false,
             sent_initial: false,
+            started,
+            triggers: HashMap::new(),
+        }
+    }
+
+    /// Records a changed slice's trigger time for its Service, if it is after the start.
+    /// kube-proxy compares with `After`, so a time equal to the start is dropped too.
+    fn note_trigger(&mut self, service: &ServiceName, at: Option<SystemTime>) {
+        if let Some(at) = at.filter(|t| *t > self.started) {
+            self.triggers.entry(service.clone()).or_default().push(at);
+        }
+    }
+
+    /// Whether the tracker already holds exactly these endpoints for this slice under this
+    /// Service: then the update changes nothing the proxy uses (kube-proxy's
+    /// `esInfoChanged` is false) and its trigger time is not recorded.
+    fn holds(&self, key: &(String, String), service: &ServiceName, endpoints: &[Endpoint]) -> bool {
+        self.slice_owner.get(key) == Some(service)
+            && self
+                .slices
+                .get(service)
+                .and_then(|m| m.get(&key.1))
+                .is_some_and(|e| e.as_slice() == endpoints)
+    }
+
+    /// Logs a slice's translation warnings with its name.
+    fn warn_slice(key: &(String, String), warnings: &[String]) {
+        for w in warnings {
+            tracing::warn!("EndpointSlice {}/{}: {w}", key.0, key.1);
         }
     }
 
@@ -207,6 +262,10 @@ impl Tracker {
         let key = Self::slice_key(slice);
         match translate_slice(slice, &self.opts) {
             Ok(Some(t)) => {
+                Self::warn_slice(&key, &t.warnings);
+                if !self.holds(&key, &t.service, &t.endpoints) {
+                    self.note_trigger(&t.service, t.trigger_time);
+                }
                 self.remove_slice_key(&key);
                 self.slices
                     .entry(t.service.clone())
@@ -220,9 +279,14 @@ impl Tracker {
         }
     }
 
-    /// An EndpointSlice was deleted.
+    /// An EndpointSlice was deleted. Its Service's pending trigger times are forgotten, as
+    /// kube-proxy does: the deleted object's annotation is from its last update.
     pub fn delete_slice(&mut self, slice: &EndpointSlice) {
-        self.remove_slice_key(&Self::slice_key(slice));
+        let key = Self::slice_key(slice);
+        if let Some(owner) = self.slice_owner.get(&key) {
+            self.triggers.remove(owner);
+        }
+        self.remove_slice_key(&key);
     }
 
     /// A complete list of EndpointSlices: replaces the set.
@@ -232,7 +296,13 @@ impl Tracker {
         for slice in list {
             let key = Self::slice_key(slice);
             let (service, endpoints) = match translate_slice(slice, &self.opts) {
-                Ok(Some(t)) => (t.service, t.endpoints),
+                Ok(Some(t)) => {
+                    Self::warn_slice(&key, &t.warnings);
+                    if !self.holds(&key, &t.service, &t.endpoints) {
+                        self.note_trigger(&t.service, t.trigger_time);
+                    }
+                    (t.service, t.endpoints)
+                }
                 Ok(None) => continue,
                 Err(e) => {
                     tracing::warn!("skipping bad object, keeping its last good state: {e}");
@@ -250,6 +320,13 @@ impl Tracker {
                 .or_default()
                 .insert(key.1.clone(), endpoints);
             owners.insert(key, service);
+        }
+        // A slice missing from the list was deleted: as for a watch delete, its Service's
+        // pending trigger times go (a relist reports deletions after the updates).
+        for (key, owner) in &self.slice_owner {
+            if !owners.contains_key(key) {
+                self.triggers.remove(owner);
+            }
         }
         let old = std::mem::replace(&mut self.slices, slices);
         self.slice_owner = owners;
@@ -283,6 +360,10 @@ impl Tracker {
             initial: !self.sent_initial,
             ..ChangeSet::default()
         };
+        // Trigger times of Services whose state ends up as it was are dropped here: there is
+        // nothing to program, so no programming to measure. kube-proxy would observe them at
+        // its next sync anyway; we differ because we hand out only real changes.
+        let mut triggers = std::mem::take(&mut self.triggers);
         for name in std::mem::take(&mut self.dirty) {
             let now = ServiceChange {
                 service: self.services.get(&name).cloned(),
@@ -300,6 +381,9 @@ impl Tracker {
                 self.emitted.remove(&name);
             } else {
                 self.emitted.insert(name.clone(), now.clone());
+            }
+            if let Some(times) = triggers.remove(&name) {
+                cs.trigger_times.insert(name.clone(), times);
             }
             cs.services.insert(name, now);
         }
@@ -433,6 +517,157 @@ mod tests {
                 .endpoints
                 .len(),
             1
+        );
+    }
+
+    /// The tracker's start in the trigger-time tests: 2026-01-01T00:00:00Z.
+    fn start() -> SystemTime {
+        SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_767_225_600)
+    }
+
+    fn at(secs_after_start: u64) -> SystemTime {
+        start() + std::time::Duration::from_secs(secs_after_start)
+    }
+
+    fn annotated(mut s: EndpointSlice, trigger: &str) -> EndpointSlice {
+        s.metadata.annotations = Some(BTreeMap::from([(
+            crate::translate::LAST_CHANGE_TRIGGER_TIME_ANNOTATION.to_owned(),
+            trigger.to_owned(),
+        )]));
+        s
+    }
+
+    fn synced_at_start(services: &[Service], slices: &[EndpointSlice]) -> Tracker {
+        let mut t = Tracker::started_at(TranslateOptions::default(), start());
+        t.relist_services(services);
+        t.relist_slices(slices);
+        assert!(t.take_change_set().is_some_and(|cs| cs.initial));
+        t
+    }
+
+    #[test]
+    fn a_changed_slice_carries_its_trigger_time_to_its_service() {
+        let mut t = synced_at_start(&[svc("web", "10.96.0.1")], &[]);
+        t.apply_slice(&annotated(
+            slice("web-1", "web", "10.0.0.1"),
+            "2026-01-01T00:00:05Z",
+        ));
+        let cs = t.take_change_set().expect("web changed");
+        assert_eq!(cs.trigger_times, BTreeMap::from([(web(), vec![at(5)])]));
+        // Handed out once: the next change set does not repeat it.
+        t.apply_slice(&slice("web-1", "web", "10.0.0.2"));
+        let cs = t.take_change_set().expect("web changed again");
+        assert!(cs.trigger_times.is_empty(), "{:?}", cs.trigger_times);
+    }
+
+    #[test]
+    fn coalesced_changes_keep_every_trigger_time_in_order() {
+        let mut t = synced_at_start(&[svc("web", "10.96.0.1"), svc("api", "10.96.0.2")], &[]);
+        t.apply_slice(&annotated(
+            slice("web-1", "web", "10.0.0.1"),
+            "2026-01-01T00:00:05Z",
+        ));
+        t.apply_slice(&annotated(
+            slice("web-1", "web", "10.0.0.2"),
+            "2026-01-01T00:00:07.5+00:00",
+        ));
+        t.apply_slice(&annotated(
+            slice("api-1", "api", "10.0.1.1"),
+            "2026-01-01T01:00:09+01:00",
+        ));
+        let cs = t.take_change_set().expect("both changed");
+        assert_eq!(
+            cs.trigger_times,
+            BTreeMap::from([
+                (ServiceName::new("default", "api"), vec![at(9)]),
+                (
+                    web(),
+                    vec![at(5), at(7) + std::time::Duration::from_millis(500)]
+                ),
+            ])
+        );
+    }
+
+    #[test]
+    fn absent_malformed_old_and_unchanged_trigger_times_are_not_measured() {
+        let s1 = slice("web-1", "web", "10.0.0.1");
+        let mut t = synced_at_start(&[svc("web", "10.96.0.1")], std::slice::from_ref(&s1));
+        // Absent.
+        t.apply_slice(&slice("web-1", "web", "10.0.0.2"));
+        // Malformed: the endpoints still apply.
+        t.apply_slice(&annotated(slice("web-1", "web", "10.0.0.3"), "yesterday"));
+        let cs = t.take_change_set().expect("the endpoints changed");
+        assert_eq!(
+            cs.services[&web()].endpoints[0].addr.to_string(),
+            "10.0.0.3"
+        );
+        assert!(cs.trigger_times.is_empty(), "{:?}", cs.trigger_times);
+        // Before the tracker started, and exactly at its start.
+        t.apply_slice(&annotated(
+            slice("web-1", "web", "10.0.0.4"),
+            "2025-12-31T23:59:59Z",
+        ));
+        t.apply_slice(&annotated(
+            slice("web-1", "web", "10.0.0.5"),
+            "2026-01-01T00:00:00Z",
+        ));
+        let cs = t.take_change_set().expect("the endpoints changed");
+        assert!(cs.trigger_times.is_empty(), "{:?}", cs.trigger_times);
+        // An update that changes only the annotation is no change to program.
+        t.apply_slice(&annotated(
+            slice("web-1", "web", "10.0.0.5"),
+            "2026-01-01T00:00:30Z",
+        ));
+        assert_eq!(t.take_change_set(), None);
+        // Nor does it leave a trigger time behind for the next real change.
+        t.apply_slice(&slice("web-1", "web", "10.0.0.6"));
+        let cs = t.take_change_set().expect("the endpoints changed");
+        assert!(cs.trigger_times.is_empty(), "{:?}", cs.trigger_times);
+    }
+
+    #[test]
+    fn a_deleted_slice_forgets_its_services_pending_trigger_times() {
+        let mut t = synced_at_start(
+            &[svc("web", "10.96.0.1")],
+            &[slice("web-2", "web", "10.0.0.9")],
+        );
+        t.apply_slice(&annotated(
+            slice("web-1", "web", "10.0.0.1"),
+            "2026-01-01T00:00:05Z",
+        ));
+        t.delete_slice(&slice("web-2", "web", "10.0.0.9"));
+        let cs = t.take_change_set().expect("web changed");
+        assert!(cs.trigger_times.is_empty(), "{:?}", cs.trigger_times);
+        // The same through a relist that no longer has web-1.
+        t.apply_slice(&annotated(
+            slice("web-3", "web", "10.0.0.3"),
+            "2026-01-01T00:00:06Z",
+        ));
+        t.relist_slices(&[annotated(
+            slice("web-3", "web", "10.0.0.3"),
+            "2026-01-01T00:00:06Z",
+        )]);
+        let cs = t.take_change_set().expect("web changed");
+        assert!(cs.trigger_times.is_empty(), "{:?}", cs.trigger_times);
+    }
+
+    #[test]
+    fn a_relist_measures_only_the_slices_it_changes() {
+        let mut t = synced_at_start(
+            &[svc("web", "10.96.0.1"), svc("api", "10.96.0.2")],
+            &[
+                slice("web-1", "web", "10.0.0.1"),
+                slice("api-1", "api", "10.0.1.1"),
+            ],
+        );
+        t.relist_slices(&[
+            annotated(slice("web-1", "web", "10.0.0.1"), "2026-01-01T00:00:05Z"),
+            annotated(slice("api-1", "api", "10.0.1.2"), "2026-01-01T00:00:06Z"),
+        ]);
+        let cs = t.take_change_set().expect("api changed");
+        assert_eq!(
+            cs.trigger_times,
+            BTreeMap::from([(ServiceName::new("default", "api"), vec![at(6)])])
         );
     }
 

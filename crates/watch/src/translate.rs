@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -27,6 +28,11 @@ pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// The Node label carrying its zone.
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+/// The annotation the EndpointSlice controller sets to when the change behind a slice's update
+/// happened (a pod became ready, say), in RFC 3339. The network programming latency is measured
+/// from it.
+pub const LAST_CHANGE_TRIGGER_TIME_ANNOTATION: &str =
+    "endpoints.kubernetes.io/last-change-trigger-time";
 
 /// What translation needs to know about this proxy.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -311,6 +317,28 @@ pub struct TranslatedSlice {
     pub service: ServiceName,
     /// The slice's endpoints.
     pub endpoints: Vec<Endpoint>,
+    /// Its [`LAST_CHANGE_TRIGGER_TIME_ANNOTATION`], if present and valid.
+    pub trigger_time: Option<SystemTime>,
+    /// Problems that did not stop translation (a malformed trigger time: the change is applied
+    /// but not measured). The sources log these with the slice's name.
+    pub warnings: Vec<String>,
+}
+
+/// Reads [`LAST_CHANGE_TRIGGER_TIME_ANNOTATION`]: `Ok(None)` if absent, `Err` with the reason if
+/// it is not an RFC 3339 time. kube-proxy parses it with Go's `time.RFC3339Nano`, which accepts
+/// the same texts (fractional seconds optional, `Z` or a numeric offset).
+pub fn trigger_time(
+    annotations: Option<&BTreeMap<String, String>>,
+) -> std::result::Result<Option<SystemTime>, String> {
+    let Some(v) = annotations.and_then(|a| a.get(LAST_CHANGE_TRIGGER_TIME_ANNOTATION)) else {
+        return Ok(None);
+    };
+    let ts: k8s_openapi::jiff::Timestamp = v.parse().map_err(|e| {
+        format!(
+            "annotation {LAST_CHANGE_TRIGGER_TIME_ANNOTATION} {v:?} is not an RFC 3339 time: {e}"
+        )
+    })?;
+    Ok(Some(SystemTime::from(ts)))
 }
 
 /// The namespace and name of a slice, for messages.
@@ -404,7 +432,18 @@ pub fn translate_slice(
         name: name.clone(),
         source: Box::new(source),
     })?;
-    Ok(Some(TranslatedSlice { service, endpoints }))
+    // A bad trigger time only costs the measurement, never the endpoints.
+    let mut warnings = Vec::new();
+    let trigger_time = trigger_time(slice.metadata.annotations.as_ref()).unwrap_or_else(|w| {
+        warnings.push(w);
+        None
+    });
+    Ok(Some(TranslatedSlice {
+        service,
+        endpoints,
+        trigger_time,
+        warnings,
+    }))
 }
 
 /// Merges the endpoints of all slices of one Service, given in slice-name order.
@@ -513,4 +552,84 @@ pub fn translate_node(node: &Node) -> Result<NodeInfo> {
         }
     }
     Ok(info)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::discovery::v1::Endpoint as K8sEndpoint;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use std::time::Duration;
+
+    fn slice(annotation: Option<&str>) -> EndpointSlice {
+        EndpointSlice {
+            metadata: ObjectMeta {
+                name: Some("web-abc".into()),
+                namespace: Some("shop".into()),
+                labels: Some(BTreeMap::from([(
+                    SERVICE_NAME_LABEL.to_owned(),
+                    "web".to_owned(),
+                )])),
+                annotations: annotation.map(|v| {
+                    BTreeMap::from([(LAST_CHANGE_TRIGGER_TIME_ANNOTATION.to_owned(), v.to_owned())])
+                }),
+                ..ObjectMeta::default()
+            },
+            address_type: "IPv4".into(),
+            endpoints: vec![K8sEndpoint {
+                addresses: vec!["10.0.0.1".into()],
+                ..K8sEndpoint::default()
+            }],
+            ports: None,
+        }
+    }
+
+    fn translated(annotation: Option<&str>) -> TranslatedSlice {
+        translate_slice(&slice(annotation), &TranslateOptions::default())
+            .expect("valid slice")
+            .expect("ours")
+    }
+
+    #[test]
+    fn the_trigger_time_annotation_is_parsed_as_rfc3339() {
+        // As the EndpointSlice controller writes it (RFC 3339 with nanoseconds, UTC).
+        let t = translated(Some("2026-11-30T13:16:06.123456789Z"));
+        let want = SystemTime::UNIX_EPOCH + Duration::new(1_796_044_566, 123_456_789);
+        assert_eq!(t.trigger_time, Some(want));
+        assert!(t.warnings.is_empty());
+        // Whole seconds and a numeric offset are RFC 3339 too.
+        let t = translated(Some("2026-11-30T14:16:06+01:00"));
+        assert_eq!(
+            t.trigger_time,
+            Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_044_566))
+        );
+    }
+
+    #[test]
+    fn an_absent_trigger_time_is_none_without_a_warning() {
+        let t = translated(None);
+        assert_eq!(t.trigger_time, None);
+        assert!(t.warnings.is_empty());
+    }
+
+    #[test]
+    fn a_malformed_trigger_time_is_a_warning_and_the_endpoints_stay() {
+        for bad in [
+            "",
+            "yesterday",
+            "2026-11-30 13:16:06",
+            "2026-11-30T13:16:06",
+        ] {
+            let t = translated(Some(bad));
+            assert_eq!(t.trigger_time, None, "{bad:?}");
+            assert_eq!(t.endpoints.len(), 1, "{bad:?}");
+            assert_eq!(t.warnings.len(), 1, "{bad:?}");
+            assert!(
+                t.warnings[0].contains(LAST_CHANGE_TRIGGER_TIME_ANNOTATION)
+                    && t.warnings[0].contains(&format!("{bad:?}")),
+                "{}",
+                t.warnings[0]
+            );
+        }
+    }
 }
