@@ -3,6 +3,7 @@
 //! This file only dispatches; each command lives in its own module.
 
 mod bench;
+mod bench_e2e;
 mod ci;
 mod cluster;
 mod demo;
@@ -29,6 +30,8 @@ const USAGE: &str = "usage: cargo xtask <command>
   bench netlink [-- ARGS]           ipvs-bench in the guest (default --services 10000 --dests 10)
   bench dump [-- ARGS]              kube-ipvs dump vs ipvsadm -Ln in the guest
   bench diff|watch [ARGS]           cargo bench of kube-ipvs-diff / kube-ipvs-watch
+  bench e2e [--sizes N,..] [--updates U] [--agents kube-ipvs,kube-proxy]
+                                    kube-ipvs vs kube-proxy --proxy-mode=ipvs on a real API server, in the guest
   tools                             build kube-apiserver, etcd, kube-proxy, kubectl (integration/tools)
   deploy-check                      kubectl apply --dry-run=server of deploy/ against a real API server
   image [--check]                   OCI/docker archive target/image/kube-ipvs-<version>.tar; --check runs it in a chroot";

@@ -1,0 +1,712 @@
+//! `e2e-bench`: the driver behind `cargo xtask bench e2e` (kube-ipvs against kube-proxy
+//! `--proxy-mode=ipvs` on a real kernel and a real API server).
+//!
+//! Two modes, one program so the object names and endpoint addresses are defined once:
+//!
+//! * `populate` runs on the host (native speed) and fills the API server with N Services of 10
+//!   ready endpoints each (one EndpointSlice per Service) plus the Node `node-1`, creating only
+//!   what is missing so ascending sizes build on each other. It writes `NAME CLUSTER-IP` lines
+//!   for the guest.
+//! * `guest` runs in the VM: it starts the agent as its child, measures how long until the
+//!   kernel's IPVS table holds every Service with all its real servers, then (optionally) the
+//!   latency from an EndpointSlice update to the kernel, and finally the agent's CPU time and
+//!   peak RSS. It prints one `E2E-RESULT key=value ...` line that xtask parses.
+//!
+//! Only IPVS is read, through `kube-ipvs-netlink`, so both agents are judged by the same reader.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube_ipvs_netlink::ipvs::{Ipvs, ServiceKey};
+
+const NAMESPACE: &str = "bench";
+const NODE: &str = "node-1";
+const SERVICE_PORT: u16 = 80;
+const TARGET_PORT: u16 = 8080;
+/// Endpoint addresses cycle through 10.244.0.1 - 10.244.249.250; updates use 10.244.250.0/23 and
+/// up, so an updated address never equals one the table already holds.
+const ENDPOINT_CYCLE: usize = 250 * 250;
+/// Linux reports /proc/PID/stat times in USER_HZ, which is 100 on every architecture we run.
+const USER_HZ: f64 = 100.0;
+/// Pause between polls of the kernel table while converging, so the poller does not starve the
+/// agent of the guest's two vCPUs.
+const CONVERGE_POLL: Duration = Duration::from_millis(100);
+/// Pause between GET_DEST polls of one service after an update.
+const UPDATE_POLL: Duration = Duration::from_millis(2);
+/// An update the kernel has not shown after this long counts as a timeout and ends the series.
+const UPDATE_TIMEOUT: Duration = Duration::from_secs(180);
+
+fn usage() -> &'static str {
+    "usage: e2e-bench populate --kubeconfig PATH --services N [--endpoints E] [--concurrency C] --out PATH\n       \
+     e2e-bench guest --agent kube-ipvs|kube-proxy --services-file PATH --kubeconfig PATH \
+     [--endpoints E] [--updates U] [--update-budget SECS] [--converge-timeout SECS]"
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some((mode, rest)) = args.split_first() else {
+        bail!("{}", usage());
+    };
+    let opts = Options::parse(rest)?;
+    match mode.as_str() {
+        "populate" => populate(&opts),
+        "guest" => guest(&opts),
+        other => bail!("unknown mode {other:?}\n{}", usage()),
+    }
+}
+
+/// Command-line options of both modes (each mode checks the ones it needs).
+#[derive(Debug)]
+struct Options {
+    kubeconfig: Option<PathBuf>,
+    services: usize,
+    endpoints: usize,
+    concurrency: usize,
+    out: Option<PathBuf>,
+    agent: Option<String>,
+    services_file: Option<PathBuf>,
+    updates: usize,
+    update_budget: Duration,
+    converge_timeout: Duration,
+}
+
+impl Options {
+    fn parse(args: &[String]) -> Result<Options> {
+        let mut o = Options {
+            kubeconfig: None,
+            services: 0,
+            endpoints: 10,
+            concurrency: 32,
+            out: None,
+            agent: None,
+            services_file: None,
+            updates: 0,
+            update_budget: Duration::from_secs(300),
+            converge_timeout: Duration::from_secs(1800),
+        };
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            let mut value = || {
+                it.next()
+                    .with_context(|| format!("{flag} needs a value\n{}", usage()))
+            };
+            let number = |v: &String| -> Result<usize> {
+                v.parse()
+                    .with_context(|| format!("{flag} {v:?}: not a whole number"))
+            };
+            match flag.as_str() {
+                "--kubeconfig" => o.kubeconfig = Some(PathBuf::from(value()?)),
+                "--services" => o.services = number(value()?)?,
+                "--endpoints" => o.endpoints = number(value()?)?,
+                "--concurrency" => o.concurrency = number(value()?)?.max(1),
+                "--out" => o.out = Some(PathBuf::from(value()?)),
+                "--agent" => o.agent = Some(value()?.clone()),
+                "--services-file" => o.services_file = Some(PathBuf::from(value()?)),
+                "--updates" => o.updates = number(value()?)?,
+                "--update-budget" => {
+                    o.update_budget = Duration::from_secs(number(value()?)? as u64);
+                }
+                "--converge-timeout" => {
+                    o.converge_timeout = Duration::from_secs(number(value()?)? as u64);
+                }
+                other => bail!("unknown option {other:?}\n{}", usage()),
+            }
+        }
+        if o.endpoints == 0 || o.endpoints > 1000 {
+            bail!("--endpoints {}: must be 1..=1000", o.endpoints);
+        }
+        Ok(o)
+    }
+
+    fn kubeconfig(&self) -> Result<&Path> {
+        self.kubeconfig
+            .as_deref()
+            .with_context(|| format!("--kubeconfig is required\n{}", usage()))
+    }
+}
+
+fn service_name(i: usize) -> String {
+    format!("svc-{i:05}")
+}
+
+fn slice_name(i: usize) -> String {
+    format!("{}-1", service_name(i))
+}
+
+/// Endpoint `j` of Service `i`: a pod address in 10.244.0.0/16 (repeating across Services once
+/// 62,500 are used, which is fine: real servers are per virtual server).
+fn endpoint_addr(i: usize, j: usize, per_service: usize) -> Ipv4Addr {
+    let k = (i * per_service + j) % ENDPOINT_CYCLE;
+    Ipv4Addr::new(10, 244, (k / 250) as u8, (k % 250 + 1) as u8)
+}
+
+/// The new address of update `u`, outside the range [`endpoint_addr`] uses.
+fn update_addr(u: usize) -> Ipv4Addr {
+    let k = u % (5 * 250);
+    Ipv4Addr::new(10, 244, 250 + (k / 250) as u8, (k % 250 + 1) as u8)
+}
+
+fn service_json(i: usize) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": service_name(i), "namespace": NAMESPACE},
+        "spec": {"ports": [{"name": "http", "port": SERVICE_PORT, "protocol": "TCP",
+                            "targetPort": TARGET_PORT}]},
+    })
+}
+
+fn endpoints_json(addrs: &[Ipv4Addr]) -> serde_json::Value {
+    let list: Vec<serde_json::Value> = addrs
+        .iter()
+        .map(|a| {
+            serde_json::json!({
+                "addresses": [a.to_string()],
+                "conditions": {"ready": true},
+                "nodeName": NODE,
+            })
+        })
+        .collect();
+    serde_json::Value::Array(list)
+}
+
+fn slice_json(i: usize, addrs: &[Ipv4Addr]) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": slice_name(i),
+            "namespace": NAMESPACE,
+            "labels": {"kubernetes.io/service-name": service_name(i)},
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": TARGET_PORT, "protocol": "TCP"}],
+        "endpoints": endpoints_json(addrs),
+    })
+}
+
+fn initial_addrs(i: usize, per_service: usize) -> Vec<Ipv4Addr> {
+    (0..per_service)
+        .map(|j| endpoint_addr(i, j, per_service))
+        .collect()
+}
+
+async fn client(kubeconfig: &Path) -> Result<kube::Client> {
+    let config = Kubeconfig::read_from(kubeconfig)
+        .with_context(|| format!("reading kubeconfig {}", kubeconfig.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(config, &KubeConfigOptions::default())
+        .await
+        .with_context(|| format!("kubeconfig {}", kubeconfig.display()))?;
+    kube::Client::try_from(config).context("building the kube client")
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")
+}
+
+/// Whether a create failed only because the object is there already (a resumed populate).
+fn already_exists(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(status) if status.code == 409)
+}
+
+fn populate(opts: &Options) -> Result<()> {
+    let out = opts
+        .out
+        .as_deref()
+        .with_context(|| format!("--out is required\n{}", usage()))?;
+    let kubeconfig = opts.kubeconfig()?;
+    let started = Instant::now();
+    let lines = runtime()?.block_on(async {
+        let client = client(kubeconfig).await?;
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
+        }))?;
+        match Api::<Node>::all(client.clone())
+            .create(&PostParams::default(), &node)
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if already_exists(&e) => {}
+            Err(e) => return Err(e).context(format!("creating Node {NODE}")),
+        }
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE},
+        }))?;
+        match Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if already_exists(&e) => {}
+            Err(e) => return Err(e).context(format!("creating Namespace {NAMESPACE}")),
+        }
+        let services: Api<Service> = Api::namespaced(client.clone(), NAMESPACE);
+        let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NAMESPACE);
+        let existing: HashSet<String> = services
+            .list_metadata(&ListParams::default())
+            .await
+            .context("listing Services in namespace bench")?
+            .items
+            .into_iter()
+            .filter_map(|m| m.metadata.name)
+            .collect();
+        let missing: Vec<usize> = (0..opts.services)
+            .filter(|i| !existing.contains(&service_name(*i)))
+            .collect();
+        let created = missing.len();
+        futures::stream::iter(missing)
+            .map(|i| {
+                let services = services.clone();
+                let slices = slices.clone();
+                let per = opts.endpoints;
+                async move {
+                    let svc: Service = serde_json::from_value(service_json(i))?;
+                    match services.create(&PostParams::default(), &svc).await {
+                        Ok(_) => {}
+                        Err(e) if already_exists(&e) => {}
+                        Err(e) => {
+                            return Err(e).context(format!(
+                                "creating Service {NAMESPACE}/{}",
+                                service_name(i)
+                            ));
+                        }
+                    }
+                    let slice: EndpointSlice =
+                        serde_json::from_value(slice_json(i, &initial_addrs(i, per)))?;
+                    match slices.create(&PostParams::default(), &slice).await {
+                        Ok(_) => Ok(()),
+                        Err(e) if already_exists(&e) => Ok(()),
+                        Err(e) => Err(e).context(format!(
+                            "creating EndpointSlice {NAMESPACE}/{}",
+                            slice_name(i)
+                        )),
+                    }
+                }
+            })
+            .buffer_unordered(opts.concurrency)
+            .try_collect::<Vec<()>>()
+            .await?;
+        let listed = services
+            .list(&ListParams::default())
+            .await
+            .context("listing Services in namespace bench")?;
+        let ips: HashMap<String, String> = listed
+            .items
+            .into_iter()
+            .filter_map(|s| Some((s.metadata.name?, s.spec?.cluster_ip?)))
+            .collect();
+        let mut lines = String::new();
+        for i in 0..opts.services {
+            let name = service_name(i);
+            let ip = ips
+                .get(&name)
+                .with_context(|| format!("Service {NAMESPACE}/{name} has no ClusterIP"))?;
+            let _ = writeln!(lines, "{name} {ip}");
+        }
+        eprintln!(
+            "e2e-bench: populate: {} Services in {NAMESPACE} ({created} created) in {:.1} s",
+            opts.services,
+            started.elapsed().as_secs_f64()
+        );
+        anyhow::Ok(lines)
+    })?;
+    std::fs::write(out, lines).with_context(|| format!("writing {}", out.display()))
+}
+
+/// The Services the guest waits for, from `populate --out`: index order, ClusterIP parsed.
+fn read_services(path: &Path) -> Result<Vec<Ipv4Addr>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let (name, ip) = line
+            .split_once(' ')
+            .with_context(|| format!("{} line {}: {line:?}", path.display(), n + 1))?;
+        if name != service_name(n) {
+            bail!(
+                "{} line {}: expected {}, found {name}",
+                path.display(),
+                n + 1,
+                service_name(n)
+            );
+        }
+        let ip: Ipv4Addr = ip
+            .parse()
+            .with_context(|| format!("Service {NAMESPACE}/{name}: ClusterIP {ip:?}"))?;
+        out.push(ip);
+    }
+    Ok(out)
+}
+
+fn key(ip: Ipv4Addr) -> ServiceKey {
+    ServiceKey::tcp(IpAddr::V4(ip), SERVICE_PORT)
+}
+
+/// Whether the kernel holds exactly `want` (address set, port TARGET_PORT) behind `key`.
+fn holds(ipvs: &mut Ipvs, key: &ServiceKey, want: &[Ipv4Addr]) -> Result<bool> {
+    let dests = ipvs.destinations(key)?;
+    if dests.len() != want.len() {
+        return Ok(false);
+    }
+    let got: HashSet<(IpAddr, u16)> = dests.iter().map(|d| (d.addr, d.port)).collect();
+    Ok(want
+        .iter()
+        .all(|a| got.contains(&(IpAddr::V4(*a), TARGET_PORT))))
+}
+
+/// The running agent: its process, and where its output goes.
+struct Agent {
+    child: Child,
+    log: PathBuf,
+    name: String,
+}
+
+impl Agent {
+    fn start(name: &str) -> Result<Agent> {
+        let mut cmd = match name {
+            "kube-ipvs" => {
+                let mut c = Command::new("/usr/local/bin/kube-ipvs");
+                c.args([
+                    "run",
+                    "--kubeconfig",
+                    "/etc/kube-ipvs-test/agent-direct.kubeconfig",
+                    "--hostname-override",
+                    NODE,
+                    "--cluster-cidr",
+                    "10.244.0.0/16",
+                ]);
+                c
+            }
+            "kube-proxy" => {
+                let mut c = Command::new("/usr/local/bin/kube-proxy");
+                c.args([
+                    "--proxy-mode=ipvs",
+                    "--kubeconfig",
+                    "/etc/kube-ipvs-test/admin-direct.kubeconfig",
+                    "--hostname-override",
+                    NODE,
+                    "--cluster-cidr",
+                    "10.244.0.0/16",
+                ]);
+                c
+            }
+            other => bail!("unknown agent {other:?}: kube-ipvs or kube-proxy"),
+        };
+        let log = PathBuf::from(format!("/tmp/{name}.log"));
+        let file =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let err = file.try_clone()?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        Ok(Agent {
+            child,
+            log,
+            name: name.to_owned(),
+        })
+    }
+
+    fn tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// Fails, with the end of the agent's log, if it has exited.
+    fn check_running(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!("{} exited ({status}):\n{}", self.name, self.tail());
+        }
+        Ok(())
+    }
+
+    /// CPU seconds (user + system of the agent and its reaped children) and peak RSS in KiB.
+    fn usage(&self) -> Result<(f64, u64)> {
+        let pid = self.child.id();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .with_context(|| format!("reading /proc/{pid}/stat of {}", self.name))?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .with_context(|| format!("reading /proc/{pid}/status of {}", self.name))?;
+        let ticks = stat_cpu_ticks(&stat)
+            .with_context(|| format!("/proc/{pid}/stat of {}: {stat:?}", self.name))?;
+        let hwm = status_kib(&status, "VmHWM")
+            .with_context(|| format!("/proc/{pid}/status of {} has no VmHWM", self.name))?;
+        Ok((ticks as f64 / USER_HZ, hwm))
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// utime + stime + cutime + cstime (fields 14-17) of a /proc/PID/stat line. The command name
+/// (field 2) may contain spaces, so fields are counted after its closing parenthesis.
+fn stat_cpu_ticks(stat: &str) -> Option<u64> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` starts at field 3 (state), so field N is at index N - 3.
+    let mut sum = 0u64;
+    for n in 14..=17 {
+        sum += fields.get(n - 3)?.parse::<u64>().ok()?;
+    }
+    Some(sum)
+}
+
+/// A `Name:   123 kB` line of /proc/PID/status.
+fn status_kib(status: &str, name: &str) -> Option<u64> {
+    status.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?.strip_prefix(':')?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// How convergence went: when the last check succeeded, how long before that the last failed
+/// check began (the true moment lies between), and how long one verifying full read took.
+struct Converged {
+    at: Duration,
+    uncertainty: Duration,
+    full_read: Duration,
+}
+
+fn converge(
+    ipvs: &mut Ipvs,
+    agent: &mut Agent,
+    ips: &[Ipv4Addr],
+    per: usize,
+    started: Instant,
+    timeout: Duration,
+) -> Result<Converged> {
+    let wanted: HashSet<ServiceKey> = ips.iter().map(|ip| key(*ip)).collect();
+    let mut last_fail = started;
+    let deadline = started + timeout;
+    let give_up = |what: String| -> Result<()> {
+        if Instant::now() > deadline {
+            bail!("not converged after {} s: {what}", timeout.as_secs());
+        }
+        Ok(())
+    };
+    // Cheap phase: one service dump per poll until every virtual server exists.
+    loop {
+        agent.check_running()?;
+        let poll = Instant::now();
+        let present = ipvs
+            .services()?
+            .iter()
+            .filter(|s| wanted.contains(&s.key))
+            .count();
+        if present == wanted.len() {
+            break;
+        }
+        last_fail = poll;
+        give_up(format!("{present} of {} virtual servers", wanted.len()))?;
+        std::thread::sleep(CONVERGE_POLL);
+    }
+    // Real servers: resume at the first Service not yet complete. The agents only add during
+    // startup, so a Service seen complete stays complete; the verifying read below checks that.
+    let mut next = 0;
+    while next < ips.len() {
+        let poll = Instant::now();
+        if holds(ipvs, &key(ips[next]), &initial_addrs(next, per))? {
+            next += 1;
+            continue;
+        }
+        last_fail = poll;
+        agent.check_running()?;
+        give_up(format!(
+            "{next} of {} Services have all {per} real servers",
+            ips.len()
+        ))?;
+        std::thread::sleep(CONVERGE_POLL);
+    }
+    let done = Instant::now();
+    for (i, ip) in ips.iter().enumerate() {
+        if !holds(ipvs, &key(*ip), &initial_addrs(i, per))? {
+            bail!(
+                "Service {NAMESPACE}/{} ({ip}:{SERVICE_PORT}) lost real servers after converging",
+                service_name(i)
+            );
+        }
+    }
+    Ok(Converged {
+        at: done - started,
+        uncertainty: done - last_fail,
+        full_read: done.elapsed(),
+    })
+}
+
+/// What the update series measured, in microseconds from sending each PATCH.
+#[derive(Default)]
+struct Updates {
+    /// Until the kernel held the new endpoint set.
+    kernel_us: Vec<u64>,
+    /// Until the API server answered the PATCH (part of the above), to tell a slow API server
+    /// from a slow agent.
+    patch_us: Vec<u64>,
+    /// Updates the kernel never showed (at most one: the series stops there).
+    timeouts: usize,
+}
+
+fn updates(
+    opts: &Options,
+    ipvs: &mut Ipvs,
+    agent: &mut Agent,
+    ips: &[Ipv4Addr],
+) -> Result<Updates> {
+    let per = opts.endpoints;
+    let rt = runtime()?;
+    let client = rt.block_on(client(opts.kubeconfig()?))?;
+    let slices: Api<EndpointSlice> = Api::namespaced(client, NAMESPACE);
+    let budget_end = Instant::now() + opts.update_budget;
+    let mut current: HashMap<usize, Vec<Ipv4Addr>> = HashMap::new();
+    let mut out = Updates::default();
+    for u in 0..opts.updates {
+        if Instant::now() > budget_end {
+            eprintln!(
+                "e2e-bench: update budget of {} s spent after {u} updates",
+                opts.update_budget.as_secs()
+            );
+            break;
+        }
+        agent.check_running()?;
+        // A prime stride visits Services spread over the table, each once for U <= N.
+        let i = (u * 7919) % ips.len();
+        let addrs = current.entry(i).or_insert_with(|| initial_addrs(i, per));
+        addrs[0] = update_addr(u);
+        let want = addrs.clone();
+        let patch = serde_json::json!({"endpoints": endpoints_json(&want)});
+        let name = slice_name(i);
+        let sent = Instant::now();
+        rt.block_on(slices.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)))
+            .with_context(|| format!("patching EndpointSlice {NAMESPACE}/{name}"))?;
+        out.patch_us.push(sent.elapsed().as_micros() as u64);
+        let k = key(ips[i]);
+        loop {
+            if holds(ipvs, &k, &want)? {
+                out.kernel_us.push(sent.elapsed().as_micros() as u64);
+                break;
+            }
+            if sent.elapsed() > UPDATE_TIMEOUT {
+                eprintln!(
+                    "e2e-bench: update {u} (EndpointSlice {NAMESPACE}/{name}) not in the kernel after {} s",
+                    UPDATE_TIMEOUT.as_secs()
+                );
+                out.timeouts = 1;
+                return Ok(out);
+            }
+            std::thread::sleep(UPDATE_POLL);
+        }
+    }
+    Ok(out)
+}
+
+/// Microsecond samples as a comma list, `-` for none (the result line has no empty values).
+fn list(samples: &[u64]) -> String {
+    if samples.is_empty() {
+        return "-".to_owned();
+    }
+    let words: Vec<String> = samples.iter().map(u64::to_string).collect();
+    words.join(",")
+}
+
+fn guest(opts: &Options) -> Result<()> {
+    let agent_name = opts
+        .agent
+        .as_deref()
+        .with_context(|| format!("--agent is required\n{}", usage()))?;
+    let file = opts
+        .services_file
+        .as_deref()
+        .with_context(|| format!("--services-file is required\n{}", usage()))?;
+    let ips = read_services(file)?;
+    if ips.is_empty() {
+        bail!("{}: no Services", file.display());
+    }
+    let mut ipvs = Ipvs::new().context("opening the IPVS netlink socket")?;
+    let before = ipvs.services()?.len();
+    if before != 0 {
+        bail!("the IPVS table is not empty before the agent starts ({before} virtual servers)");
+    }
+    let started = Instant::now();
+    let mut agent = Agent::start(agent_name)?;
+    let run = (|| -> Result<String> {
+        let conv = converge(
+            &mut ipvs,
+            &mut agent,
+            &ips,
+            opts.endpoints,
+            started,
+            opts.converge_timeout,
+        )?;
+        eprintln!(
+            "e2e-bench: {agent_name} converged on {} Services x {} in {:.3} s (last miss {:.3} s before; full read {:.3} s)",
+            ips.len(),
+            opts.endpoints,
+            conv.at.as_secs_f64(),
+            conv.uncertainty.as_secs_f64(),
+            conv.full_read.as_secs_f64()
+        );
+        let (cpu_converged, _) = agent.usage()?;
+        let up = if opts.updates > 0 {
+            updates(opts, &mut ipvs, &mut agent, &ips)?
+        } else {
+            Updates::default()
+        };
+        agent.check_running()?;
+        let (cpu, rss) = agent.usage()?;
+        eprintln!("--- {agent_name} log (end) ---\n{}\n---", agent.tail());
+        Ok(format!(
+            "E2E-RESULT agent={agent_name} services={} endpoints={} converge_ms={} converge_err_ms={} full_read_ms={} cpu_converge_s={cpu_converged:.2} updates_requested={} update_timeouts={} updates_us={} patch_us={} cpu_s={cpu:.2} rss_kib={rss}",
+            ips.len(),
+            opts.endpoints,
+            conv.at.as_millis(),
+            conv.uncertainty.as_millis(),
+            conv.full_read.as_millis(),
+            opts.updates,
+            up.timeouts,
+            list(&up.kernel_us),
+            list(&up.patch_us),
+        ))
+    })();
+    match run {
+        Ok(line) => {
+            println!("{line}");
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("--- {agent_name} log (end) ---\n{}", agent.tail());
+            Err(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_fields_14_to_17_are_summed_after_the_command_name() {
+        // Field 2 with a space and a parenthesis, as a process may name itself.
+        let stat = "42 (kube (x) y) S 1 42 42 0 -1 4194560 100 0 0 0 150 25 7 3 20 0 8 0 5 0 0";
+        assert_eq!(stat_cpu_ticks(stat), Some(150 + 25 + 7 + 3));
+    }
+}

@@ -1,0 +1,569 @@
+//! `cargo xtask bench e2e`: kube-ipvs against kube-proxy `--proxy-mode=ipvs` end to end, on a
+//! real kube-apiserver and a real kernel.
+//!
+//! One control plane on the host serves every run. For each size (ascending) the driver
+//! (`integration/examples/e2e-bench.rs`) fills the API from the host, where it runs at native
+//! speed; then each agent gets a fresh VM whose job runs the driver in `guest` mode, which starts
+//! the agent, times convergence, EndpointSlice-update latency (at the largest size only) and reads
+//! the agent's CPU time and peak RSS. The driver prints one `E2E-RESULT` line per VM; this module
+//! parses those and prints a side-by-side table. Nothing is written to `docs/`: a run is
+//! recorded there by hand, with the host's load.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use crate::cluster::{ControlPlane, GUEST_DIR};
+use crate::util::{self, secs, shell_quote};
+use crate::vm::{self, GuestFile, Job};
+use crate::vmtest::cargo_executables;
+
+const DRIVER_PACKAGE: &str = "kube-ipvs-integration";
+const DRIVER: &str = "e2e-bench";
+const AGENTS: &[&str] = &["kube-ipvs", "kube-proxy"];
+const RESULT_PREFIX: &str = "E2E-RESULT ";
+/// Where the guest finds the `populate --out` list.
+const GUEST_SERVICES: &str = "/etc/e2e-bench/services";
+
+const USAGE: &str = "usage: cargo xtask bench e2e [--sizes 1000,5000,10000] [--updates 100] \
+     [--agents kube-ipvs,kube-proxy] [--update-budget SECS] [--mem MIB]";
+
+#[derive(Debug, Clone, PartialEq)]
+struct Options {
+    sizes: Vec<usize>,
+    updates: usize,
+    agents: Vec<String>,
+    /// Wall-clock cap on the update series per agent (kube-proxy resyncs everything each time).
+    update_budget: u64,
+    memory_mib: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            sizes: vec![1000, 5000, 10000],
+            updates: 100,
+            agents: AGENTS.iter().map(|a| (*a).to_owned()).collect(),
+            update_budget: 300,
+            memory_mib: 4096,
+        }
+    }
+}
+
+fn parse_options(args: &[String]) -> Result<Options> {
+    let mut o = Options::default();
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let value = it
+            .next()
+            .with_context(|| format!("bench e2e: {flag} needs a value; {USAGE}"))?;
+        let number = |v: &str| -> Result<usize> {
+            v.trim()
+                .parse()
+                .with_context(|| format!("bench e2e: {flag} {v:?} is not a whole number"))
+        };
+        match flag.as_str() {
+            "--sizes" => {
+                o.sizes = value.split(',').map(number).collect::<Result<_>>()?;
+            }
+            "--updates" => o.updates = number(value)?,
+            "--update-budget" => o.update_budget = number(value)? as u64,
+            "--mem" => {
+                o.memory_mib = u32::try_from(number(value)?)
+                    .with_context(|| format!("bench e2e: --mem {value} is too large"))?;
+            }
+            "--agents" => {
+                o.agents = value.split(',').map(|a| a.trim().to_owned()).collect();
+                if let Some(bad) = o.agents.iter().find(|a| !AGENTS.contains(&a.as_str())) {
+                    bail!("bench e2e: unknown agent {bad:?} (kube-ipvs, kube-proxy)");
+                }
+            }
+            other => bail!("bench e2e: unknown option {other:?}; {USAGE}"),
+        }
+    }
+    if o.sizes.is_empty() || o.sizes.contains(&0) {
+        bail!("bench e2e: --sizes needs positive numbers");
+    }
+    if o.sizes.iter().any(|n| *n > 60_000) {
+        bail!("bench e2e: sizes above 60,000 do not fit the 10.96.0.0/16 Service CIDR");
+    }
+    o.sizes.sort_unstable();
+    o.sizes.dedup();
+    if o.agents.is_empty() {
+        bail!("bench e2e: --agents is empty");
+    }
+    Ok(o)
+}
+
+/// One VM's measurements, as the driver's `E2E-RESULT` line gives them.
+#[derive(Debug, Clone, PartialEq)]
+struct RunResult {
+    agent: String,
+    services: usize,
+    endpoints: usize,
+    converge_ms: u64,
+    converge_err_ms: u64,
+    full_read_ms: u64,
+    updates_requested: usize,
+    update_timeouts: usize,
+    updates_us: Vec<u64>,
+    /// The API server's answer to each PATCH (included in `updates_us`).
+    patch_us: Vec<u64>,
+    /// Agent CPU seconds when the table had converged (before any update).
+    cpu_converge_s: f64,
+    cpu_s: f64,
+    rss_kib: u64,
+}
+
+fn parse_result_line(line: &str) -> Result<RunResult> {
+    let body = line
+        .trim()
+        .strip_prefix(RESULT_PREFIX)
+        .with_context(|| format!("not a result line: {line:?}"))?;
+    let mut fields = std::collections::HashMap::new();
+    for word in body.split_whitespace() {
+        let (k, v) = word
+            .split_once('=')
+            .with_context(|| format!("result field {word:?} has no `=`"))?;
+        fields.insert(k, v);
+    }
+    let get = |k: &str| -> Result<&str> {
+        fields
+            .get(k)
+            .copied()
+            .with_context(|| format!("result line lacks {k}: {line:?}"))
+    };
+    fn num<T: std::str::FromStr>(k: &str, v: &str) -> Result<T> {
+        v.parse()
+            .map_err(|_| anyhow::anyhow!("result field {k}={v:?} is not a number"))
+    }
+    let samples = |k: &str| -> Result<Vec<u64>> {
+        match get(k)? {
+            "-" => Ok(Vec::new()),
+            list => list.split(',').map(|v| num(k, v)).collect(),
+        }
+    };
+    Ok(RunResult {
+        agent: get("agent")?.to_owned(),
+        services: num("services", get("services")?)?,
+        endpoints: num("endpoints", get("endpoints")?)?,
+        converge_ms: num("converge_ms", get("converge_ms")?)?,
+        converge_err_ms: num("converge_err_ms", get("converge_err_ms")?)?,
+        full_read_ms: num("full_read_ms", get("full_read_ms")?)?,
+        updates_requested: num("updates_requested", get("updates_requested")?)?,
+        update_timeouts: num("update_timeouts", get("update_timeouts")?)?,
+        updates_us: samples("updates_us")?,
+        patch_us: samples("patch_us")?,
+        cpu_converge_s: num("cpu_converge_s", get("cpu_converge_s")?)?,
+        cpu_s: num("cpu_s", get("cpu_s")?)?,
+        rss_kib: num("rss_kib", get("rss_kib")?)?,
+    })
+}
+
+/// Nearest-rank percentile (`p` in 0..=100) of unsorted samples; `None` without samples.
+fn percentile(samples: &[u64], p: f64) -> Option<u64> {
+    if samples.is_empty() {
+        return None;
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+fn ms(us: u64) -> String {
+    format!("{:.1} ms", us as f64 / 1000.0)
+}
+
+/// `kube-proxy / kube-ipvs`, or `-` when either side is missing or zero.
+fn ratio(ipvs: Option<f64>, proxy: Option<f64>) -> String {
+    match (ipvs, proxy) {
+        (Some(a), Some(b)) if a > 0.0 => format!("{:.1}x", b / a),
+        _ => "-".to_owned(),
+    }
+}
+
+/// The side-by-side table: one block per size, one row per metric, with the ratio
+/// kube-proxy / kube-ipvs (above 1 means kube-ipvs is faster or smaller).
+fn table(results: &[RunResult]) -> String {
+    let mut sizes: Vec<usize> = results.iter().map(|r| r.services).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let mut rows: Vec<[String; 5]> = vec![[
+        "size".into(),
+        "metric".into(),
+        "kube-ipvs".into(),
+        "kube-proxy".into(),
+        "kube-proxy / kube-ipvs".into(),
+    ]];
+    for size in sizes {
+        let find = |agent: &str| {
+            results
+                .iter()
+                .find(|r| r.services == size && r.agent == agent)
+        };
+        let (a, b) = (find("kube-ipvs"), find("kube-proxy"));
+        let mut row = |metric: &str, f: &dyn Fn(&RunResult) -> Option<(String, f64)>| {
+            let (ta, va) = a
+                .and_then(f)
+                .map_or(("-".into(), None), |(t, v)| (t, Some(v)));
+            let (tb, vb) = b
+                .and_then(f)
+                .map_or(("-".into(), None), |(t, v)| (t, Some(v)));
+            rows.push([format!("{size}"), metric.to_owned(), ta, tb, ratio(va, vb)]);
+        };
+        row("converge (+ uncertainty)", &|r| {
+            Some((
+                format!(
+                    "{:.2} s (+{:.2} s)",
+                    r.converge_ms as f64 / 1000.0,
+                    r.converge_err_ms as f64 / 1000.0
+                ),
+                r.converge_ms as f64,
+            ))
+        });
+        row("one full table read", &|r| {
+            Some((
+                format!("{:.2} s", r.full_read_ms as f64 / 1000.0),
+                r.full_read_ms as f64,
+            ))
+        });
+        for (label, p) in [("update p50", 50.0), ("update p99", 99.0)] {
+            row(label, &|r| {
+                percentile(&r.updates_us, p).map(|v| (ms(v), v as f64))
+            });
+        }
+        row("  of which PATCH answered, p50", &|r| {
+            percentile(&r.patch_us, 50.0).map(|v| (ms(v), v as f64))
+        });
+        row("update max", &|r| {
+            r.updates_us.iter().max().map(|v| (ms(*v), *v as f64))
+        });
+        row("updates measured / asked", &|r| {
+            (r.updates_requested > 0).then(|| {
+                let timeouts = if r.update_timeouts > 0 {
+                    format!(" ({} timed out)", r.update_timeouts)
+                } else {
+                    String::new()
+                };
+                (
+                    format!("{} / {}{timeouts}", r.updates_us.len(), r.updates_requested),
+                    0.0,
+                )
+            })
+        });
+        row("CPU until converged", &|r| {
+            Some((format!("{:.2} s", r.cpu_converge_s), r.cpu_converge_s))
+        });
+        row("CPU at the end (user+sys, with children)", &|r| {
+            Some((format!("{:.2} s", r.cpu_s), r.cpu_s))
+        });
+        row("peak RSS (VmHWM)", &|r| {
+            Some((
+                format!("{:.1} MiB", r.rss_kib as f64 / 1024.0),
+                r.rss_kib as f64,
+            ))
+        });
+    }
+    let mut widths = [0usize; 5];
+    for r in &rows {
+        for (w, cell) in widths.iter_mut().zip(r) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for r in &rows {
+        let cells: Vec<String> = r
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        let _ = writeln!(out, "| {} |", cells.join(" | "));
+    }
+    out
+}
+
+fn release_build(package: &str, what: &[&str], name: &str) -> Result<PathBuf> {
+    let mut args = vec!["build", "--release", "-p", package];
+    args.extend_from_slice(what);
+    cargo_executables(&args, |m| m["target"]["name"] == name)?
+        .into_iter()
+        .next()
+        .map(|(_, exe)| exe)
+        .with_context(|| format!("cargo build produced no {name} executable"))
+}
+
+pub(crate) fn command(args: &[String]) -> Result<()> {
+    let opts = parse_options(args)?;
+    let tools = match crate::tools::ensure()? {
+        Ok(t) => t,
+        Err(crate::tools::Unavailable(why)) => bail!("bench e2e: {why}"),
+    };
+    let driver = release_build(DRIVER_PACKAGE, &["--example", DRIVER], DRIVER)?;
+    let daemon = if opts.agents.iter().any(|a| a == "kube-ipvs") {
+        Some(release_build(
+            "kube-ipvs",
+            &["--bin", "kube-ipvs"],
+            "kube-ipvs",
+        )?)
+    } else {
+        None
+    };
+    let work = util::target_dir()?.join(format!("bench-e2e/{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let plane = ControlPlane::start(&tools, &work.join("control-plane"))?;
+    plane.apply_rbac()?;
+    let largest = opts.sizes.last().copied().unwrap_or_default();
+    let mut results = Vec::new();
+    let mut failures = Vec::new();
+    for &size in &opts.sizes {
+        let list = work.join(format!("services-{size}.txt"));
+        let mut populate = Command::new(&driver);
+        populate
+            .arg("populate")
+            .arg("--kubeconfig")
+            .arg(plane.host_kubeconfig()?)
+            .args(["--services", &size.to_string(), "--out"])
+            .arg(&list);
+        util::run(&mut populate).with_context(|| format!("populating {size} Services"))?;
+        let updates = if size == largest { opts.updates } else { 0 };
+        for agent in &opts.agents {
+            match run_agent(
+                &opts,
+                &plane,
+                &driver,
+                daemon.as_deref(),
+                &tools.kube_proxy,
+                agent,
+                size,
+                updates,
+                &list,
+            ) {
+                Ok(r) => {
+                    println!("{}", table(std::slice::from_ref(&r)));
+                    results.push(r);
+                }
+                Err(e) => {
+                    eprintln!("xtask: bench e2e: {agent} at {size} Services failed: {e:#}");
+                    failures.push(format!("{agent} at {size}: {e:#}"));
+                }
+            }
+        }
+    }
+    println!(
+        "\nbench e2e ({} endpoints per Service; TCG guest, 2 vCPUs; kube-proxy {}):\n{}",
+        results.first().map_or(10, |r| r.endpoints),
+        tools.kubernetes_version,
+        table(&results)
+    );
+    if !failures.is_empty() {
+        bail!(
+            "bench e2e: {} run(s) failed:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_agent(
+    opts: &Options,
+    plane: &ControlPlane,
+    driver: &Path,
+    daemon: Option<&Path>,
+    kube_proxy: &Path,
+    agent: &str,
+    size: usize,
+    updates: usize,
+    list: &Path,
+) -> Result<RunResult> {
+    // Generous: kube-proxy under TCG at 10,000 Services takes many minutes per full sync.
+    let converge_timeout = 600 + size as u64 / 4;
+    let args: Vec<String> = vec![
+        "guest".into(),
+        "--agent".into(),
+        agent.into(),
+        "--services-file".into(),
+        GUEST_SERVICES.into(),
+        "--kubeconfig".into(),
+        format!("{GUEST_DIR}/admin-direct.kubeconfig"),
+        "--updates".into(),
+        updates.to_string(),
+        "--update-budget".into(),
+        opts.update_budget.to_string(),
+        "--converge-timeout".into(),
+        converge_timeout.to_string(),
+    ];
+    let mut script = format!("exec /usr/local/bin/{DRIVER}");
+    for arg in &args {
+        script.push(' ');
+        script.push_str(&shell_quote(arg));
+    }
+    script.push('\n');
+    let mut job = Job::new(&format!("bench e2e {agent} {size}"), script);
+    job.executables.push(GuestFile {
+        host: driver.to_owned(),
+        guest: PathBuf::from(format!("/usr/local/bin/{DRIVER}")),
+    });
+    let (host, guest) = match agent {
+        "kube-ipvs" => (
+            daemon.context("kube-ipvs was not built")?,
+            "/usr/local/bin/kube-ipvs",
+        ),
+        _ => (kube_proxy, "/usr/local/bin/kube-proxy"),
+    };
+    job.executables.push(GuestFile {
+        host: host.to_owned(),
+        guest: PathBuf::from(guest),
+    });
+    job.data.extend(plane.guest_files()?);
+    job.data.push((
+        GUEST_SERVICES.to_owned(),
+        std::fs::read(list).with_context(|| format!("reading {}", list.display()))?,
+    ));
+    job.forward_ports.push(plane.port);
+    job.memory_mib = opts.memory_mib;
+    job.timeout = Duration::from_secs(converge_timeout + opts.update_budget + 600);
+    let outcome = vm::run(&job)?;
+    eprintln!(
+        "xtask: {} took {} (console log {})",
+        job.name,
+        secs(outcome.elapsed),
+        outcome.log.display()
+    );
+    if let Some(why) = outcome.failure() {
+        bail!("{why}");
+    }
+    if outcome.guest_rc != Some(0) {
+        bail!("the driver exited with {:?}", outcome.guest_rc);
+    }
+    let line = outcome
+        .lines
+        .iter()
+        .find_map(|(_, l)| l.find(RESULT_PREFIX).map(|at| &l[at..]))
+        .context("the driver printed no E2E-RESULT line")?;
+    parse_result_line(line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LINE: &str = "E2E-RESULT agent=kube-ipvs services=1000 endpoints=10 converge_ms=5230 \
+        converge_err_ms=110 full_read_ms=340 cpu_converge_s=1.50 updates_requested=4 \
+        update_timeouts=0 updates_us=900,1200,15000,3000 patch_us=500,600,700,800 cpu_s=3.25 \
+        rss_kib=51200";
+
+    #[test]
+    fn a_result_line_parses_with_console_noise_trimmed() -> Result<()> {
+        let r = parse_result_line(&format!("{LINE}\r"))?;
+        assert_eq!(r.agent, "kube-ipvs");
+        assert_eq!((r.services, r.endpoints), (1000, 10));
+        assert_eq!(
+            (r.converge_ms, r.converge_err_ms, r.full_read_ms),
+            (5230, 110, 340)
+        );
+        assert_eq!(r.updates_us, vec![900, 1200, 15000, 3000]);
+        assert_eq!(r.patch_us, vec![500, 600, 700, 800]);
+        assert!((r.cpu_converge_s - 1.5).abs() < 1e-9);
+        assert_eq!((r.updates_requested, r.update_timeouts), (4, 0));
+        assert!((r.cpu_s - 3.25).abs() < 1e-9);
+        assert_eq!(r.rss_kib, 51200);
+        Ok(())
+    }
+
+    #[test]
+    fn no_updates_is_a_dash_and_bad_lines_name_the_field() -> Result<()> {
+        let r = parse_result_line(&LINE.replace("900,1200,15000,3000", "-"))?;
+        assert!(r.updates_us.is_empty());
+        let err = parse_result_line(&LINE.replace("cpu_s=3.25", "cpu_s=lots"))
+            .err()
+            .context("a bad number parsed")?;
+        assert!(format!("{err:#}").contains("cpu_s"), "{err:#}");
+        let err = parse_result_line(&LINE.replace(" rss_kib=51200", ""))
+            .err()
+            .context("a missing field parsed")?;
+        assert!(format!("{err:#}").contains("rss_kib"), "{err:#}");
+        assert!(parse_result_line("agent=kube-ipvs").is_err());
+        Ok(())
+    }
+
+    /// The ratio column of a table row.
+    fn last_cell(row: &str) -> &str {
+        row.trim_end()
+            .trim_end_matches('|')
+            .rsplit('|')
+            .next()
+            .unwrap_or_default()
+            .trim()
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let samples: Vec<u64> = (1..=100).rev().collect();
+        assert_eq!(percentile(&samples, 50.0), Some(50));
+        assert_eq!(percentile(&samples, 99.0), Some(99));
+        assert_eq!(percentile(&samples, 100.0), Some(100));
+        assert_eq!(percentile(&[7, 3], 50.0), Some(3));
+        assert_eq!(percentile(&[7, 3], 99.0), Some(7));
+        assert_eq!(percentile(&[5], 0.0), Some(5));
+        assert_eq!(percentile(&[], 50.0), None);
+    }
+
+    #[test]
+    fn the_table_puts_agents_side_by_side_with_proxy_over_ipvs_ratios() -> Result<()> {
+        let ipvs = parse_result_line(LINE)?;
+        let proxy = parse_result_line(
+            &LINE
+                .replace("agent=kube-ipvs", "agent=kube-proxy")
+                .replace("converge_ms=5230", "converge_ms=52300")
+                .replace("rss_kib=51200", "rss_kib=153600"),
+        )?;
+        let text = table(&[proxy, ipvs]);
+        let converge = text
+            .lines()
+            .find(|l| l.contains("converge"))
+            .context("no converge row")?;
+        assert!(converge.contains("5.23 s"), "{converge}");
+        assert!(converge.contains("52.30 s"), "{converge}");
+        assert_eq!(last_cell(converge), "10.0x", "{converge}");
+        let rss = text
+            .lines()
+            .find(|l| l.contains("peak RSS"))
+            .context("no RSS row")?;
+        assert!(
+            rss.contains("50.0 MiB") && rss.contains("150.0 MiB"),
+            "{rss}"
+        );
+        assert!(rss.contains("3.0x"), "{rss}");
+        Ok(())
+    }
+
+    #[test]
+    fn a_missing_agent_leaves_dashes_not_ratios() -> Result<()> {
+        let text = table(&[parse_result_line(LINE)?]);
+        let converge = text
+            .lines()
+            .find(|l| l.contains("converge"))
+            .context("no converge row")?;
+        assert_eq!(last_cell(converge), "-", "{converge}");
+        Ok(())
+    }
+
+    #[test]
+    fn options_sort_sizes_and_reject_unknown_agents() -> Result<()> {
+        let args = |s: &str| s.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+        let o = parse_options(&args("--sizes 5000,1000 --updates 7 --agents kube-proxy"))?;
+        assert_eq!(o.sizes, vec![1000, 5000]);
+        assert_eq!(o.updates, 7);
+        assert_eq!(o.agents, vec!["kube-proxy".to_owned()]);
+        assert!(parse_options(&args("--agents cilium")).is_err());
+        assert!(parse_options(&args("--sizes 0")).is_err());
+        assert!(parse_options(&args("--updates")).is_err());
+        Ok(())
+    }
+}
