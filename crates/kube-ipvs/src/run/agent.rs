@@ -16,13 +16,23 @@
 //! With `--nodeport-addresses`, the node's addresses are re-read at each full sync and whenever
 //! the address watch ([`watch_addresses`]) signals that one inside those CIDRs may have come or
 //! gone, so NodePorts follow the node's addresses without waiting for the sync period.
+//!
+//! After each sync the agent observes `kubeproxy_network_programming_duration_seconds`: for
+//! every trigger time a change set carried for a Service (see the watch crate's tracker), the
+//! wall-clock time from the trigger to the end of the sync that programmed it. Like kube-proxy
+//! it observes only after a sync that succeeded, and keeps every coalesced trigger time. Unlike
+//! kube-proxy's IPVS proxier, which observes once its iptables-restore succeeds even if IPVS
+//! operations failed (and so never measures the retry), a Service whose operations failed is
+//! observed only when a full sync applies it without failure: the metric then says when the
+//! change really reached the kernel. Wall-clock time is injected ([`WallClock`]), apart from
+//! the engine's monotonic clock.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use kube_ipvs_diff::{Cidr, DestKey, Engine, Inputs, Op, Protocol, VirtualKey};
+use kube_ipvs_diff::{Cidr, DestKey, Engine, Inputs, Op, Protocol, ServiceName, VirtualKey};
 use kube_ipvs_netlink::ipvs::Ipvs;
 use kube_ipvs_netlink::link::Rtnl;
 use kube_ipvs_watch::ChangeSet;
@@ -256,6 +266,24 @@ pub enum AgentError {
     SourceEnded,
 }
 
+/// The wall clock: what the network programming latency and the last-sync timestamp are
+/// measured with. Injected so tests can use fixed times; [`system_clock`] in production.
+pub type WallClock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
+
+/// The system's wall clock.
+pub fn system_clock() -> WallClock {
+    Arc::new(SystemTime::now)
+}
+
+/// Seconds from `from` to `to`, negative if `to` is earlier (clocks of two machines disagree:
+/// kube-proxy observes Go's negative `time.Since` too).
+fn seconds_between(from: SystemTime, to: SystemTime) -> f64 {
+    match to.duration_since(from) {
+        Ok(d) => d.as_secs_f64(),
+        Err(e) => -e.duration().as_secs_f64(),
+    }
+}
+
 /// A Service (or group of Services) waiting for a failed operation to be retried.
 #[derive(Debug, Clone, Copy)]
 struct Pending {
@@ -284,6 +312,17 @@ pub struct Agent<K> {
     /// Whether a full sync has read the kernel; until then the engine's idea of the kernel is
     /// empty and an incremental sync would re-add what is already there.
     adopted: bool,
+    /// The wall clock.
+    wall: WallClock,
+    /// Trigger times of changes taken but not yet programmed, by Service.
+    triggers: BTreeMap<ServiceName, Vec<SystemTime>>,
+    /// Services with an operation that failed since the last full sync that applied them
+    /// cleanly; their trigger times wait for that sync.
+    unprogrammed: BTreeSet<ServiceName>,
+    /// Whether a failed operation belonged to no known Service (a deleted Service's, say): then
+    /// no trigger time is observed until a full sync applies without such a failure, since we
+    /// cannot tell whose change it held up.
+    unprogrammed_unknown: bool,
 }
 
 impl<K: NodeKernel> Agent<K> {
@@ -303,7 +342,17 @@ impl<K: NodeKernel> Agent<K> {
             masq: None,
             address_changes: None,
             adopted: false,
+            wall: system_clock(),
+            triggers: BTreeMap::new(),
+            unprogrammed: BTreeSet::new(),
+            unprogrammed_unknown: false,
         }
+    }
+
+    /// Measures wall-clock time with `clock` instead of the system's (for tests).
+    pub fn with_wall_clock(mut self, clock: WallClock) -> Self {
+        self.wall = clock;
+        self
     }
 
     /// Keeps these health checks up to date with every change set.
@@ -425,6 +474,12 @@ impl<K: NodeKernel> Agent<K> {
         for e in cs.apply_to(&mut self.inputs) {
             tracing::warn!("skipping an object the model refused: {e}");
         }
+        for (name, times) in &cs.trigger_times {
+            self.triggers
+                .entry(name.clone())
+                .or_default()
+                .extend(times.iter().copied());
+        }
         if cs.node.is_some() {
             self.impose_node_ips();
         }
@@ -515,6 +570,7 @@ impl<K: NodeKernel> Agent<K> {
         let now = self.now();
         let ops = self.engine.sync(&mut self.inputs, now, &counts);
         if ops.is_empty() {
+            self.programmed(&[], false);
             self.finish(SyncKind::Incremental, start, 0, &[]);
             return;
         }
@@ -540,6 +596,7 @@ impl<K: NodeKernel> Agent<K> {
         for label in labels {
             self.schedule_retry(label);
         }
+        self.programmed(&failures, false);
         self.finish(SyncKind::Incremental, start, ops.len(), &failures);
     }
 
@@ -582,6 +639,7 @@ impl<K: NodeKernel> Agent<K> {
         if kind == SyncKind::Reconcile && applied > 0 {
             tracing::warn!("reconcile repaired {applied} operations of drift");
         }
+        self.programmed(&failures, true);
         self.finish(kind, start, ops.len(), &failures);
     }
 
@@ -618,6 +676,46 @@ impl<K: NodeKernel> Agent<K> {
         failures
     }
 
+    /// After a sync that ran (the kernel was read, for a full one): notes the Services whose
+    /// operations failed and observes the network programming latency of every pending trigger
+    /// time whose Service is now programmed. A full sync diffs against the kernel, so it clears
+    /// what earlier failures left behind; an incremental one only adds to them.
+    fn programmed(&mut self, failures: &[apply::Failure], full: bool) {
+        if full {
+            self.unprogrammed.clear();
+            self.unprogrammed_unknown = false;
+        }
+        for f in failures {
+            if f.services.is_empty() {
+                self.unprogrammed_unknown = true;
+            }
+            self.unprogrammed.extend(f.services.iter().cloned());
+        }
+        if self.triggers.is_empty() || self.unprogrammed_unknown {
+            return;
+        }
+        let now = (self.wall)();
+        let unprogrammed = &self.unprogrammed;
+        let mut done = Vec::new();
+        self.triggers.retain(|name, times| {
+            if unprogrammed.contains(name) {
+                return true;
+            }
+            for t in times.iter() {
+                done.push((name.clone(), seconds_between(*t, now)));
+            }
+            false
+        });
+        for (name, secs) in &done {
+            tracing::debug!("service {name}: network programming took {secs:.3} s");
+        }
+        self.shared.with_metrics(|m| {
+            for (_, secs) in &done {
+                m.network_programming.observe_secs(*secs);
+            }
+        });
+    }
+
     fn schedule_retry(&mut self, label: String) {
         let attempts = self.retry.get(&label).map_or(0, |p| p.attempts) + 1;
         let delay = self
@@ -642,7 +740,7 @@ impl<K: NodeKernel> Agent<K> {
         let applied = (ops - failures.len()) as u64;
         let elapsed = start.elapsed();
         let pending = self.retry.len() as u64;
-        let wall = std::time::SystemTime::now()
+        let wall = (self.wall)()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
             .unwrap_or(0.0);
@@ -898,6 +996,247 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().expect("literal")
+    }
+
+    /// A kernel that accepts every request, except new real servers while `fail` is set, and
+    /// reads back an empty table (so each full sync re-adds everything).
+    #[derive(Clone, Default)]
+    struct FlakyKernel {
+        fail: Arc<Mutex<bool>>,
+    }
+
+    impl Kernel for FlakyKernel {
+        fn apply_requests(&mut self, requests: &[Request]) -> Vec<Result<(), String>> {
+            let fail = *self.fail.lock().expect("lock");
+            requests
+                .iter()
+                .map(|r| match r {
+                    Request::NewDest { .. } if fail => Err("Cannot allocate memory".to_owned()),
+                    _ => Ok(()),
+                })
+                .collect()
+        }
+        fn ensure_interface(&mut self) -> Result<(), String> {
+            Ok(())
+        }
+        fn add_address(&mut self, _: IpAddr) -> Result<(), String> {
+            Ok(())
+        }
+        fn remove_address(&mut self, _: IpAddr) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    impl NodeKernel for FlakyKernel {
+        fn observe(&mut self) -> Result<(Observed, Counts), String> {
+            Ok((
+                Observed {
+                    table: kube_ipvs_diff::Table::default(),
+                    foreign: Vec::new(),
+                    interface_exists: true,
+                },
+                Counts::new(),
+            ))
+        }
+        fn connection_counts(&mut self, _: &BTreeSet<VirtualKey>) -> Counts {
+            Counts::new()
+        }
+        fn node_addresses(&mut self) -> Result<Vec<IpAddr>, String> {
+            Ok(Vec::new())
+        }
+    }
+
+    /// 2026-01-01T00:00:00Z plus `secs`.
+    fn at(secs: f64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600) + Duration::from_secs_f64(secs)
+    }
+
+    /// A running agent over the example cluster, with a wall clock the test sets.
+    struct Latency {
+        kernel: FlakyKernel,
+        tracker: kube_ipvs_watch::Tracker,
+        slices: Vec<k8s_openapi::api::discovery::v1::EndpointSlice>,
+        clock: Arc<Mutex<SystemTime>>,
+        shared: Arc<Shared>,
+        changes: mpsc::Sender<ChangeSet>,
+        syncs: tokio::sync::watch::Receiver<u64>,
+    }
+
+    impl Latency {
+        /// Starts the agent (tracker started at `at(0)`) and waits for its startup sync.
+        async fn start() -> Self {
+            let dir =
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster");
+            let m = kube_ipvs_watch::manifest::load(&dir).expect("the examples load");
+            let mut tracker = kube_ipvs_watch::Tracker::started_at(
+                kube_ipvs_watch::TranslateOptions::default(),
+                at(0.0),
+            );
+            tracker.relist_services(&m.services);
+            tracker.relist_slices(&m.slices);
+            let cs = tracker.take_change_set().expect("an initial change set");
+            let kernel = FlakyKernel::default();
+            let clock = Arc::new(Mutex::new(at(1.0)));
+            let period = Duration::from_secs(3600);
+            let shared = Arc::new(Shared::new(period));
+            let cfg = AgentConfig {
+                sync_period: period,
+                retry_min: Duration::from_secs(1),
+                retry_max: period,
+                node_ips: Vec::new(),
+                nodeport_cidrs: Vec::new(),
+            };
+            let inputs =
+                Inputs::new(kube_ipvs_diff::NodeContext::new("node-1")).expect("valid node");
+            let wall = clock.clone();
+            let mut agent = Agent::new(kernel.clone(), inputs, cfg, shared.clone())
+                .with_wall_clock(Arc::new(move || *wall.lock().expect("lock")));
+            let (changes, rx) = mpsc::channel(4);
+            changes.send(cs).await.expect("send");
+            // The agent stops when the test drops its sender.
+            tokio::spawn(async move { agent.run(rx, std::future::pending()).await });
+            let mut syncs = shared.syncs();
+            wait_syncs(&mut syncs, 1).await;
+            Self {
+                kernel,
+                tracker,
+                slices: m.slices,
+                clock,
+                shared,
+                changes,
+                syncs,
+            }
+        }
+
+        fn set_clock(&self, t: SystemTime) {
+            *self.clock.lock().expect("lock") = t;
+        }
+
+        /// Changes an example slice with `edit`, annotates it with this trigger time, and
+        /// hands the change set to the agent.
+        async fn change_slice(
+            &mut self,
+            name: &str,
+            edit: impl FnOnce(&mut k8s_openapi::api::discovery::v1::EndpointSlice),
+            trigger: &str,
+        ) {
+            let slice = self
+                .slices
+                .iter_mut()
+                .find(|s| s.metadata.name.as_deref() == Some(name))
+                .expect("the example has the slice");
+            edit(slice);
+            slice.metadata.annotations = Some(std::collections::BTreeMap::from([(
+                kube_ipvs_watch::translate::LAST_CHANGE_TRIGGER_TIME_ANNOTATION.to_owned(),
+                trigger.to_owned(),
+            )]));
+            let slice = slice.clone();
+            self.tracker.apply_slice(&slice);
+            let cs = self.tracker.take_change_set().expect("the slice changed");
+            assert_eq!(cs.trigger_times.len(), 1, "{:?}", cs.trigger_times);
+            self.changes.send(cs).await.expect("send");
+        }
+
+        /// Adds a ready endpoint to the `shop` slice (a new real server), triggered at `trigger`.
+        async fn add_shop_endpoint(&mut self, addr: &str, trigger: &str) {
+            let edit = |s: &mut k8s_openapi::api::discovery::v1::EndpointSlice| {
+                let mut ep = s.endpoints[0].clone();
+                ep.addresses = vec![addr.to_owned()];
+                s.endpoints.push(ep);
+            };
+            self.change_slice("shop-m4n8q", edit, trigger).await;
+        }
+
+        fn histogram(&self) -> (u64, String) {
+            self.shared.with_metrics(|m| {
+                (
+                    m.network_programming.count(),
+                    m.render()
+                        .lines()
+                        .filter(|l| l.starts_with("kubeproxy_network_programming_duration_seconds"))
+                        .collect::<Vec<_>>()
+                        .join("\n"),
+                )
+            })
+        }
+    }
+
+    /// A change triggered at 10 s and programmed at 12.3 s is one observation of 2.3 s: in the
+    /// 3 s bucket, not the 2 s one.
+    #[tokio::test(start_paused = true)]
+    async fn an_observation_lands_in_its_bucket() {
+        let mut l = Latency::start().await;
+        assert_eq!(l.histogram().0, 0, "the examples carry no trigger times");
+        l.set_clock(at(12.3));
+        l.add_shop_endpoint("10.244.3.30", "2026-01-01T00:00:10Z")
+            .await;
+        wait_syncs(&mut l.syncs, 2).await;
+        let (count, text) = l.histogram();
+        assert_eq!(count, 1, "{text}");
+        let name = "kubeproxy_network_programming_duration_seconds";
+        for line in [
+            format!("{name}_bucket{{le=\"2\"}} 0"),
+            format!("{name}_bucket{{le=\"3\"}} 1"),
+            format!("{name}_bucket{{le=\"+Inf\"}} 1"),
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+        let sum: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}_sum ")))
+            .and_then(|v| v.parse().ok())
+            .expect("a sum line");
+        assert!((sum - 2.3).abs() < 1e-6, "{sum}");
+    }
+
+    /// A change whose real server the kernel refuses is not observed by the failed sync, nor by
+    /// a later incremental sync of another change; it is observed by the retry that applies
+    /// it, with the latency up to that retry.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_change_is_observed_when_its_retry_succeeds() {
+        let mut l = Latency::start().await;
+        *l.kernel.fail.lock().expect("lock") = true;
+        l.set_clock(at(11.0));
+        l.add_shop_endpoint("10.244.3.30", "2026-01-01T00:00:10Z")
+            .await;
+        wait_syncs(&mut l.syncs, 2).await;
+        assert_eq!(l.histogram().0, 0, "the sync failed: {}", l.histogram().1);
+        assert_eq!(l.shared.with_metrics(|m| m.pending_retries), 1);
+        // Another Service's change (no new real server, so the kernel takes it) is observed
+        // by its incremental sync (1 s at 12 s); shop's stays pending.
+        l.set_clock(at(12.0));
+        l.change_slice(
+            "dns-q9w2e",
+            |s| {
+                s.endpoints.remove(1);
+            },
+            "2026-01-01T00:00:11Z",
+        )
+        .await;
+        wait_syncs(&mut l.syncs, 3).await;
+        assert_eq!(l.histogram().0, 1, "dns's change: {}", l.histogram().1);
+        // Still failing: the retry fails too and observes nothing.
+        wait_syncs(&mut l.syncs, 4).await;
+        assert_eq!(l.histogram().0, 1, "the retry failed: {}", l.histogram().1);
+        // Now the kernel takes it; the next retry applies shop's change at 40 s.
+        *l.kernel.fail.lock().expect("lock") = false;
+        l.set_clock(at(40.0));
+        wait_syncs(&mut l.syncs, 5).await;
+        let (count, text) = l.histogram();
+        assert_eq!(count, 2, "{text}");
+        let name = "kubeproxy_network_programming_duration_seconds";
+        assert!(
+            text.lines()
+                .any(|x| x == format!("{name}_bucket{{le=\"1\"}} 1"))
+                && text
+                    .lines()
+                    .any(|x| x == format!("{name}_bucket{{le=\"29\"}} 1"))
+                && text
+                    .lines()
+                    .any(|x| x == format!("{name}_bucket{{le=\"30\"}} 2")),
+            "{text}"
+        );
+        assert_eq!(l.shared.with_metrics(|m| m.pending_retries), 0);
     }
 
     fn key(protocol: Protocol, addr: &str, port: u16) -> VirtualKey {

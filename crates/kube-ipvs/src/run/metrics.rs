@@ -1,7 +1,8 @@
 //! What the agent measures, and its Prometheus text rendering.
 //!
 //! Names follow kube-proxy where they mean the same thing
-//! (`kubeproxy_sync_proxy_rules_duration_seconds`, `kubeproxy_sync_proxy_rules_last_timestamp_seconds`),
+//! (`kubeproxy_sync_proxy_rules_duration_seconds`, `kubeproxy_sync_proxy_rules_last_timestamp_seconds`,
+//! `kubeproxy_network_programming_duration_seconds`),
 //! so existing dashboards keep working; the rest are ours, prefixed `kube_ipvs_`. The agent
 //! updates a [`Metrics`] behind a mutex; the HTTP server renders it. Nothing here is secret:
 //! counts and durations only, no addresses or names.
@@ -12,6 +13,19 @@ use std::time::Duration;
 /// kube-proxy's buckets for sync durations: 1 ms doubling 15 times (about 16 s).
 fn sync_buckets() -> Vec<f64> {
     (0..15).map(|i| 0.001 * f64::from(1u32 << i)).collect()
+}
+
+/// kube-proxy's buckets for `kubeproxy_network_programming_duration_seconds`
+/// (`pkg/proxy/metrics/metrics.go`): 0.25 s and 0.5 s, every second to 59 s, every 5 s to
+/// 115 s, every 30 s to 5 min. The leading 0 is there because component-base's
+/// `MergeBuckets` starts from a one-element zero slice; we keep it so the series are the same,
+/// and it is where a negative latency (the node's clock behind the controller's) lands.
+fn network_programming_buckets() -> Vec<f64> {
+    let mut b = vec![0.0, 0.25, 0.5];
+    b.extend((1..=59).map(f64::from));
+    b.extend((0..12).map(|i| 60.0 + 5.0 * f64::from(i)));
+    b.extend((0..7).map(|i| 120.0 + 30.0 * f64::from(i)));
+    b
 }
 
 /// A Prometheus histogram with fixed buckets.
@@ -36,7 +50,12 @@ impl Histogram {
 
     /// Records one observation.
     pub fn observe(&mut self, d: Duration) {
-        let v = d.as_secs_f64();
+        self.observe_secs(d.as_secs_f64());
+    }
+
+    /// Records one observation in seconds, which may be negative (a latency measured across
+    /// two clocks).
+    pub fn observe_secs(&mut self, v: f64) {
         for (b, c) in self.bounds.iter().zip(&mut self.counts) {
             if v <= *b {
                 *c += 1;
@@ -101,6 +120,9 @@ pub struct Metrics {
     pub sync_duration: Histogram,
     /// Full syncs' durations.
     pub full_sync_duration: Histogram,
+    /// From an EndpointSlice change's trigger time to the end of the sync that programmed it
+    /// (kube-proxy's name and buckets).
+    pub network_programming: Histogram,
     /// Wall-clock time of the last successful sync, in Unix seconds.
     pub last_sync_timestamp: f64,
     /// Operations applied, by why the sync ran.
@@ -130,6 +152,7 @@ impl Default for Metrics {
         Self {
             sync_duration: Histogram::new(sync_buckets()),
             full_sync_duration: Histogram::new(sync_buckets()),
+            network_programming: Histogram::new(network_programming_buckets()),
             last_sync_timestamp: 0.0,
             operations: [0; 4],
             drift_repaired: 0,
@@ -168,6 +191,11 @@ impl Metrics {
             &mut out,
             "kubeproxy_sync_full_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds for full resyncs",
+        );
+        self.network_programming.render(
+            &mut out,
+            "kubeproxy_network_programming_duration_seconds",
+            "In Cluster Network Programming Latency in seconds",
         );
         let gauge = |out: &mut String, name: &str, help: &str, v: String| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
@@ -274,6 +302,52 @@ mod tests {
     }
 
     #[test]
+    fn network_programming_has_kube_proxys_buckets() {
+        let b = network_programming_buckets();
+        // 1 (the zero) + 2 + 59 + 12 + 7, as kube-proxy's MergeBuckets builds them.
+        assert_eq!(b.len(), 81);
+        assert_eq!(&b[..5], &[0.0, 0.25, 0.5, 1.0, 2.0]);
+        assert_eq!(b[61], 59.0);
+        assert_eq!(&b[62..64], &[60.0, 65.0]);
+        assert_eq!(b[73], 115.0);
+        assert_eq!(&b[74..], &[120.0, 150.0, 180.0, 210.0, 240.0, 270.0, 300.0]);
+        let text = Metrics::default().render();
+        let name = "kubeproxy_network_programming_duration_seconds";
+        assert!(
+            text.contains(&format!(
+                "# HELP {name} In Cluster Network Programming Latency in seconds\n# TYPE {name} histogram\n{name}_bucket{{le=\"0\"}} 0\n{name}_bucket{{le=\"0.25\"}} 0\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("{name}_bucket{{le=\"300\"}} 0\n")),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_negative_latency_lands_in_the_zero_bucket() {
+        let mut m = Metrics::default();
+        m.network_programming.observe_secs(-1.5);
+        m.network_programming.observe_secs(0.375);
+        let text = m.render();
+        let name = "kubeproxy_network_programming_duration_seconds";
+        assert!(
+            text.contains(&format!("{name}_bucket{{le=\"0\"}} 1\n")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("{name}_bucket{{le=\"0.25\"}} 1\n")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("{name}_bucket{{le=\"0.5\"}} 2\n")),
+            "{text}"
+        );
+        assert!(text.contains(&format!("{name}_sum -1.125\n")), "{text}");
+    }
+
+    #[test]
     fn render_names_every_metric_once_with_its_value() {
         let mut m = Metrics::default();
         m.add_operations(SyncKind::Startup, 7);
@@ -286,6 +360,7 @@ mod tests {
         for name in [
             "kubeproxy_sync_proxy_rules_duration_seconds",
             "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "kubeproxy_network_programming_duration_seconds",
             "kube_ipvs_kernel_errors_total",
             "kube_ipvs_real_servers",
         ] {
