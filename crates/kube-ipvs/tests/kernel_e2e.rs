@@ -1380,9 +1380,15 @@ fn a_terminating_endpoint_drains_its_open_connection_then_is_removed() {
     // Two more full syncs read fresh counts from the kernel; the open connection must keep
     // the real server through them.
     agent.wait_full_syncs(2);
+    let before_echo = (ipvsadm(&["-Ln"]), ipvsadm(&["-Lnc"]));
     assert!(
         held.echoes("after"),
-        "the open connection still echoes through {x}"
+        "the open connection still echoes through {x}; before this echo:\n{}\n{}\nnow:\n{}\n{}\n{}",
+        before_echo.0,
+        before_echo.1,
+        ipvsadm(&["-Ln"]),
+        ipvsadm(&["-Lnc"]),
+        std::fs::read_to_string("/proc/net/nf_conntrack").unwrap_or_default()
     );
     let table = ipvsadm(&["-Ln"]);
     println!("$ ipvsadm -Ln\n{table}");
