@@ -519,3 +519,50 @@ async fn health_check_node_ports_follow_local_endpoints() {
     let _ = stop.send(());
     assert!(task.await.expect("agent task").is_ok());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_drained_real_server_deleted_by_the_reconcile_is_not_drift() {
+    let kernel = MemKernel::default();
+    let run = start(kernel.clone());
+    let (mut tracker, cs) = tracker_with_examples();
+    run.changes.send(cs).await.expect("send");
+    run.syncs(1).await;
+    let dests = |k: &MemKernel| k.state().table.dest_count();
+    let before = dests(&kernel);
+
+    // One endpoint of `web` goes away. The in-memory kernel cannot count connections between
+    // reconciles, so the real server drains at weight 0 until the reconcile sees it has none.
+    let m = examples();
+    let mut slice = m
+        .slices
+        .iter()
+        .find(|s| {
+            s.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("kubernetes.io/service-name"))
+                .is_some_and(|n| n == "web")
+        })
+        .cloned()
+        .expect("web's EndpointSlice");
+    slice.endpoints.remove(0);
+    tracker.apply_slice(&slice);
+    let cs = tracker.take_change_set().expect("a change set");
+    run.changes.send(cs).await.expect("send");
+    let t0 = Instant::now();
+    while dests(&kernel) == before {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            t0.elapsed() <= SYNC_PERIOD + Duration::from_secs(1),
+            "still {before} real servers one reconcile after the endpoint went"
+        );
+    }
+    assert_eq!(dests(&kernel), before - 1);
+    run.shared.with_metrics(|m| {
+        assert_eq!(
+            m.drift_repaired, 0,
+            "a finished graceful termination counted as drift"
+        );
+    });
+    run.stop().await;
+}

@@ -615,10 +615,21 @@ impl<K: NodeKernel> Agent<K> {
         };
         self.adopted = true;
         let now = self.now();
+        // Real servers that were draining and are deleted now finished their graceful
+        // termination: expected work, not drift.
+        let draining: BTreeSet<(VirtualKey, DestKey)> =
+            self.engine.draining().map(|(s, d, _)| (*s, *d)).collect();
         let ops = self
             .engine
             .resync(&mut self.inputs, &observed.table, now, &counts);
         let failures = self.apply(&ops);
+        let drained = ops
+            .iter()
+            .filter(|op| {
+                matches!(op, Op::DeleteDest { service, dest } if draining.contains(&(*service, *dest)))
+                    && !failures.iter().any(|f| &f.op == *op)
+            })
+            .count() as u64;
         let desired = self.engine.desired_table();
         let failed: BTreeSet<String> = failures.iter().map(|f| names_label(&f.services)).collect();
         // A full sync retried everything: what did not fail again is done.
@@ -627,17 +638,21 @@ impl<K: NodeKernel> Agent<K> {
             self.schedule_retry(label);
         }
         let applied = (ops.len() - failures.len()) as u64;
+        let drift = applied - drained;
         self.shared.with_metrics(|m| {
             m.services = desired.services.len() as u64;
             m.real_servers = desired.dest_count() as u64;
             m.foreign_entries = observed.foreign.len() as u64;
             if kind == SyncKind::Reconcile {
-                m.drift_repaired += applied;
+                m.drift_repaired += drift;
             }
             m.full_sync_duration.observe(start.elapsed());
         });
-        if kind == SyncKind::Reconcile && applied > 0 {
-            tracing::warn!("reconcile repaired {applied} operations of drift");
+        if kind == SyncKind::Reconcile && drift > 0 {
+            tracing::warn!("reconcile repaired {drift} operations of drift");
+        }
+        if drained > 0 {
+            tracing::info!("{drained} drained real servers deleted");
         }
         self.programmed(&failures, true);
         self.finish(kind, start, ops.len(), &failures);
