@@ -41,6 +41,8 @@ const USER_HZ: f64 = 100.0;
 /// Pause between polls of the kernel table while converging, so the poller does not starve the
 /// agent of the guest's two vCPUs.
 const CONVERGE_POLL: Duration = Duration::from_millis(100);
+/// How often convergence progress is printed, so a slow agent is visibly alive.
+const PROGRESS_EVERY: Duration = Duration::from_secs(30);
 /// Pause between GET_DEST polls of one service after an update.
 const UPDATE_POLL: Duration = Duration::from_millis(2);
 /// An update the kernel has not shown after this long counts as a timeout and ends the series.
@@ -498,6 +500,26 @@ fn converge(
 ) -> Result<Converged> {
     let wanted: HashSet<ServiceKey> = ips.iter().map(|ip| key(*ip)).collect();
     let mut last_fail = started;
+    let mut last_progress = started;
+    let name = agent.name.clone();
+    let log = agent.log.clone();
+    let mut progress = |what: String| {
+        if last_progress.elapsed() >= PROGRESS_EVERY {
+            last_progress = Instant::now();
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let last: String = text
+                .lines()
+                .last()
+                .unwrap_or_default()
+                .chars()
+                .take(200)
+                .collect();
+            eprintln!(
+                "e2e-bench: {name} after {:.0} s: {what}; its log ends: {last}",
+                started.elapsed().as_secs_f64()
+            );
+        }
+    };
     let deadline = started + timeout;
     let give_up = |what: String| -> Result<()> {
         if Instant::now() > deadline {
@@ -518,7 +540,9 @@ fn converge(
             break;
         }
         last_fail = poll;
-        give_up(format!("{present} of {} virtual servers", wanted.len()))?;
+        let what = format!("{present} of {} virtual servers", wanted.len());
+        give_up(what.clone())?;
+        progress(what);
         std::thread::sleep(CONVERGE_POLL);
     }
     // Real servers: resume at the first Service not yet complete. The agents only add during
@@ -532,10 +556,12 @@ fn converge(
         }
         last_fail = poll;
         agent.check_running()?;
-        give_up(format!(
+        let what = format!(
             "{next} of {} Services have all {per} real servers",
             ips.len()
-        ))?;
+        );
+        give_up(what.clone())?;
+        progress(what);
         std::thread::sleep(CONVERGE_POLL);
     }
     let done = Instant::now();
