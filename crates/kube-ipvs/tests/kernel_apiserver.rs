@@ -19,393 +19,20 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::io::{BufRead as _, BufReader, Write as _};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{ipvsadm, kube_ipvs_bin, run, wait_for};
-use k8s_openapi::api::core::v1::{Namespace, Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-
-const DIR: &str = "/etc/kube-ipvs-test";
-const NODE: &str = "node-1";
-
-/// The forwarded ports from vm-test.
-struct Ports {
-    apiserver: u16,
-    control: u16,
-}
-
-fn ports() -> Ports {
-    let text = std::fs::read_to_string(format!("{DIR}/ports")).unwrap_or_else(|e| {
-        panic!(
-            "{DIR}/ports: {e}; these tests need the API server that `cargo xtask vm-test` starts"
-        )
-    });
-    let get = |key: &str| -> u16 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{key}=")))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{DIR}/ports has no {key}"))
-    };
-    Ports {
-        apiserver: get("apiserver"),
-        control: get("control"),
-    }
-}
-
-/// Relays making 127.0.0.1:PORT in this namespace the host's port (through the guest's
-/// `/run/host-PORT.sock`, see xtask/src/vm.rs), killed on drop.
-struct Forwards(Vec<Child>);
-
-impl Forwards {
-    fn start(ports: &[u16]) -> Forwards {
-        let mut children = Vec::new();
-        for port in ports {
-            let child = Command::new("socat")
-                .arg(format!("TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr"))
-                .arg(format!("UNIX-CONNECT:/run/host-{port}.sock"))
-                .stdin(Stdio::null())
-                .spawn()
-                .expect("start socat");
-            children.push(child);
-            wait_for(
-                &format!("127.0.0.1:{port} to forward"),
-                Duration::from_secs(10),
-                || TcpStream::connect(("127.0.0.1", *port)).is_ok(),
-            );
-        }
-        Forwards(children)
-    }
-}
-
-impl Drop for Forwards {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// One test's world: the forwarded ports, an admin client, a namespace, a runtime.
-struct Cluster {
-    rt: tokio::runtime::Runtime,
-    client: kube::Client,
-    ns: String,
-    ports: Ports,
-    _forwards: Forwards,
-}
-
-impl Cluster {
-    fn new(ns: &str) -> Cluster {
-        let ports = ports();
-        let forwards = Forwards::start(&[ports.apiserver, ports.control]);
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("tokio runtime");
-        let client = rt.block_on(async {
-            let kubeconfig =
-                Kubeconfig::read_from(format!("{DIR}/admin.kubeconfig")).expect("admin kubeconfig");
-            let config =
-                kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                    .await
-                    .expect("kube config");
-            kube::Client::try_from(config).expect("kube client")
-        });
-        let cluster = Cluster {
-            rt,
-            client,
-            ns: ns.to_owned(),
-            ports,
-            _forwards: forwards,
-        };
-        cluster.create_node_and_namespace();
-        cluster
-    }
-
-    fn create_node_and_namespace(&self) {
-        let node: Node = yaml(&format!(
-            "apiVersion: v1\nkind: Node\nmetadata: {{name: {NODE}}}\n"
-        ));
-        let namespace: Namespace = yaml(&format!(
-            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {}}}\n",
-            self.ns
-        ));
-        self.rt.block_on(async {
-            let nodes: Api<Node> = Api::all(self.client.clone());
-            if nodes.get_opt(NODE).await.expect("get node").is_none() {
-                nodes
-                    .create(&PostParams::default(), &node)
-                    .await
-                    .expect("create node");
-            }
-            let namespaces: Api<Namespace> = Api::all(self.client.clone());
-            if namespaces
-                .get_opt(&self.ns)
-                .await
-                .expect("get namespace")
-                .is_none()
-            {
-                namespaces
-                    .create(&PostParams::default(), &namespace)
-                    .await
-                    .expect("create namespace");
-            }
-        });
-    }
-
-    fn services(&self) -> Api<Service> {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-
-    fn slices(&self) -> Api<EndpointSlice> {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-
-    /// Creates Service `name` (ClusterIP allocated by the API server) on TCP `port` -> 8080,
-    /// with one EndpointSlice holding `endpoints` (address, ready). Returns the ClusterIP.
-    fn create_service(&self, name: &str, port: u16, endpoints: &[(&str, bool)]) -> String {
-        let svc: Service = yaml(&format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec:\n  ports:\n  \
-             - {{name: http, port: {port}, protocol: TCP, targetPort: 8080}}\n"
-        ));
-        let created = self.rt.block_on(async {
-            self.services()
-                .create(&PostParams::default(), &svc)
-                .await
-                .unwrap_or_else(|e| panic!("create Service {}/{name}: {e}", self.ns))
-        });
-        let ip = created
-            .spec
-            .and_then(|s| s.cluster_ip)
-            .expect("the API server allocated a ClusterIP");
-        self.put_slice(name, endpoints);
-        ip
-    }
-
-    /// Creates or replaces the EndpointSlice `NAME-1` of Service `name` (server-side apply).
-    fn put_slice(&self, name: &str, endpoints: &[(&str, bool)]) {
-        let mut text = format!(
-            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-1\n  \
-             labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv4\nports:\n\
-             - {{name: http, port: 8080, protocol: TCP}}\nendpoints:\n"
-        );
-        for (addr, ready) in endpoints {
-            text.push_str(&format!(
-                "- addresses: [\"{addr}\"]\n  conditions: {{ready: {ready}}}\n  nodeName: {NODE}\n"
-            ));
-        }
-        let slice: EndpointSlice = yaml(&text);
-        let slice_name = format!("{name}-1");
-        self.rt.block_on(async {
-            self.slices()
-                .patch(
-                    &slice_name,
-                    &PatchParams::apply("kube-ipvs-test").force(),
-                    &Patch::Apply(&slice),
-                )
-                .await
-                .unwrap_or_else(|e| panic!("apply EndpointSlice {}/{slice_name}: {e}", self.ns))
-        });
-    }
-
-    fn delete_service(&self, name: &str) {
-        self.rt.block_on(async {
-            self.services()
-                .delete(name, &DeleteParams::default())
-                .await
-                .unwrap_or_else(|e| panic!("delete Service {}/{name}: {e}", self.ns));
-            self.slices()
-                .delete(&format!("{name}-1"), &DeleteParams::default())
-                .await
-                .unwrap_or_else(|e| panic!("delete EndpointSlice {}/{name}-1: {e}", self.ns));
-        });
-    }
-
-    /// Asks the host to restart kube-apiserver (SIGTERM, same etcd) and waits until it is
-    /// ready again.
-    fn restart_apiserver(&self) {
-        let mut stream =
-            TcpStream::connect(("127.0.0.1", self.ports.control)).expect("connect control port");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(180)))
-            .expect("timeout");
-        stream
-            .write_all(b"restart-apiserver\n")
-            .expect("send restart");
-        let mut answer = String::new();
-        BufReader::new(stream)
-            .read_line(&mut answer)
-            .expect("read restart answer");
-        assert_eq!(
-            answer.trim(),
-            "ok",
-            "the host could not restart kube-apiserver"
-        );
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let services = self.services();
-        let slices = self.slices();
-        self.rt.block_on(async {
-            let lp = ListParams::default();
-            let _ = services
-                .delete_collection(&DeleteParams::default(), &lp)
-                .await;
-            let _ = slices
-                .delete_collection(&DeleteParams::default(), &lp)
-                .await;
-        });
-    }
-}
-
-fn yaml<T: serde::de::DeserializeOwned>(text: &str) -> T {
-    serde_saphyr::from_str(text).unwrap_or_else(|e| panic!("test YAML: {e}\n{text}"))
-}
-
-/// A running `kube-ipvs run` against the API server, as the DaemonSet's ServiceAccount.
-struct Agent {
-    child: Child,
-    log: std::path::PathBuf,
-}
-
-impl Agent {
-    fn start(name: &str) -> Agent {
-        let metrics = free_port();
-        let healthz = loop {
-            let p = free_port();
-            if p != metrics {
-                break p;
-            }
-        };
-        let log = std::path::PathBuf::from(format!("/tmp/kube-ipvs-apiserver-{name}.log"));
-        let file = std::fs::File::create(&log).expect("create log");
-        let args = [
-            "run".to_owned(),
-            format!("--kubeconfig={DIR}/agent.kubeconfig"),
-            format!("--hostname-override={NODE}"),
-            "--cluster-cidr=10.244.0.0/16".to_owned(),
-            format!("--healthz-bind-address=127.0.0.1:{healthz}"),
-            format!("--metrics-bind-address=127.0.0.1:{metrics}"),
-            // Long enough that nothing in a test comes from the periodic reconcile: every
-            // change must arrive through the watch.
-            "--sync-period=1h".to_owned(),
-            "--min-sync-period=0s".to_owned(),
-        ];
-        println!("$ kube-ipvs {} &", args.join(" "));
-        let child = Command::new(kube_ipvs_bin())
-            .args(&args)
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .expect("start kube-ipvs run");
-        Agent { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn assert_running(&mut self) {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            panic!("kube-ipvs run exited ({status}):\n{}", self.log());
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        println!("--- kube-ipvs run log ---\n{}", self.log());
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-/// `kube-ipvs check` against the API server (as admin): exit 0 means the kernel holds exactly
-/// what the API says.
-fn check_exit() -> Option<i32> {
-    run(
-        &kube_ipvs_bin(),
-        &[
-            "check",
-            &format!("--kubeconfig={DIR}/admin.kubeconfig"),
-            &format!("--hostname-override={NODE}"),
-        ],
-    )
-    .status
-    .code()
-}
-
-/// The real servers of each TCP virtual server, from `ipvsadm -Sn`.
-fn table() -> BTreeMap<String, Vec<String>> {
-    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for line in ipvsadm(&["-Sn"]).lines() {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        match words.as_slice() {
-            ["-A", "-t", vip, ..] => {
-                out.entry((*vip).to_owned()).or_default();
-            }
-            ["-a", "-t", vip, "-r", rs, .., "-w", w] => {
-                out.entry((*vip).to_owned())
-                    .or_default()
-                    .push(format!("{rs} w{w}"));
-            }
-            _ => {}
-        }
-    }
-    for rs in out.values_mut() {
-        rs.sort();
-    }
-    out
-}
-
-fn wait_for_table(
-    what: &str,
-    mut cond: impl FnMut(&BTreeMap<String, Vec<String>>) -> bool,
-) -> BTreeMap<String, Vec<String>> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let last = table();
-        if cond(&last) {
-            return last;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; table: {last:#?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn rs(addrs: &[&str]) -> Vec<String> {
-    let mut v: Vec<String> = addrs.iter().map(|a| format!("{a}:8080 w1")).collect();
-    v.sort();
-    v
-}
+use common::apiserver::{Agent, Cluster, check_exit, rs, wait_for_table};
+use common::{ipvsadm, run, wait_for};
 
 #[test]
 fn the_agent_converges_then_follows_creates_updates_and_deletes() {
     let cluster = Cluster::new("converge");
-    let web = cluster.create_service("web", 80, &[("10.244.1.10", true), ("10.244.2.10", true)]);
-    let api = cluster.create_service("api", 8443, &[("10.244.1.20", true)]);
+    let web =
+        cluster.create_service_with("web", 80, &[("10.244.1.10", true), ("10.244.2.10", true)]);
+    let api = cluster.create_service_with("api", 8443, &[("10.244.1.20", true)]);
     let web_vip = format!("{web}:80");
     let api_vip = format!("{api}:8443");
 
@@ -431,7 +58,7 @@ fn the_agent_converges_then_follows_creates_updates_and_deletes() {
     );
 
     // Created after the agent started: arrives through the watch (the sync period is 1 h).
-    let db = cluster.create_service("db", 5432, &[("10.244.3.30", true)]);
+    let db = cluster.create_service_with("db", 5432, &[("10.244.3.30", true)]);
     let db_vip = format!("{db}:5432");
     wait_for_table("the new Service", |t| {
         t.get(&db_vip) == Some(&rs(&["10.244.3.30"]))
@@ -445,6 +72,7 @@ fn the_agent_converges_then_follows_creates_updates_and_deletes() {
             ("10.244.2.10", true),
             ("10.244.3.10", true),
         ],
+        None,
     );
     wait_for_table("the endpoint update", |t| {
         t.get(&web_vip) == Some(&rs(&["10.244.2.10", "10.244.3.10"]))
@@ -473,7 +101,8 @@ fn the_agent_converges_then_follows_creates_updates_and_deletes() {
 #[test]
 fn an_api_server_restart_leaves_the_kernel_untouched() {
     let cluster = Cluster::new("restart");
-    let web = cluster.create_service("web", 80, &[("10.244.1.10", true), ("10.244.2.10", true)]);
+    let web =
+        cluster.create_service_with("web", 80, &[("10.244.1.10", true), ("10.244.2.10", true)]);
     let web_vip = format!("{web}:80");
     let mut agent = Agent::start("restart");
     wait_for_table("the Service", |t| {
@@ -506,7 +135,7 @@ fn an_api_server_restart_leaves_the_kernel_untouched() {
     println!("kube-apiserver restarted in {:?}", t0.elapsed());
 
     // A change made after the restart arrives, so the agent's watches are back...
-    let api = cluster.create_service("api", 8443, &[("10.244.1.20", true)]);
+    let api = cluster.create_service_with("api", 8443, &[("10.244.1.20", true)]);
     let api_vip = format!("{api}:8443");
     wait_for_table("a Service created after the restart", |t| {
         t.contains_key(&api_vip)

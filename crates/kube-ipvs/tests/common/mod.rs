@@ -3,6 +3,8 @@
 //! example cluster's manifests, and polling with a deadline. Each test file uses a subset.
 #![allow(dead_code)]
 
+pub(crate) mod apiserver;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -101,4 +103,12 @@ pub(crate) fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bo
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// A free TCP port on loopback (the kernel picks it; nothing holds it afterwards).
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
 }

@@ -1,0 +1,416 @@
+//! Helpers of the kernel tests that run against the real kube-apiserver
+//! (`tests/kernel_apiserver*.rs`): the forwarded ports vm-test provides, an admin kube-rs client
+//! in a namespace of the test's own, the agent run as the DaemonSet's ServiceAccount, and the
+//! IPVS table read back with `ipvsadm -Sn`.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use super::{free_port, ipvsadm, kube_ipvs_bin, run, wait_for};
+
+/// Where vm-test puts the kubeconfigs and the port numbers in the guest.
+pub(crate) const DIR: &str = "/etc/kube-ipvs-test";
+/// The node the agent runs as (a Node object the tests create).
+pub(crate) const NODE: &str = "node-1";
+/// The EndpointSlice controller's annotation (kube-proxy's network programming latency).
+pub(crate) const TRIGGER: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
+/// The forwarded ports from vm-test.
+pub(crate) struct Ports {
+    pub(crate) apiserver: u16,
+    pub(crate) control: u16,
+}
+
+pub(crate) fn ports() -> Ports {
+    let text = std::fs::read_to_string(format!("{DIR}/ports")).unwrap_or_else(|e| {
+        panic!(
+            "{DIR}/ports: {e}; these tests need the API server that `cargo xtask vm-test` starts"
+        )
+    });
+    let get = |key: &str| -> u16 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{DIR}/ports has no {key}"))
+    };
+    Ports {
+        apiserver: get("apiserver"),
+        control: get("control"),
+    }
+}
+
+/// Relays making 127.0.0.1:PORT in this namespace the host's port (through the guest's
+/// `/run/host-PORT.sock`, see xtask/src/vm.rs), killed on drop.
+pub(crate) struct Forwards(Vec<Child>);
+
+impl Forwards {
+    pub(crate) fn start(ports: &[u16]) -> Forwards {
+        let mut children = Vec::new();
+        for port in ports {
+            let child = Command::new("socat")
+                .arg(format!("TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr"))
+                .arg(format!("UNIX-CONNECT:/run/host-{port}.sock"))
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("start socat");
+            children.push(child);
+            wait_for(
+                &format!("127.0.0.1:{port} to forward"),
+                Duration::from_secs(10),
+                || TcpStream::connect(("127.0.0.1", *port)).is_ok(),
+            );
+        }
+        Forwards(children)
+    }
+}
+
+impl Drop for Forwards {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// One test's world: the forwarded ports, an admin client, a namespace, a runtime.
+pub(crate) struct Cluster {
+    pub(crate) rt: tokio::runtime::Runtime,
+    pub(crate) client: kube::Client,
+    pub(crate) ns: String,
+    pub(crate) ports: Ports,
+    _forwards: Forwards,
+}
+
+impl Cluster {
+    pub(crate) fn new(ns: &str) -> Cluster {
+        let ports = ports();
+        let forwards = Forwards::start(&[ports.apiserver, ports.control]);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let client = rt.block_on(async {
+            let kubeconfig =
+                Kubeconfig::read_from(format!("{DIR}/admin.kubeconfig")).expect("admin kubeconfig");
+            let config =
+                kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                    .await
+                    .expect("kube config");
+            kube::Client::try_from(config).expect("kube client")
+        });
+        let cluster = Cluster {
+            rt,
+            client,
+            ns: ns.to_owned(),
+            ports,
+            _forwards: forwards,
+        };
+        cluster.create_node_and_namespace();
+        cluster
+    }
+
+    fn create_node_and_namespace(&self) {
+        let node: Node = yaml(&format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: {NODE}}}\n"
+        ));
+        let namespace: Namespace = yaml(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {}}}\n",
+            self.ns
+        ));
+        self.rt.block_on(async {
+            let nodes: Api<Node> = Api::all(self.client.clone());
+            if nodes.get_opt(NODE).await.expect("get node").is_none() {
+                nodes
+                    .create(&PostParams::default(), &node)
+                    .await
+                    .expect("create node");
+            }
+            let namespaces: Api<Namespace> = Api::all(self.client.clone());
+            if namespaces
+                .get_opt(&self.ns)
+                .await
+                .expect("get namespace")
+                .is_none()
+            {
+                namespaces
+                    .create(&PostParams::default(), &namespace)
+                    .await
+                    .expect("create namespace");
+            }
+        });
+    }
+
+    pub(crate) fn services(&self) -> Api<Service> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    pub(crate) fn slices(&self) -> Api<EndpointSlice> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Creates Service `name` (ClusterIP allocated by the API server) on TCP `port` -> 8080,
+    /// without endpoints. Returns the ClusterIP.
+    pub(crate) fn create_service(&self, name: &str, port: u16) -> String {
+        let svc: Service = yaml(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec:\n  ports:\n  \
+             - {{name: http, port: {port}, protocol: TCP, targetPort: 8080}}\n"
+        ));
+        let created = self.rt.block_on(async {
+            self.services()
+                .create(&PostParams::default(), &svc)
+                .await
+                .unwrap_or_else(|e| panic!("create Service {}/{name}: {e}", self.ns))
+        });
+        created
+            .spec
+            .and_then(|s| s.cluster_ip)
+            .expect("the API server allocated a ClusterIP")
+    }
+
+    /// Creates Service `name` with one EndpointSlice holding `endpoints` (address, ready).
+    /// Returns the ClusterIP.
+    pub(crate) fn create_service_with(
+        &self,
+        name: &str,
+        port: u16,
+        endpoints: &[(&str, bool)],
+    ) -> String {
+        let ip = self.create_service(name, port);
+        self.put_slice(name, endpoints, None);
+        ip
+    }
+
+    /// Creates or replaces the EndpointSlice `NAME-1` of Service `name` (server-side apply)
+    /// with these endpoints (address, ready) on `NODE` and, if given, this trigger-time
+    /// annotation.
+    pub(crate) fn put_slice(&self, name: &str, endpoints: &[(&str, bool)], trigger: Option<&str>) {
+        let annotations = match trigger {
+            Some(t) => format!("  annotations: {{{TRIGGER}: \"{t}\"}}\n"),
+            None => String::new(),
+        };
+        let mut text = format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-1\n  \
+             labels: {{kubernetes.io/service-name: {name}}}\n{annotations}addressType: IPv4\n\
+             ports:\n- {{name: http, port: 8080, protocol: TCP}}\nendpoints:\n"
+        );
+        for (addr, ready) in endpoints {
+            text.push_str(&format!(
+                "- addresses: [\"{addr}\"]\n  conditions: {{ready: {ready}}}\n  nodeName: {NODE}\n"
+            ));
+        }
+        let slice: EndpointSlice = yaml(&text);
+        let slice_name = format!("{name}-1");
+        self.rt.block_on(async {
+            self.slices()
+                .patch(
+                    &slice_name,
+                    &PatchParams::apply("kube-ipvs-test").force(),
+                    &Patch::Apply(&slice),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("apply EndpointSlice {}/{slice_name}: {e}", self.ns))
+        });
+    }
+
+    pub(crate) fn delete_service(&self, name: &str) {
+        self.rt.block_on(async {
+            self.services()
+                .delete(name, &DeleteParams::default())
+                .await
+                .unwrap_or_else(|e| panic!("delete Service {}/{name}: {e}", self.ns));
+            self.slices()
+                .delete(&format!("{name}-1"), &DeleteParams::default())
+                .await
+                .unwrap_or_else(|e| panic!("delete EndpointSlice {}/{name}-1: {e}", self.ns));
+        });
+    }
+
+    /// Asks the host to restart kube-apiserver (SIGTERM, same etcd) and waits until it is
+    /// ready again.
+    pub(crate) fn restart_apiserver(&self) {
+        let mut stream =
+            TcpStream::connect(("127.0.0.1", self.ports.control)).expect("connect control port");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(180)))
+            .expect("timeout");
+        stream
+            .write_all(b"restart-apiserver\n")
+            .expect("send restart");
+        let mut answer = String::new();
+        BufReader::new(stream)
+            .read_line(&mut answer)
+            .expect("read restart answer");
+        assert_eq!(
+            answer.trim(),
+            "ok",
+            "the host could not restart kube-apiserver"
+        );
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let services = self.services();
+        let slices = self.slices();
+        self.rt.block_on(async {
+            let lp = ListParams::default();
+            let _ = services
+                .delete_collection(&DeleteParams::default(), &lp)
+                .await;
+            let _ = slices
+                .delete_collection(&DeleteParams::default(), &lp)
+                .await;
+        });
+    }
+}
+
+pub(crate) fn yaml<T: serde::de::DeserializeOwned>(text: &str) -> T {
+    serde_saphyr::from_str(text).unwrap_or_else(|e| panic!("test YAML: {e}\n{text}"))
+}
+
+/// A running `kube-ipvs run` against the API server, as the DaemonSet's ServiceAccount.
+pub(crate) struct Agent {
+    pub(crate) child: Child,
+    log: std::path::PathBuf,
+    metrics: u16,
+}
+
+impl Agent {
+    pub(crate) fn start(name: &str) -> Agent {
+        let metrics = free_port();
+        let healthz = loop {
+            let p = free_port();
+            if p != metrics {
+                break p;
+            }
+        };
+        let log = std::path::PathBuf::from(format!("/tmp/kube-ipvs-apiserver-{name}.log"));
+        let file = std::fs::File::create(&log).expect("create log");
+        let args = [
+            "run".to_owned(),
+            format!("--kubeconfig={DIR}/agent.kubeconfig"),
+            format!("--hostname-override={NODE}"),
+            "--cluster-cidr=10.244.0.0/16".to_owned(),
+            format!("--healthz-bind-address=127.0.0.1:{healthz}"),
+            format!("--metrics-bind-address=127.0.0.1:{metrics}"),
+            // Long enough that nothing in a test comes from the periodic reconcile: every
+            // change must arrive through the watch.
+            "--sync-period=1h".to_owned(),
+            "--min-sync-period=0s".to_owned(),
+        ];
+        println!("$ kube-ipvs {} &", args.join(" "));
+        let child = Command::new(kube_ipvs_bin())
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("start kube-ipvs run");
+        Agent {
+            child,
+            log,
+            metrics,
+        }
+    }
+
+    pub(crate) fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub(crate) fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!("kube-ipvs run exited ({status}):\n{}", self.log());
+        }
+    }
+
+    /// `/metrics`, or `None` while it does not answer.
+    pub(crate) fn metrics(&self) -> Option<String> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.metrics)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        let (head, body) = text.split_once("\r\n\r\n")?;
+        head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        println!("--- kube-ipvs run log ---\n{}", self.log());
+    }
+}
+
+/// `kube-ipvs check` against the API server (as admin): exit 0 means the kernel holds exactly
+/// what the API says.
+pub(crate) fn check_exit() -> Option<i32> {
+    run(
+        &kube_ipvs_bin(),
+        &[
+            "check",
+            &format!("--kubeconfig={DIR}/admin.kubeconfig"),
+            &format!("--hostname-override={NODE}"),
+        ],
+    )
+    .status
+    .code()
+}
+
+/// The real servers of each TCP virtual server, from `ipvsadm -Sn`.
+pub(crate) fn table() -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for line in ipvsadm(&["-Sn"]).lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["-A", "-t", vip, ..] => {
+                out.entry((*vip).to_owned()).or_default();
+            }
+            ["-a", "-t", vip, "-r", rs, .., "-w", w] => {
+                out.entry((*vip).to_owned())
+                    .or_default()
+                    .push(format!("{rs} w{w}"));
+            }
+            _ => {}
+        }
+    }
+    for rs in out.values_mut() {
+        rs.sort();
+    }
+    out
+}
+
+pub(crate) fn wait_for_table(
+    what: &str,
+    mut cond: impl FnMut(&BTreeMap<String, Vec<String>>) -> bool,
+) -> BTreeMap<String, Vec<String>> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let last = table();
+        if cond(&last) {
+            return last;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; table: {last:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub(crate) fn rs(addrs: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = addrs.iter().map(|a| format!("{a}:8080 w1")).collect();
+    v.sort();
+    v
+}
