@@ -482,6 +482,35 @@ impl Drop for Agent {
     }
 }
 
+/// Command lines of the processes whose parent is `pid` (what an agent is waiting on).
+fn children(pid: u32) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(stat) = std::fs::read_to_string(path.join("stat")) else {
+            continue;
+        };
+        // Field 4 (ppid) is the second word after the command name's closing parenthesis.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            let cmd = std::fs::read(path.join("cmdline")).unwrap_or_default();
+            let cmd: String = String::from_utf8_lossy(&cmd)
+                .replace('\0', " ")
+                .chars()
+                .take(120)
+                .collect();
+            out.push(cmd.trim().to_owned());
+        }
+    }
+    out
+}
+
 /// utime + stime + cutime + cstime (fields 14-17) of a /proc/PID/stat line. The command name
 /// (field 2) may contain spaces, so fields are counted after its closing parenthesis.
 fn stat_cpu_ticks(stat: &str) -> Option<u64> {
@@ -524,6 +553,7 @@ fn converge(
     let mut last_progress = started;
     let name = agent.name.clone();
     let log = agent.log.clone();
+    let pid = agent.child.id();
     let mut progress = |what: String| {
         if last_progress.elapsed() >= PROGRESS_EVERY {
             last_progress = Instant::now();
@@ -536,8 +566,9 @@ fn converge(
                 .take(200)
                 .collect();
             eprintln!(
-                "e2e-bench: {name} after {:.0} s: {what}; its log ends: {last}",
-                started.elapsed().as_secs_f64()
+                "e2e-bench: {name} after {:.0} s: {what}; running children: [{}]; its log ends: {last}",
+                started.elapsed().as_secs_f64(),
+                children(pid).join("; ")
             );
         }
     };
