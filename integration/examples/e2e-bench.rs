@@ -31,6 +31,9 @@ use kube_ipvs_netlink::ipvs::{Ipvs, ServiceKey};
 
 const NAMESPACE: &str = "bench";
 const NODE: &str = "node-1";
+/// The guest's address (xtask/src/vm.rs), given to the Node so kube-proxy finds its node IP
+/// at once instead of waiting 30 s for one and falling back to loopback.
+const NODE_IP: &str = "10.0.2.15";
 const SERVICE_PORT: u16 = 80;
 const TARGET_PORT: u16 = 8080;
 /// Endpoint addresses cycle through 10.244.0.1 - 10.244.249.250; updates use 10.244.250.0/23 and
@@ -43,6 +46,11 @@ const USER_HZ: f64 = 100.0;
 const CONVERGE_POLL: Duration = Duration::from_millis(100);
 /// How often convergence progress is printed, so a slow agent is visibly alive.
 const PROGRESS_EVERY: Duration = Duration::from_secs(30);
+/// After convergence, the agent counts as settled once it used less than this much CPU over
+/// [`SETTLE_WINDOW`]; updates start then, so they time a steady-state agent, not the tail of
+/// its first sync.
+const SETTLE_CPU: f64 = 0.1;
+const SETTLE_WINDOW: Duration = Duration::from_secs(2);
 /// Pause between GET_DEST polls of one service after an update.
 const UPDATE_POLL: Duration = Duration::from_millis(2);
 /// An update the kernel has not shown after this long counts as a timeout and ends the series.
@@ -80,6 +88,7 @@ struct Options {
     updates: usize,
     update_budget: Duration,
     converge_timeout: Duration,
+    settle_timeout: Duration,
 }
 
 impl Options {
@@ -95,6 +104,7 @@ impl Options {
             updates: 0,
             update_budget: Duration::from_secs(300),
             converge_timeout: Duration::from_secs(1800),
+            settle_timeout: Duration::from_secs(600),
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -117,6 +127,9 @@ impl Options {
                 "--updates" => o.updates = number(value()?)?,
                 "--update-budget" => {
                     o.update_budget = Duration::from_secs(number(value()?)? as u64);
+                }
+                "--settle-timeout" => {
+                    o.settle_timeout = Duration::from_secs(number(value()?)? as u64);
                 }
                 "--converge-timeout" => {
                     o.converge_timeout = Duration::from_secs(number(value()?)? as u64);
@@ -245,6 +258,13 @@ fn populate(opts: &Options) -> Result<()> {
             Err(e) if already_exists(&e) => {}
             Err(e) => return Err(e).context(format!("creating Node {NODE}")),
         }
+        let status = serde_json::json!({
+            "status": {"addresses": [{"type": "InternalIP", "address": NODE_IP}]},
+        });
+        Api::<Node>::all(client.clone())
+            .patch_status(NODE, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .with_context(|| format!("setting the addresses of Node {NODE}"))?;
         let ns: Namespace = serde_json::from_value(serde_json::json!({
             "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE},
         }))?;
@@ -632,6 +652,25 @@ fn converge(
     })
 }
 
+/// Waits until the agent is idle after convergence (see [`SETTLE_CPU`]); returns how long that
+/// took and whether it happened within `limit`.
+fn settle(agent: &mut Agent, limit: Duration) -> Result<(Duration, bool)> {
+    let start = Instant::now();
+    let mut before = agent.usage()?.0;
+    loop {
+        std::thread::sleep(SETTLE_WINDOW);
+        agent.check_running()?;
+        let now = agent.usage()?.0;
+        if now - before < SETTLE_CPU {
+            return Ok((start.elapsed(), true));
+        }
+        if start.elapsed() > limit {
+            return Ok((start.elapsed(), false));
+        }
+        before = now;
+    }
+}
+
 /// What the update series measured, in microseconds from sending each PATCH.
 #[derive(Default)]
 struct Updates {
@@ -744,6 +783,12 @@ fn guest(opts: &Options) -> Result<()> {
             conv.full_read.as_secs_f64()
         );
         let (cpu_converged, _) = agent.usage()?;
+        let (settle_time, settled) = settle(&mut agent, opts.settle_timeout)?;
+        eprintln!(
+            "e2e-bench: {agent_name} {} {:.1} s after converging",
+            if settled { "idle" } else { "still busy" },
+            settle_time.as_secs_f64()
+        );
         let up = if opts.updates > 0 {
             updates(opts, &mut ipvs, &mut agent, &ips)?
         } else {
@@ -753,12 +798,13 @@ fn guest(opts: &Options) -> Result<()> {
         let (cpu, rss) = agent.usage()?;
         eprintln!("--- {agent_name} log (end) ---\n{}\n---", agent.tail());
         Ok(format!(
-            "E2E-RESULT agent={agent_name} services={} endpoints={} converge_ms={} converge_err_ms={} full_read_ms={} cpu_converge_s={cpu_converged:.2} updates_requested={} update_timeouts={} updates_us={} patch_us={} cpu_s={cpu:.2} rss_kib={rss}",
+            "E2E-RESULT agent={agent_name} services={} endpoints={} converge_ms={} converge_err_ms={} full_read_ms={} cpu_converge_s={cpu_converged:.2} settle_ms={} settled={settled} updates_requested={} update_timeouts={} updates_us={} patch_us={} cpu_s={cpu:.2} rss_kib={rss}",
             ips.len(),
             opts.endpoints,
             conv.at.as_millis(),
             conv.uncertainty.as_millis(),
             conv.full_read.as_millis(),
+            settle_time.as_millis(),
             opts.updates,
             up.timeouts,
             list(&up.kernel_us),

@@ -114,6 +114,9 @@ struct RunResult {
     patch_us: Vec<u64>,
     /// Agent CPU seconds when the table had converged (before any update).
     cpu_converge_s: f64,
+    /// Time after convergence until the agent was idle (CPU), and whether it got there.
+    settle_ms: u64,
+    settled: bool,
     cpu_s: f64,
     rss_kib: u64,
 }
@@ -158,6 +161,8 @@ fn parse_result_line(line: &str) -> Result<RunResult> {
         updates_us: samples("updates_us")?,
         patch_us: samples("patch_us")?,
         cpu_converge_s: num("cpu_converge_s", get("cpu_converge_s")?)?,
+        settle_ms: num("settle_ms", get("settle_ms")?)?,
+        settled: num("settled", get("settled")?)?,
         cpu_s: num("cpu_s", get("cpu_s")?)?,
         rss_kib: num("rss_kib", get("rss_kib")?)?,
     })
@@ -223,6 +228,13 @@ fn table(results: &[RunResult]) -> String {
                     r.converge_err_ms as f64 / 1000.0
                 ),
                 r.converge_ms as f64,
+            ))
+        });
+        row("idle after converging", &|r| {
+            let busy = if r.settled { "" } else { " (still busy)" };
+            Some((
+                format!("{:.1} s{busy}", r.settle_ms as f64 / 1000.0),
+                r.settle_ms as f64,
             ))
         });
         row("one full table read", &|r| {
@@ -434,7 +446,8 @@ fn run_agent(
     ));
     job.forward_ports.push(plane.port);
     job.memory_mib = opts.memory_mib;
-    job.timeout = Duration::from_secs(converge_timeout + opts.update_budget + 600);
+    // The driver's own limits (convergence, 600 s to settle, the update budget) plus boot.
+    job.timeout = Duration::from_secs(converge_timeout + 600 + opts.update_budget + 600);
     let outcome = vm::run(&job)?;
     eprintln!(
         "xtask: {} took {} (console log {})",
@@ -461,7 +474,7 @@ mod tests {
     use super::*;
 
     const LINE: &str = "E2E-RESULT agent=kube-ipvs services=1000 endpoints=10 converge_ms=5230 \
-        converge_err_ms=110 full_read_ms=340 cpu_converge_s=1.50 updates_requested=4 \
+        converge_err_ms=110 full_read_ms=340 cpu_converge_s=1.50 settle_ms=2100 settled=true updates_requested=4 \
         update_timeouts=0 updates_us=900,1200,15000,3000 patch_us=500,600,700,800 cpu_s=3.25 \
         rss_kib=51200";
 
@@ -477,6 +490,7 @@ mod tests {
         assert_eq!(r.updates_us, vec![900, 1200, 15000, 3000]);
         assert_eq!(r.patch_us, vec![500, 600, 700, 800]);
         assert!((r.cpu_converge_s - 1.5).abs() < 1e-9);
+        assert_eq!((r.settle_ms, r.settled), (2100, true));
         assert_eq!((r.updates_requested, r.update_timeouts), (4, 0));
         assert!((r.cpu_s - 3.25).abs() < 1e-9);
         assert_eq!(r.rss_kib, 51200);
