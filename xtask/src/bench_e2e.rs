@@ -437,13 +437,7 @@ fn run_agent(
         GUEST_SERVICES.to_owned(),
         std::fs::read(list).with_context(|| format!("reading {}", list.display()))?,
     ));
-    // ipset (run by kube-proxy for every endpoint) resolves `tcp` with getprotobyname, which
-    // reads /etc/protocols; the base image has none, and without it every `ipset add` of a
-    // hash:ip,port,ip entry fails and kube-proxy's syncs never finish cleanly.
-    job.data.push((
-        "/etc/protocols".to_owned(),
-        std::fs::read("/etc/protocols").context("reading the host's /etc/protocols")?,
-    ));
+    // (The base image carries /etc/protocols, which kube-proxy's ipset needs: vm.rs.)
     job.forward_ports.push(plane.port);
     job.memory_mib = opts.memory_mib;
     // The driver's own limits (convergence, 600 s to settle, the update budget) plus boot.

@@ -417,11 +417,18 @@ impl ControlPlane {
     /// Serves the control port on 127.0.0.1 in a background thread: each connection sends one
     /// line, `restart-apiserver`, and gets `ok` once the API server is ready again (or
     /// `error: ...`).
+    ///
+    /// The thread holds only a weak reference: the caller's `Arc` is the owner, and dropping it
+    /// stops etcd and kube-apiserver (a strong reference here kept them running after xtask
+    /// exited, orphaned).
     pub(crate) fn serve_control(self: &Arc<Self>) -> Result<()> {
         let listener = TcpListener::bind(("127.0.0.1", self.control_port))?;
-        let plane = Arc::clone(self);
+        let plane = Arc::downgrade(self);
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {
+                let Some(plane) = plane.upgrade() else {
+                    return;
+                };
                 if let Err(e) = plane.control(stream) {
                     eprintln!("xtask: control connection: {e:#}");
                 }

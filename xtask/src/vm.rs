@@ -312,6 +312,14 @@ fn base_tree(kernel: &Kernel) -> Result<Tree> {
     }
     tree.add_bytes("/etc/vm/modules", module_list, 0o644)?;
     tree.add_bytes("/etc/passwd", "root:x:0:0:root:/root:/bin/sh\n", 0o644)?;
+    // getprotobyname() reads it: ipset (kube-proxy's) cannot resolve `tcp` without it.
+    if Path::new("/etc/protocols").is_file() {
+        tree.add_file(
+            Path::new("/etc/protocols"),
+            Source::Host(PathBuf::from("/etc/protocols")),
+            0o644,
+        )?;
+    }
     tree.add_bytes("/etc/group", "root:x:0:\n", 0o644)?;
     tree.add_bytes("/init", INIT, 0o755)?;
     Ok(tree)
