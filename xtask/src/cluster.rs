@@ -463,6 +463,8 @@ impl Drop for ControlPlane {
             }
             terminate(&mut processes.etcd);
         }
+        // etcd preallocates tens of MiB of WAL; the logs and certificates stay for debugging.
+        let _ = fs::remove_dir_all(self.dir.join("etcd"));
     }
 }
 
