@@ -16,6 +16,16 @@
 //! The rules are applied after the startup sync, at every full reconcile (which repairs
 //! someone deleting them), and whenever what they are built from changes. A failure is logged
 //! and counted and the next reconcile tries again: iptables trouble never stops the agent.
+//!
+//! # Off the sync loop
+//!
+//! In the agent the rules are applied by a worker thread ([`Masq::in_background`]): an
+//! `iptables-restore` of exact hairpin rules on a node with many local endpoints takes seconds,
+//! and IPVS programming must not wait behind it. A change hands the worker the new rules and
+//! returns at once; the worker applies the newest rules it was given (intermediate ones are
+//! skipped: each is a whole state). Forced applies (startup, reconcile) wait for the worker, so
+//! they keep their order with the changes before them and report their own errors. An error of
+//! a background apply is reported by the next call, which treats the rules as not applied.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -221,32 +231,161 @@ impl Rules for Iptables {
     }
 }
 
+/// Where the rules go: applied in the caller's thread, or handed to a worker.
+enum Applier {
+    Inline(Box<dyn Rules>),
+    Worker(Worker),
+}
+
+/// The state a [`Worker`] shares with its owner.
+#[derive(Default)]
+struct WorkerState {
+    /// The newest rules not yet taken by the worker, with their sequence number.
+    pending: Option<(u64, masquerade::Config)>,
+    /// The last sequence number submitted, and the last one the worker finished.
+    submitted: u64,
+    finished: u64,
+    /// The outcome of each finished apply not yet read: (sequence number, error).
+    errors: Vec<(u64, String)>,
+    /// Set when the owner is dropped: the worker exits.
+    closed: bool,
+}
+
+/// A thread applying the newest rules it is given.
+struct Worker {
+    shared: std::sync::Arc<(std::sync::Mutex<WorkerState>, std::sync::Condvar)>,
+}
+
+impl Worker {
+    fn start(mut rules: Box<dyn Rules>) -> Result<Worker, String> {
+        let shared = std::sync::Arc::new((
+            std::sync::Mutex::new(WorkerState::default()),
+            std::sync::Condvar::new(),
+        ));
+        let theirs = std::sync::Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("masquerade".into())
+            .spawn(move || {
+                let (lock, cond) = &*theirs;
+                loop {
+                    let (seq, cfg) = {
+                        let Ok(mut st) = lock.lock() else { return };
+                        loop {
+                            if st.closed {
+                                return;
+                            }
+                            if let Some(job) = st.pending.take() {
+                                break job;
+                            }
+                            st = match cond.wait(st) {
+                                Ok(st) => st,
+                                Err(_) => return,
+                            };
+                        }
+                    };
+                    let result = rules.ensure(&cfg);
+                    let Ok(mut st) = lock.lock() else { return };
+                    if let Err(e) = result {
+                        st.errors.push((seq, e));
+                    }
+                    st.finished = seq;
+                    cond.notify_all();
+                }
+            })
+            .map_err(|e| format!("starting the masquerade thread: {e}"))?;
+        Ok(Worker { shared })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, WorkerState> {
+        // A panic inside `ensure` poisons nothing we rely on: the state is plain data.
+        self.shared
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Hands over `cfg` (replacing rules not yet taken); its sequence number.
+    fn submit(&self, cfg: masquerade::Config) -> u64 {
+        let mut st = self.lock();
+        st.submitted += 1;
+        let seq = st.submitted;
+        st.pending = Some((seq, cfg));
+        self.shared.1.notify_all();
+        seq
+    }
+
+    /// Waits until the apply `seq` (or a later one) finished; the errors of finished applies
+    /// not yet read.
+    fn wait(&self, seq: u64) -> Vec<(u64, String)> {
+        let mut st = self.lock();
+        while st.finished < seq {
+            st = self
+                .shared
+                .1
+                .wait(st)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        std::mem::take(&mut st.errors)
+    }
+
+    /// The errors of finished applies not yet read, without waiting.
+    fn take_errors(&self) -> Vec<(u64, String)> {
+        std::mem::take(&mut self.lock().errors)
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.lock().closed = true;
+        self.shared.1.notify_all();
+    }
+}
+
 /// The agent's masquerade state.
 pub struct Masq {
     /// The settings' part.
     pub fixed: Fixed,
     /// Per-Service contributions.
     pub locals: LocalSets,
-    /// What was last applied successfully; `None` before that or after a failure.
+    /// What was last applied (or, in the background, handed over); `None` before that or after
+    /// a failure.
     pub applied: Option<Wanted>,
     /// Where the rules go.
-    pub rules: Box<dyn Rules>,
+    rules: Applier,
 }
 
 impl Masq {
-    /// Masquerade state for these settings, applying through `rules`.
+    /// Masquerade state for these settings, applying through `rules` in the caller's thread.
     pub fn new(fixed: Fixed, rules: Box<dyn Rules>) -> Self {
         Self {
             fixed,
             locals: LocalSets::default(),
             applied: None,
-            rules,
+            rules: Applier::Inline(rules),
         }
     }
 
+    /// The same, applying changes on a worker thread (see the module docs). An error if the
+    /// thread cannot be started.
+    pub fn in_background(self) -> Result<Self, String> {
+        let rules = match self.rules {
+            Applier::Inline(rules) => Applier::Worker(Worker::start(rules)?),
+            worker @ Applier::Worker(_) => worker,
+        };
+        Ok(Self { rules, ..self })
+    }
+
     /// Applies the rules if `force` or what they are built from changed since the last success.
-    /// Returns the error, if any, for the caller to count.
+    /// Returns the error, if any, for the caller to count: in the background, a change's own
+    /// error comes with a later call.
     pub fn sync(&mut self, inputs: &Inputs, force: bool) -> Result<bool, String> {
+        // A background apply that failed since the last call: the rules are not in place.
+        if let Applier::Worker(w) = &self.rules
+            && let Some((_, e)) = w.take_errors().pop()
+        {
+            self.applied = None;
+            return Err(e);
+        }
         let wanted = self.locals.wanted(inputs, &self.fixed);
         if !force && self.applied.as_ref() == Some(&wanted) {
             return Ok(false);
@@ -257,7 +396,22 @@ impl Masq {
             return Ok(false);
         }
         let cfg = config(&self.fixed, &wanted);
-        match self.rules.ensure(&cfg) {
+        let result = match &mut self.rules {
+            Applier::Inline(rules) => rules.ensure(&cfg),
+            Applier::Worker(w) => {
+                let seq = w.submit(cfg);
+                if force {
+                    // Errors of earlier background applies are superseded by this one's.
+                    match w.wait(seq).into_iter().find(|(s, _)| *s == seq) {
+                        Some((_, e)) => Err(e),
+                        None => Ok(()),
+                    }
+                } else {
+                    Ok(())
+                }
+            }
+        };
+        match result {
             Ok(()) => {
                 self.applied = Some(wanted);
                 Ok(true)
@@ -267,6 +421,18 @@ impl Masq {
                 Err(e)
             }
         }
+    }
+
+    /// Waits until everything handed to the worker is applied (tests; a no-op inline).
+    pub fn settle(&mut self) -> Result<(), String> {
+        if let Applier::Worker(w) = &self.rules {
+            let seq = w.lock().submitted;
+            if let Some((_, e)) = w.wait(seq).pop() {
+                self.applied = None;
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -419,5 +585,87 @@ mod tests {
         *rec.fail.lock().expect("lock") = false;
         assert_eq!(m.sync(&inputs, true), Ok(true), "the reconcile retries");
         assert_eq!(calls(), 4);
+    }
+
+    #[test]
+    fn in_the_background_changes_do_not_wait_forced_syncs_do_and_errors_surface() {
+        let rec = Recorder::default();
+        let gate = Arc::new(Mutex::new(()));
+        let mut m = Masq::new(
+            fixed(&[]),
+            Box::new(Gated {
+                inner: rec.clone(),
+                gate: Arc::clone(&gate),
+            }),
+        )
+        .in_background()
+        .expect("worker");
+        let mut inputs = inputs();
+        let calls = || rec.calls.lock().expect("lock").len();
+        assert_eq!(m.sync(&inputs, true), Ok(true));
+        assert_eq!(calls(), 1, "a forced sync waits for its apply");
+
+        // While the worker is held inside `ensure`, changes return at once, and of three
+        // changes handed over meanwhile only the newest is applied after the held one.
+        let held = gate.lock().expect("lock");
+        let names: Vec<ServiceName> = (0..4)
+            .map(|i| ServiceName::new("default", format!("local{i}")))
+            .collect();
+        for (i, name) in names.iter().enumerate() {
+            let mut svc = lb(TrafficPolicy::Local);
+            if let Some(p) = svc.ports.first_mut() {
+                p.node_port = Some(30080 + i as u16);
+            }
+            inputs.upsert_service(name.clone(), svc).expect("service");
+            m.locals.update([name], &inputs);
+            assert_eq!(
+                m.sync(&inputs, false),
+                Ok(true),
+                "handed over without waiting"
+            );
+        }
+        drop(held);
+        assert_eq!(m.settle(), Ok(()));
+        let applied = rec.calls.lock().expect("lock").clone();
+        assert!(
+            applied.len() <= 3,
+            "at most the first change (taken before the gate closed) and the newest: {}",
+            applied.len()
+        );
+        assert_eq!(
+            applied.last().map(|c| c.local_node_ports.len()),
+            Some(4),
+            "the newest rules are the last applied"
+        );
+
+        // A background failure is reported (here by `settle`; in the agent by the next
+        // `sync`) and then waits for a forced sync.
+        *rec.fail.lock().expect("lock") = true;
+        inputs.remove_service(&names[0]);
+        m.locals.update([&names[0]], &inputs);
+        assert_eq!(m.sync(&inputs, false), Ok(true), "handed over");
+        assert!(m.settle().is_err(), "the background apply failed");
+        let n = calls();
+        inputs.remove_service(&names[1]);
+        m.locals.update([&names[1]], &inputs);
+        assert_eq!(m.sync(&inputs, false), Ok(false), "a failure waits");
+        assert_eq!(m.settle(), Ok(()));
+        assert_eq!(calls(), n, "nothing applied after the failure");
+        *rec.fail.lock().expect("lock") = false;
+        assert_eq!(m.sync(&inputs, true), Ok(true), "the reconcile retries");
+        assert_eq!(calls(), n + 1);
+    }
+
+    /// A recorder whose `ensure` waits for `gate`.
+    struct Gated {
+        inner: Recorder,
+        gate: Arc<Mutex<()>>,
+    }
+
+    impl Rules for Gated {
+        fn ensure(&mut self, config: &masquerade::Config) -> Result<(), String> {
+            let _open = self.gate.lock().expect("lock");
+            self.inner.ensure(config)
+        }
     }
 }

@@ -230,7 +230,7 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
         agent = agent.with_address_changes(signals);
     }
     if settings.masquerade {
-        agent = agent.with_masquerade(masq::Masq::new(
+        let masq = masq::Masq::new(
             masq::Fixed {
                 cluster_cidrs: settings.cluster_cidrs.clone(),
                 masquerade_all: settings.masquerade_all,
@@ -238,7 +238,12 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
                 backend: backend(),
             },
             Box::new(masq::Iptables),
-        ));
+        );
+        // Changes are applied on a worker, so IPVS programming never waits for iptables.
+        match masq.in_background() {
+            Ok(masq) => agent = agent.with_masquerade(masq),
+            Err(e) => return fail(exit::START, format!("masquerade rules: {e}")),
+        }
     } else {
         tracing::info!("--no-masquerade: the iptables nat table is left alone");
     }
