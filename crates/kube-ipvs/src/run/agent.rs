@@ -862,41 +862,50 @@ mod tests {
     use kube_ipvs_netlink::ipvs::{Request, ServiceKey};
     use std::sync::Mutex;
 
-    /// A kernel that accepts every request and records the NodePort-relevant ones: the virtual
-    /// servers added and deleted, by address and port. Its node addresses are set by the test.
+    /// A kernel that records the NodePort-relevant requests (the virtual servers added and
+    /// deleted, by address and port), refuses new real servers while `fail` is set, and reads
+    /// back an empty table (so each full sync re-adds everything). Its node addresses are set
+    /// by the test.
     #[derive(Clone, Default)]
-    struct AddrKernel(Arc<Mutex<AddrState>>);
+    struct FakeKernel {
+        state: Arc<Mutex<AddrState>>,
+        fail: Arc<Mutex<bool>>,
+    }
 
     /// The node's addresses, and (added?, address, port) of each virtual server request.
     type AddrState = (Vec<IpAddr>, Vec<(bool, IpAddr, u16)>);
 
-    impl AddrKernel {
+    impl FakeKernel {
         fn set_addresses(&self, addrs: &[&str]) {
-            let mut st = self.0.lock().expect("lock");
+            let mut st = self.state.lock().expect("lock");
             st.0 = addrs.iter().map(|a| ip(a)).collect();
         }
         fn changes(&self) -> Vec<(bool, IpAddr, u16)> {
-            self.0.lock().expect("lock").1.clone()
+            self.state.lock().expect("lock").1.clone()
         }
     }
 
-    impl Kernel for AddrKernel {
+    impl Kernel for FakeKernel {
         fn apply_requests(&mut self, requests: &[Request]) -> Vec<Result<(), String>> {
-            let mut st = self.0.lock().expect("lock");
-            for r in requests {
-                match r {
+            let fail = *self.fail.lock().expect("lock");
+            let mut st = self.state.lock().expect("lock");
+            requests
+                .iter()
+                .map(|r| match r {
                     Request::NewService(s) => {
                         if let ServiceKey::Addr { addr, port, .. } = s.key {
                             st.1.push((true, addr, port));
                         }
+                        Ok(())
                     }
                     Request::DelService(ServiceKey::Addr { addr, port, .. }) => {
                         st.1.push((false, *addr, *port));
+                        Ok(())
                     }
-                    _ => {}
-                }
-            }
-            requests.iter().map(|_| Ok(())).collect()
+                    Request::NewDest { .. } if fail => Err("Cannot allocate memory".to_owned()),
+                    _ => Ok(()),
+                })
+                .collect()
         }
         fn ensure_interface(&mut self) -> Result<(), String> {
             Ok(())
@@ -909,7 +918,7 @@ mod tests {
         }
     }
 
-    impl NodeKernel for AddrKernel {
+    impl NodeKernel for FakeKernel {
         fn observe(&mut self) -> Result<(Observed, Counts), String> {
             Ok((
                 Observed {
@@ -924,8 +933,14 @@ mod tests {
             Counts::new()
         }
         fn node_addresses(&mut self) -> Result<Vec<IpAddr>, String> {
-            Ok(self.0.lock().expect("lock").0.clone())
+            Ok(self.state.lock().expect("lock").0.clone())
         }
+    }
+
+    /// The example cluster's manifests.
+    fn examples() -> kube_ipvs_watch::manifest::Manifests {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster");
+        kube_ipvs_watch::manifest::load(&dir).expect("the examples load")
     }
 
     /// Waits (at most 10 s, so a missing sync fails the test instead of hanging it) until `n`
@@ -941,15 +956,14 @@ mod tests {
     /// addresses: the NodePort follows an added and a removed address.
     #[tokio::test]
     async fn an_address_signal_moves_the_nodeports() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster");
-        let m = kube_ipvs_watch::manifest::load(&dir).expect("the examples load");
+        let m = examples();
         let mut t = kube_ipvs_watch::Tracker::new(kube_ipvs_watch::TranslateOptions::default());
         t.relist_services(&m.services);
         t.relist_slices(&m.slices);
         t.apply_node(&m.nodes[0]);
         let cs = t.take_change_set().expect("an initial change set");
 
-        let kernel = AddrKernel::default();
+        let kernel = FakeKernel::default();
         kernel.set_addresses(&["192.168.77.10", "10.0.2.15"]);
         let period = Duration::from_secs(3600);
         let shared = Arc::new(Shared::new(period));
@@ -976,7 +990,7 @@ mod tests {
         });
         let mut syncs = shared.syncs();
         wait_syncs(&mut syncs, 1).await;
-        let nodeports = |k: &AddrKernel| -> Vec<(bool, IpAddr)> {
+        let nodeports = |k: &FakeKernel| -> Vec<(bool, IpAddr)> {
             k.changes()
                 .into_iter()
                 .filter(|c| c.2 == 30080)
@@ -1013,54 +1027,6 @@ mod tests {
         s.parse().expect("literal")
     }
 
-    /// A kernel that accepts every request, except new real servers while `fail` is set, and
-    /// reads back an empty table (so each full sync re-adds everything).
-    #[derive(Clone, Default)]
-    struct FlakyKernel {
-        fail: Arc<Mutex<bool>>,
-    }
-
-    impl Kernel for FlakyKernel {
-        fn apply_requests(&mut self, requests: &[Request]) -> Vec<Result<(), String>> {
-            let fail = *self.fail.lock().expect("lock");
-            requests
-                .iter()
-                .map(|r| match r {
-                    Request::NewDest { .. } if fail => Err("Cannot allocate memory".to_owned()),
-                    _ => Ok(()),
-                })
-                .collect()
-        }
-        fn ensure_interface(&mut self) -> Result<(), String> {
-            Ok(())
-        }
-        fn add_address(&mut self, _: IpAddr) -> Result<(), String> {
-            Ok(())
-        }
-        fn remove_address(&mut self, _: IpAddr) -> Result<(), String> {
-            Ok(())
-        }
-    }
-
-    impl NodeKernel for FlakyKernel {
-        fn observe(&mut self) -> Result<(Observed, Counts), String> {
-            Ok((
-                Observed {
-                    table: kube_ipvs_diff::Table::default(),
-                    foreign: Vec::new(),
-                    interface_exists: true,
-                },
-                Counts::new(),
-            ))
-        }
-        fn connection_counts(&mut self, _: &BTreeSet<VirtualKey>) -> Counts {
-            Counts::new()
-        }
-        fn node_addresses(&mut self) -> Result<Vec<IpAddr>, String> {
-            Ok(Vec::new())
-        }
-    }
-
     /// 2026-01-01T00:00:00Z plus `secs`.
     fn at(secs: f64) -> SystemTime {
         SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600) + Duration::from_secs_f64(secs)
@@ -1068,7 +1034,7 @@ mod tests {
 
     /// A running agent over the example cluster, with a wall clock the test sets.
     struct Latency {
-        kernel: FlakyKernel,
+        kernel: FakeKernel,
         tracker: kube_ipvs_watch::Tracker,
         slices: Vec<k8s_openapi::api::discovery::v1::EndpointSlice>,
         clock: Arc<Mutex<SystemTime>>,
@@ -1080,9 +1046,7 @@ mod tests {
     impl Latency {
         /// Starts the agent (tracker started at `at(0)`) and waits for its startup sync.
         async fn start() -> Self {
-            let dir =
-                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster");
-            let m = kube_ipvs_watch::manifest::load(&dir).expect("the examples load");
+            let m = examples();
             let mut tracker = kube_ipvs_watch::Tracker::started_at(
                 kube_ipvs_watch::TranslateOptions::default(),
                 at(0.0),
@@ -1090,7 +1054,7 @@ mod tests {
             tracker.relist_services(&m.services);
             tracker.relist_slices(&m.slices);
             let cs = tracker.take_change_set().expect("an initial change set");
-            let kernel = FlakyKernel::default();
+            let kernel = FakeKernel::default();
             let clock = Arc::new(Mutex::new(at(1.0)));
             let period = Duration::from_secs(3600);
             let shared = Arc::new(Shared::new(period));
