@@ -99,6 +99,20 @@ pub struct Wanted {
     local_endpoints: Vec<IpAddr>,
 }
 
+/// The node's NodePort addresses, as [`Wanted`] holds them.
+fn node_ips(inputs: &Inputs) -> Vec<IpAddr> {
+    let node = inputs.node();
+    let mut ips: Vec<IpAddr> = node
+        .node_ips_v4
+        .iter()
+        .map(|a| IpAddr::V4(*a))
+        .chain(node.node_ips_v6.iter().map(|a| IpAddr::V6(*a)))
+        .collect();
+    ips.sort_unstable();
+    ips.dedup();
+    ips
+}
+
 /// The fixed part of the rules, from the settings.
 #[derive(Debug, Clone)]
 pub struct Fixed {
@@ -116,6 +130,9 @@ pub struct Fixed {
 #[derive(Debug, Default)]
 pub struct LocalSets {
     by_service: BTreeMap<ServiceName, Contribution>,
+    /// Whether a contribution changed since [`LocalSets::wanted`] last ran: without that, an
+    /// incremental sync does not rebuild the whole rule input (a walk over every Service).
+    changed: bool,
 }
 
 impl LocalSets {
@@ -127,10 +144,13 @@ impl LocalSets {
     ) {
         for name in names {
             let c = contribution(name, inputs);
-            if c.is_empty() {
-                self.by_service.remove(name);
+            let old = if c.is_empty() {
+                self.by_service.remove(name)
             } else {
-                self.by_service.insert(name.clone(), c);
+                self.by_service.insert(name.clone(), c.clone())
+            };
+            if old.unwrap_or_default() != c {
+                self.changed = true;
             }
         }
     }
@@ -138,20 +158,16 @@ impl LocalSets {
     /// Recomputes every Service (after a Node change: the node name decides what is local).
     pub fn update_all(&mut self, inputs: &Inputs) {
         self.by_service.clear();
+        self.changed = true;
         let names: Vec<ServiceName> = inputs.service_names().cloned().collect();
         self.update(&names, inputs);
     }
 
     /// What the rules need now, with the node's NodePort addresses from `inputs`.
-    pub fn wanted(&self, inputs: &Inputs, fixed: &Fixed) -> Wanted {
-        let node = inputs.node();
+    pub fn wanted(&mut self, inputs: &Inputs, fixed: &Fixed) -> Wanted {
+        self.changed = false;
         let mut w = Wanted {
-            node_ips: node
-                .node_ips_v4
-                .iter()
-                .map(|a| IpAddr::V4(*a))
-                .chain(node.node_ips_v6.iter().map(|a| IpAddr::V6(*a)))
-                .collect(),
+            node_ips: node_ips(inputs),
             ..Wanted::default()
         };
         for c in self.by_service.values() {
@@ -161,10 +177,8 @@ impl LocalSets {
                 w.local_endpoints.extend(&c.local_endpoints);
             }
         }
-        for v in [&mut w.node_ips, &mut w.local_endpoints] {
-            v.sort_unstable();
-            v.dedup();
-        }
+        w.local_endpoints.sort_unstable();
+        w.local_endpoints.dedup();
         w.node_ports.sort_unstable();
         w.node_ports.dedup();
         w.virtual_servers.sort_unstable();
@@ -386,6 +400,17 @@ impl Masq {
             self.applied = None;
             return Err(e);
         }
+        // Nothing the rules are built from changed: the common case of an endpoint change on
+        // another node, answered without walking every Service.
+        if !force
+            && !self.locals.changed
+            && self
+                .applied
+                .as_ref()
+                .is_some_and(|a| a.node_ips == node_ips(inputs))
+        {
+            return Ok(false);
+        }
         let wanted = self.locals.wanted(inputs, &self.fixed);
         if !force && self.applied.as_ref() == Some(&wanted) {
             return Ok(false);
@@ -506,7 +531,12 @@ mod tests {
             .expect("endpoints");
         let mut sets = LocalSets::default();
         sets.update([&local, &cluster], &inputs);
+        assert!(sets.changed);
         let w = sets.wanted(&inputs, &fixed(&[]));
+        // Recomputing a Service whose contribution is the same marks nothing for the rules.
+        assert!(!sets.changed);
+        sets.update([&cluster], &inputs);
+        assert!(!sets.changed, "an unchanged contribution");
         assert_eq!(w.node_ports, vec![(Protocol::Tcp, 30080)]);
         assert_eq!(
             w.virtual_servers,
@@ -533,6 +563,7 @@ mod tests {
             .upsert_service(local.clone(), lb(TrafficPolicy::Cluster))
             .expect("service");
         sets.update([&local], &inputs);
+        assert!(sets.changed, "the exemptions went");
         let w = sets.wanted(&inputs, &fixed(&[]));
         assert!(w.node_ports.is_empty() && w.virtual_servers.is_empty());
     }
