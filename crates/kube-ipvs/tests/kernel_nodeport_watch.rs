@@ -11,9 +11,9 @@
 mod common;
 use common::*;
 
-use std::io::{Read as _, Write as _};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+type Agent = RunningAgent;
+
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 const NODE: &str = include_str!("../../../examples/cluster/node.yaml");
@@ -30,97 +30,21 @@ fn ipvsadm_table() -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// A running `kube-ipvs run`; killed (and its log printed) if the test ends without stopping it.
-struct Agent {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Agent {
-    fn start(dir: &Path, extra: &[&str]) -> Agent {
-        let log = dir.with_extension("log");
-        let file = std::fs::File::create(&log).expect("create log");
-        let mut args = vec![
-            "run",
-            "--manifests",
-            dir.to_str().expect("utf-8 path"),
-            "--hostname-override",
-            "node-1",
-        ];
-        args.extend_from_slice(extra);
-        println!("$ kube-ipvs {} &", args.join(" "));
-        let child = Command::new(kube_ipvs_bin())
-            .args(&args)
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .expect("start kube-ipvs run");
-        Agent { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits until `/healthz` says 200 (the first sync finished).
-    fn wait_healthy(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if healthz_ok() {
-                return;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("kube-ipvs run exited ({status}):\n{}", self.log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "not healthy in 30s:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
+/// Polls `ipvsadm -Ln` every 100 ms until `cond` holds of it, for at most 10 s.
+fn wait_table(agent: &Agent, what: &str, cond: impl Fn(&str) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let table = ipvsadm_table();
+        if cond(&table) {
+            return;
         }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after 10s waiting for {what}:\n{table}\n--- log ---\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
-
-    /// Polls `ipvsadm -Ln` every 100 ms until `cond` holds of it, for at most 10 s.
-    fn wait_table(&self, what: &str, cond: impl Fn(&str) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let table = ipvsadm_table();
-            if cond(&table) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out after 10s waiting for {what}:\n{table}\n--- log ---\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        println!("--- kube-ipvs run log ---\n{}", self.log());
-    }
-}
-
-fn healthz_ok() -> bool {
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", 10256)) else {
-        return false;
-    };
-    if s.set_read_timeout(Some(Duration::from_secs(5))).is_err()
-        || s.write_all(b"GET /healthz HTTP/1.0\r\nHost: localhost\r\n\r\n")
-            .is_err()
-    {
-        return false;
-    }
-    let mut text = String::new();
-    s.read_to_string(&mut text).is_ok() && text.split_whitespace().nth(1) == Some("200")
 }
 
 /// A virtual server line of `ipvsadm -Ln` for TCP `addr:port`.
@@ -161,14 +85,16 @@ fn nodeports_follow_addresses_added_and_removed() {
     );
 
     ip(&["addr", "add", "192.168.77.11/32", "dev", "nodeif"]);
-    agent.wait_table("the NodePort on the added 192.168.77.11", |t| {
+    wait_table(&agent, "the NodePort on the added 192.168.77.11", |t| {
         has_vs(t, "192.168.77.11:30080") && has_vs(t, "192.168.77.10:30080")
     });
 
     ip(&["addr", "del", "192.168.77.10/32", "dev", "nodeif"]);
-    agent.wait_table("the NodePort on the removed 192.168.77.10 to go", |t| {
-        !has_vs(t, "192.168.77.10:30080") && has_vs(t, "192.168.77.11:30080")
-    });
+    wait_table(
+        &agent,
+        "the NodePort on the removed 192.168.77.10 to go",
+        |t| !has_vs(t, "192.168.77.10:30080") && has_vs(t, "192.168.77.11:30080"),
+    );
     // The ClusterIP was never touched by any of this.
     assert!(has_vs(&ipvsadm_table(), "10.96.0.30:80"));
 }

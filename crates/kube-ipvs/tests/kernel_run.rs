@@ -13,28 +13,18 @@
 mod common;
 use common::*;
 
-use std::io::{Read as _, Write as _};
+type Agent = RunningAgent;
+
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 /// What the examples need on an empty kernel (as `kernel_check` establishes with `plan`).
 const EMPTY_KERNEL_OPS: u64 = 25;
 
 fn in_sync(dir: &Path, extra: &[&str]) -> bool {
     kube_ipvs("check", dir, extra).status.code() == Some(0)
-}
-
-/// A minimal HTTP/1.0 GET over loopback: (status, body), or `None` if nothing listens yet.
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
-    Some((status, body))
 }
 
 /// One metric's value (the first sample line starting with `name`, labels included).
@@ -44,83 +34,6 @@ fn metric(name: &str) -> Option<f64> {
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
-}
-
-/// A running `kube-ipvs run`; killed if the test ends without stopping it.
-struct Agent {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Agent {
-    fn start(dir: &Path, extra: &[&str]) -> Agent {
-        let log = dir.with_extension(format!("log{}", std::process::id()));
-        let file = std::fs::File::create(&log).expect("create log");
-        let mut args = vec![
-            "run",
-            "--manifests",
-            dir.to_str().expect("utf-8 path"),
-            "--hostname-override",
-            "node-1",
-        ];
-        args.extend_from_slice(extra);
-        println!("$ kube-ipvs {} &", args.join(" "));
-        let child = Command::new(kube_ipvs_bin())
-            .args(&args)
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .expect("start kube-ipvs run");
-        Agent { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits until `/healthz` says 200 (the first sync finished).
-    fn wait_healthy(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some((200, _)) = http_get(10256, "/healthz") {
-                return;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("kube-ipvs run exited ({status}):\n{}", self.log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "not healthy in 30s:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Sends SIGTERM and waits for the exit code.
-    fn terminate(mut self) -> Option<i32> {
-        let pid = self.child.id().to_string();
-        assert!(run("kill", &["-TERM", &pid]).status.success());
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                println!("{}", self.log());
-                return status.code();
-            }
-            assert!(Instant::now() < deadline, "no exit after SIGTERM");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-            println!("--- kube-ipvs run log ---\n{}", self.log());
-        }
-    }
 }
 
 /// The count on the summary line of `plan`: "N operations: ...".

@@ -14,7 +14,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
-use super::{free_port, ipvsadm, kube_ipvs_bin, run, wait_for};
+use super::{RunningAgent, free_port, ipvsadm, kube_ipvs_bin, run, wait_for};
 
 /// Where vm-test puts the kubeconfigs and the port numbers in the guest.
 pub(crate) const DIR: &str = "/etc/kube-ipvs-test";
@@ -280,8 +280,7 @@ pub(crate) fn yaml<T: serde::de::DeserializeOwned>(text: &str) -> T {
 
 /// A running `kube-ipvs run` against the API server, as the DaemonSet's ServiceAccount.
 pub(crate) struct Agent {
-    pub(crate) child: Child,
-    log: std::path::PathBuf,
+    inner: RunningAgent,
     metrics: u16,
 }
 
@@ -295,7 +294,6 @@ impl Agent {
             }
         };
         let log = std::path::PathBuf::from(format!("/tmp/kube-ipvs-apiserver-{name}.log"));
-        let file = std::fs::File::create(&log).expect("create log");
         let args = [
             "run".to_owned(),
             format!("--kubeconfig={DIR}/agent.kubeconfig"),
@@ -308,28 +306,19 @@ impl Agent {
             "--sync-period=1h".to_owned(),
             "--min-sync-period=0s".to_owned(),
         ];
-        println!("$ kube-ipvs {} &", args.join(" "));
-        let child = Command::new(kube_ipvs_bin())
-            .args(&args)
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .expect("start kube-ipvs run");
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         Agent {
-            child,
-            log,
+            inner: RunningAgent::spawn(&args, log),
             metrics,
         }
     }
 
     pub(crate) fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.inner.log()
     }
 
     pub(crate) fn assert_running(&mut self) {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            panic!("kube-ipvs run exited ({status}):\n{}", self.log());
-        }
+        self.inner.assert_running();
     }
 
     /// `/metrics`, or `None` while it does not answer.
@@ -342,14 +331,6 @@ impl Agent {
         s.read_to_string(&mut text).ok()?;
         let (head, body) = text.split_once("\r\n\r\n")?;
         head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        println!("--- kube-ipvs run log ---\n{}", self.log());
     }
 }
 

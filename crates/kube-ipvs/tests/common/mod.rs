@@ -112,3 +112,105 @@ pub(crate) fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("a free loopback port")
 }
+
+/// A running `kube-ipvs ARGS` with its stderr in a log file: the agent as the kernel tests start
+/// it. Killed, and its log printed, when dropped.
+pub(crate) struct RunningAgent {
+    pub(crate) child: std::process::Child,
+    log: PathBuf,
+}
+
+impl RunningAgent {
+    /// Starts `kube-ipvs ARGS` (an argument list, never a shell string), stderr to `log`.
+    pub(crate) fn spawn(args: &[&str], log: PathBuf) -> RunningAgent {
+        let file = std::fs::File::create(&log).expect("create log");
+        println!("$ kube-ipvs {} &", args.join(" "));
+        let child = Command::new(kube_ipvs_bin())
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("start kube-ipvs run");
+        RunningAgent { child, log }
+    }
+
+    /// `kube-ipvs run --manifests DIR --hostname-override node-1 [extra]`, logging beside DIR.
+    pub(crate) fn start(dir: &Path, extra: &[&str]) -> RunningAgent {
+        let mut args = vec![
+            "run",
+            "--manifests",
+            dir.to_str().expect("utf-8 path"),
+            "--hostname-override",
+            "node-1",
+        ];
+        args.extend_from_slice(extra);
+        RunningAgent::spawn(&args, dir.with_extension("log"))
+    }
+
+    pub(crate) fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Panics with the log if the agent has exited.
+    pub(crate) fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!("kube-ipvs run exited ({status}):\n{}", self.log());
+        }
+    }
+
+    /// Waits until the default `/healthz` (port 10256) says 200, the first sync done.
+    pub(crate) fn wait_healthy(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while http_status(10256, "/healthz") != Some(200) {
+            self.assert_running();
+            assert!(
+                Instant::now() < deadline,
+                "not healthy in 30s:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit code.
+    pub(crate) fn terminate(mut self) -> Option<i32> {
+        let pid = self.child.id().to_string();
+        assert!(run("kill", &["-TERM", &pid]).status.success());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status.code();
+            }
+            assert!(Instant::now() < deadline, "no exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for RunningAgent {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        println!("--- kube-ipvs run log ---\n{}", self.log());
+    }
+}
+
+/// A minimal HTTP/1.0 GET on loopback: the status and the body, or `None` if nothing answers.
+pub(crate) fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((status, body))
+}
+
+/// Just the status of [`http_get`].
+pub(crate) fn http_status(port: u16, path: &str) -> Option<u16> {
+    http_get(port, path).map(|(s, _)| s)
+}
