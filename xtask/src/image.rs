@@ -137,24 +137,7 @@ fn build(out_dir: &Path) -> Result<PathBuf> {
     }
     std::fs::create_dir_all(&blobs)?;
     let layer_tmp = out_dir.join("layer.tar");
-    util::run(
-        Command::new("tar")
-            .args([
-                "--create",
-                "--format=posix",
-                "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime",
-                "--sort=name",
-                "--mtime=@0",
-                "--owner=0",
-                "--group=0",
-                "--numeric-owner",
-                "--file",
-            ])
-            .arg(&layer_tmp)
-            .arg("-C")
-            .arg(&rootfs)
-            .arg("."),
-    )?;
+    util::run(deterministic_tar(&layer_tmp, &rootfs).arg("."))?;
     let layer = blob_from_file(&blobs, &layer_tmp)?;
     let layer_size = std::fs::metadata(blobs.join(&layer))?.len();
 
@@ -220,25 +203,35 @@ fn build(out_dir: &Path) -> Result<PathBuf> {
     std::fs::write(oci.join("manifest.json"), serde_json::to_vec(&docker)?)?;
 
     let archive = out_dir.join(format!("{IMAGE_NAME}-{VERSION}.tar"));
-    util::run(
-        Command::new("tar")
-            .args([
-                "--create",
-                "--format=posix",
-                "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime",
-                "--sort=name",
-                "--mtime=@0",
-                "--owner=0",
-                "--group=0",
-                "--numeric-owner",
-                "--file",
-            ])
-            .arg(&archive)
-            .arg("-C")
-            .arg(&oci)
-            .args(["oci-layout", "index.json", "manifest.json", "blobs"]),
-    )?;
+    util::run(deterministic_tar(&archive, &oci).args([
+        "oci-layout",
+        "index.json",
+        "manifest.json",
+        "blobs",
+    ]))?;
     Ok(archive)
+}
+
+/// `tar` creating `out` from paths under `dir` (the caller adds them) with nothing that varies
+/// between builds: sorted names, epoch times, root owner, no atime/ctime, so the same inputs
+/// give the same bytes and digests.
+fn deterministic_tar(out: &Path, dir: &Path) -> Command {
+    let mut cmd = Command::new("tar");
+    cmd.args([
+        "--create",
+        "--format=posix",
+        "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime",
+        "--sort=name",
+        "--mtime=@0",
+        "--owner=0",
+        "--group=0",
+        "--numeric-owner",
+        "--file",
+    ])
+    .arg(out)
+    .arg("-C")
+    .arg(dir);
+    cmd
 }
 
 /// The packages and their dependency closure, downloaded once into `cache` (re-runs reuse the
