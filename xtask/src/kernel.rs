@@ -69,6 +69,7 @@ pub(crate) const BOOT_MODULES: &[&str] = &[
     "ip_set_hash_ipportip",
     "ip_set_hash_ipportnet",
     "ip_set_hash_net",
+    "ip_set_hash_netnet",
     "ip_set_bitmap_port",
     // SCTP services and tunnelled destinations.
     "sctp",

@@ -7,6 +7,7 @@ pub mod cleanup;
 pub mod conntrack;
 pub mod dump;
 pub mod explain;
+pub mod ipset;
 pub mod ipvsadm;
 pub mod kernel;
 pub mod masquerade;

@@ -1,0 +1,835 @@
+//! The hairpin ipsets over nfnetlink: `hash:net,net` sets whose members are `(a, a)` for each
+//! local endpoint address `a`, so one iptables rule (`-m set --match-set NAME src,dst`) matches
+//! a Pod reaching itself through a Service, whatever the number of endpoints.
+//!
+//! This module owns one `NETLINK_NETFILTER` socket per [`Ipset`] handle and only ever touches
+//! the sets it is asked about by name ([`SET_V4`], [`SET_V6`]): create if absent, list members,
+//! add and delete many members in one `sendmsg` (one acknowledgement per member), destroy. It
+//! never flushes or destroys all sets. Messages are built and parsed by pure functions that the
+//! unit tests drive without a kernel.
+//!
+//! The wire format is the kernel's `include/uapi/linux/netfilter/ipset/ip_set.h` (commands,
+//! attribute numbers, error codes), as `net/netfilter/ipset/ip_set_core.c` reads it (a create
+//! or add without `NLM_F_EXCL` carries `IPSET_FLAG_EXIST`, so re-creating an identical set,
+//! adding a present member and deleting an absent one all succeed; a `DATA` or `IP` attribute
+//! must carry `NLA_F_NESTED`, an address or `u32` must carry `NLA_F_NET_BYTEORDER`) and
+//! `net/netfilter/ipset/ip_set_hash_netnet.c` lays members out (`IP`, `IP2`, `CIDR`, `CIDR2`).
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
+
+use crate::masquerade::Family;
+
+/// The IPv4 hairpin set.
+pub const SET_V4: &str = "KUBE-IPVS-HAIRPIN";
+/// The IPv6 hairpin set.
+pub const SET_V6: &str = "KUBE-IPVS-HAIRPIN6";
+/// The set type: a member is a (source network, destination network) pair.
+pub const SET_TYPE: &str = "hash:net,net";
+/// The most members a set may hold. The kernel's default (65,536) is below the number of local
+/// endpoints a large node can have; memory grows with the members, not with this limit.
+pub const MAX_ELEMENTS: u32 = 1 << 20;
+
+/// The hairpin set of a family.
+pub fn set_name(family: Family) -> &'static str {
+    match family {
+        Family::V4 => SET_V4,
+        Family::V6 => SET_V6,
+    }
+}
+
+const NFNL_SUBSYS_IPSET: u16 = 6;
+const IPSET_CMD_CREATE: u16 = 2;
+const IPSET_CMD_DESTROY: u16 = 3;
+const IPSET_CMD_LIST: u16 = 7;
+const IPSET_CMD_ADD: u16 = 9;
+const IPSET_CMD_DEL: u16 = 10;
+/// `IPSET_PROTOCOL_MIN` of current kernels and `IPSET_PROTOCOL` of older ones: both accept it.
+const IPSET_PROTOCOL: u8 = 6;
+const IPSET_MAXNAMELEN: usize = 32;
+/// The revision of `hash:net,net` asked for: 0 is `IPSET_TYPE_REV_MIN`, known to every kernel
+/// with the type (later revisions add features we do not use).
+const SET_REVISION: u8 = 0;
+
+// Attributes at command level.
+const IPSET_ATTR_PROTOCOL: u16 = 1;
+const IPSET_ATTR_SETNAME: u16 = 2;
+const IPSET_ATTR_TYPENAME: u16 = 3;
+const IPSET_ATTR_REVISION: u16 = 4;
+const IPSET_ATTR_FAMILY: u16 = 5;
+const IPSET_ATTR_DATA: u16 = 7;
+const IPSET_ATTR_ADT: u16 = 8;
+// Attributes inside DATA (CADT, create and ADT numbering).
+const IPSET_ATTR_IP: u16 = 1;
+const IPSET_ATTR_CIDR: u16 = 3;
+const IPSET_ATTR_MAXELEM: u16 = 19;
+const IPSET_ATTR_IP2: u16 = 20;
+const IPSET_ATTR_CIDR2: u16 = 21;
+// Attributes inside IP and IP2.
+const IPSET_ATTR_IPADDR_IPV4: u16 = 1;
+const IPSET_ATTR_IPADDR_IPV6: u16 = 2;
+
+const IPSET_ERR_PROTOCOL: i32 = 4097;
+const IPSET_ERR_FIND_TYPE: i32 = 4098;
+const IPSET_ERR_MAX_SETS: i32 = 4099;
+const IPSET_ERR_BUSY: i32 = 4100;
+const IPSET_ERR_EXIST_SETNAME2: i32 = 4101;
+const IPSET_ERR_TYPE_MISMATCH: i32 = 4102;
+const IPSET_ERR_INVALID_CIDR: i32 = 4104;
+const IPSET_ERR_INVALID_FAMILY: i32 = 4106;
+const IPSET_ERR_REFERENCED: i32 = 4108;
+const IPSET_ERR_TYPE_SPECIFIC: i32 = 4352;
+
+const NFPROTO_IPV4: u8 = 2;
+const NFPROTO_IPV6: u8 = 10;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_ACK: u16 = 0x4;
+const NLM_F_DUMP: u16 = 0x300;
+const NLA_F_NESTED: u16 = 0x8000;
+const NLA_F_NET_BYTEORDER: u16 = 0x4000;
+const NLA_TYPE_MASK: u16 = 0x3fff;
+const HEADER_LEN: usize = 16;
+const ENOENT: i32 = 2;
+const EEXIST: i32 = 17;
+/// Members per `sendmsg`: their acknowledgements (one small skb each) must fit the socket's
+/// receive buffer, or the kernel drops the excess and we could not tell which were applied.
+const BATCH: usize = 128;
+
+/// Errors of the ipset handle; each names the set and what was being done to it.
+#[derive(Debug, thiserror::Error)]
+pub enum IpsetError {
+    /// The set name is not one the kernel accepts.
+    #[error("ipset {set:?}: the name must be 1 to 31 bytes without NUL")]
+    BadName { set: String },
+    /// A member's prefix length does not fit its address.
+    #[error("ipset {set}: member {entry}: prefix length out of range")]
+    BadEntry { set: String, entry: String },
+    /// The netlink socket could not be opened or used.
+    #[error("ipset {set}: {what}: netlink socket: {source}")]
+    Socket {
+        set: String,
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The kernel refused a request.
+    #[error("ipset {set}: {what}: kernel error {errno} ({})", describe_errno(*errno))]
+    Kernel {
+        set: String,
+        what: String,
+        errno: i32,
+    },
+}
+
+impl IpsetError {
+    /// The kernel's errno, for a refused request.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Self::Kernel { errno, .. } => Some(*errno),
+            _ => None,
+        }
+    }
+}
+
+/// The module's result type.
+pub type Result<T, E = IpsetError> = std::result::Result<T, E>;
+
+/// What an ipset errno means: the kernel's private codes (4096 and up) have no `strerror`.
+fn describe_errno(errno: i32) -> String {
+    match errno {
+        IPSET_ERR_PROTOCOL => "ipset protocol error".into(),
+        IPSET_ERR_FIND_TYPE => "set type not supported (is ip_set_hash_netnet loaded?)".into(),
+        IPSET_ERR_MAX_SETS => "no room for more sets".into(),
+        IPSET_ERR_BUSY => "set is in use".into(),
+        IPSET_ERR_EXIST_SETNAME2 => {
+            "a set of that name exists with a different type or settings".into()
+        }
+        IPSET_ERR_TYPE_MISMATCH => "set type mismatch".into(),
+        IPSET_ERR_INVALID_CIDR => "invalid prefix length".into(),
+        IPSET_ERR_INVALID_FAMILY => "address family does not match the set".into(),
+        IPSET_ERR_REFERENCED => "set is referenced by a rule".into(),
+        e if e >= IPSET_ERR_TYPE_SPECIFIC => format!("set type error {e} (e.g. set full)"),
+        e => std::io::Error::from_raw_os_error(e).to_string(),
+    }
+}
+
+/// One member of a `hash:net,net` set: a source and a destination network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Entry {
+    pub src: IpAddr,
+    pub src_prefix: u8,
+    pub dst: IpAddr,
+    pub dst_prefix: u8,
+}
+
+impl Entry {
+    /// The hairpin member of one address: `(a/32, a/32)` or `(a/128, a/128)`.
+    pub fn hairpin(addr: IpAddr) -> Self {
+        let p = host_prefix(addr);
+        Self {
+            src: addr,
+            src_prefix: p,
+            dst: addr,
+            dst_prefix: p,
+        }
+    }
+
+    /// The address, if this is the hairpin member of one.
+    pub fn hairpin_addr(&self) -> Option<IpAddr> {
+        (*self == Self::hairpin(self.src)).then_some(self.src)
+    }
+
+    fn is_valid(&self) -> bool {
+        self.src.is_ipv4() == self.dst.is_ipv4()
+            && (1..=host_prefix(self.src)).contains(&self.src_prefix)
+            && (1..=host_prefix(self.dst)).contains(&self.dst_prefix)
+    }
+}
+
+impl std::fmt::Display for Entry {
+    /// As `ipset save` prints it: `10.0.0.1,10.0.0.1` for host members, with `/prefix` otherwise.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let net = |f: &mut std::fmt::Formatter<'_>, a: IpAddr, p: u8| {
+            if p == host_prefix(a) {
+                write!(f, "{a}")
+            } else {
+                write!(f, "{a}/{p}")
+            }
+        };
+        net(f, self.src, self.src_prefix)?;
+        f.write_str(",")?;
+        net(f, self.dst, self.dst_prefix)
+    }
+}
+
+fn host_prefix(a: IpAddr) -> u8 {
+    if a.is_ipv4() { 32 } else { 128 }
+}
+
+fn nfproto(family: Family) -> u8 {
+    match family {
+        Family::V4 => NFPROTO_IPV4,
+        Family::V6 => NFPROTO_IPV6,
+    }
+}
+
+fn check_name(set: &str) -> Result<()> {
+    if set.is_empty() || set.len() >= IPSET_MAXNAMELEN || set.contains('\0') {
+        return Err(IpsetError::BadName {
+            set: set.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// A handle on the kernel's ipsets of this network namespace.
+pub struct Ipset {
+    socket: Socket,
+    seq: u32,
+}
+
+impl std::fmt::Debug for Ipset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ipset").field("seq", &self.seq).finish()
+    }
+}
+
+impl Ipset {
+    /// Opens the netfilter netlink socket.
+    pub fn new() -> Result<Self> {
+        let sock_err = |source| IpsetError::Socket {
+            set: "*".to_owned(),
+            what: "open".to_owned(),
+            source,
+        };
+        let mut socket = Socket::new(NETLINK_NETFILTER).map_err(sock_err)?;
+        socket.bind_auto().map_err(sock_err)?;
+        socket.connect(&SocketAddr::new(0, 0)).map_err(sock_err)?;
+        Ok(Self { socket, seq: 0 })
+    }
+
+    fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1);
+        self.seq
+    }
+
+    /// Creates the `hash:net,net` set `set` for `family` if it is absent. An existing set of that
+    /// name with the same type and settings is fine; any other is an error naming the set.
+    pub fn create(&mut self, set: &str, family: Family) -> Result<()> {
+        check_name(set)?;
+        let seq = self.next_seq();
+        let msg = create_request(seq, set, family);
+        let what = format!("create {SET_TYPE} family {}", nfproto_name(family));
+        match self.request(set, &what, &[msg], &[seq])?.pop() {
+            Some((_, 0)) | None => Ok(()),
+            // `ip_set_create` answers EEXIST when the set of that name differs in type,
+            // family or settings (an identical one is accepted above).
+            Some((_, EEXIST)) => Err(IpsetError::Kernel {
+                set: set.to_owned(),
+                what: format!("{what}: a set of that name exists with another type or settings"),
+                errno: EEXIST,
+            }),
+            Some((_, errno)) => Err(IpsetError::Kernel {
+                set: set.to_owned(),
+                what,
+                errno,
+            }),
+        }
+    }
+
+    /// Destroys the set; `false` if it was absent. A set an iptables rule references cannot be
+    /// destroyed (`IPSET_ERR_BUSY`): remove the rule first.
+    pub fn destroy(&mut self, set: &str) -> Result<bool> {
+        check_name(set)?;
+        // Asked to tell an absent set (with NLM_F_EXCL the kernel answers ENOENT).
+        let seq = self.next_seq();
+        let msg = destroy_request(seq, set);
+        match self.request(set, "destroy", &[msg], &[seq])?.pop() {
+            Some((_, 0)) | None => Ok(true),
+            Some((_, ENOENT)) => Ok(false),
+            Some((_, errno)) => Err(IpsetError::Kernel {
+                set: set.to_owned(),
+                what: "destroy".into(),
+                errno,
+            }),
+        }
+    }
+
+    /// The set's members, or `None` if there is no such set.
+    pub fn list(&mut self, set: &str) -> Result<Option<Vec<Entry>>> {
+        check_name(set)?;
+        let seq = self.next_seq();
+        let sock_err = |source| IpsetError::Socket {
+            set: set.to_owned(),
+            what: "list".into(),
+            source,
+        };
+        self.socket
+            .send(&list_request(seq, set), 0)
+            .map_err(sock_err)?;
+        let mut entries = Vec::new();
+        let mut buf = Vec::with_capacity(1 << 16);
+        loop {
+            buf.clear();
+            self.socket.recv(&mut buf, 0).map_err(sock_err)?;
+            for m in messages(&buf) {
+                if m.seq != seq {
+                    continue;
+                }
+                match m.kind {
+                    NLMSG_DONE => return Ok(Some(entries)),
+                    NLMSG_ERROR => match error_code(m.payload) {
+                        Some(0) | None => {}
+                        Some(ENOENT) => return Ok(None),
+                        Some(errno) => {
+                            return Err(IpsetError::Kernel {
+                                set: set.to_owned(),
+                                what: "list".into(),
+                                errno,
+                            });
+                        }
+                    },
+                    _ => entries.extend(parse_list_message(m.payload)),
+                }
+            }
+        }
+    }
+
+    /// Adds the members (present ones are fine), in batches of one `sendmsg` each.
+    pub fn add(&mut self, set: &str, entries: &[Entry]) -> Result<()> {
+        self.change(set, IPSET_CMD_ADD, "add", entries)
+    }
+
+    /// Deletes the members (absent ones are fine), in batches of one `sendmsg` each.
+    pub fn del(&mut self, set: &str, entries: &[Entry]) -> Result<()> {
+        self.change(set, IPSET_CMD_DEL, "del", entries)
+    }
+
+    fn change(&mut self, set: &str, cmd: u16, verb: &str, entries: &[Entry]) -> Result<()> {
+        check_name(set)?;
+        if let Some(bad) = entries.iter().find(|e| !e.is_valid()) {
+            return Err(IpsetError::BadEntry {
+                set: set.to_owned(),
+                entry: bad.to_string(),
+            });
+        }
+        for chunk in entries.chunks(BATCH) {
+            let mut msgs = Vec::with_capacity(chunk.len());
+            let mut seqs = Vec::with_capacity(chunk.len());
+            for e in chunk {
+                let seq = self.next_seq();
+                msgs.push(member_request(cmd, seq, set, e));
+                seqs.push(seq);
+            }
+            let acks = self.request(set, verb, &msgs, &seqs)?;
+            // The first refusal names its member; the others were still applied or refused
+            // by the kernel on their own.
+            if let Some((seq, errno)) = acks.into_iter().find(|(_, e)| *e != 0) {
+                let entry = seqs
+                    .iter()
+                    .position(|s| *s == seq)
+                    .and_then(|i| chunk.get(i))
+                    .map_or_else(|| "?".to_owned(), Entry::to_string);
+                return Err(IpsetError::Kernel {
+                    set: set.to_owned(),
+                    what: format!("{verb} {entry}"),
+                    errno,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends the messages in one datagram and reads one acknowledgement per sequence number;
+    /// returns (sequence number, errno or 0) for each.
+    fn request(
+        &mut self,
+        set: &str,
+        what: &str,
+        msgs: &[Vec<u8>],
+        seqs: &[u32],
+    ) -> Result<Vec<(u32, i32)>> {
+        let sock_err = |source| IpsetError::Socket {
+            set: set.to_owned(),
+            what: what.to_owned(),
+            source,
+        };
+        self.socket.send(&msgs.concat(), 0).map_err(sock_err)?;
+        let mut acks = Vec::with_capacity(seqs.len());
+        let mut buf = Vec::with_capacity(1 << 16);
+        while acks.len() < seqs.len() {
+            buf.clear();
+            self.socket.recv(&mut buf, 0).map_err(sock_err)?;
+            for m in messages(&buf) {
+                if m.kind == NLMSG_ERROR && seqs.contains(&m.seq) {
+                    acks.push((m.seq, error_code(m.payload).unwrap_or(0)));
+                }
+            }
+        }
+        Ok(acks)
+    }
+}
+
+fn nfproto_name(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "inet",
+        Family::V6 => "inet6",
+    }
+}
+
+fn align4(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+fn put_attr(buf: &mut Vec<u8>, kind: u16, payload: &[u8]) {
+    let len = u16::try_from(4 + payload.len()).unwrap_or(u16::MAX);
+    buf.extend_from_slice(&len.to_ne_bytes());
+    buf.extend_from_slice(&kind.to_ne_bytes());
+    buf.extend_from_slice(payload);
+    buf.resize(align4(buf.len()), 0);
+}
+
+fn put_name(buf: &mut Vec<u8>, kind: u16, name: &str) {
+    let mut s = name.as_bytes().to_vec();
+    s.push(0);
+    put_attr(buf, kind, &s);
+}
+
+/// A nested attribute whose content `inner` writes.
+fn put_nested(buf: &mut Vec<u8>, kind: u16, inner: impl FnOnce(&mut Vec<u8>)) {
+    let mut body = Vec::new();
+    inner(&mut body);
+    put_attr(buf, kind | NLA_F_NESTED, &body);
+}
+
+fn put_addr(buf: &mut Vec<u8>, kind: u16, addr: IpAddr) {
+    put_nested(buf, kind, |b| match addr {
+        IpAddr::V4(a) => put_attr(b, IPSET_ATTR_IPADDR_IPV4 | NLA_F_NET_BYTEORDER, &a.octets()),
+        IpAddr::V6(a) => put_attr(b, IPSET_ATTR_IPADDR_IPV6 | NLA_F_NET_BYTEORDER, &a.octets()),
+    });
+}
+
+/// The netlink and nfgenmsg headers plus the protocol and set name every request starts with.
+fn start(cmd: u16, flags: u16, seq: u32, set: &str) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(96);
+    buf.extend_from_slice(&0u32.to_ne_bytes());
+    buf.extend_from_slice(&((NFNL_SUBSYS_IPSET << 8) | cmd).to_ne_bytes());
+    buf.extend_from_slice(&flags.to_ne_bytes());
+    buf.extend_from_slice(&seq.to_ne_bytes());
+    buf.extend_from_slice(&0u32.to_ne_bytes());
+    // struct nfgenmsg: family (the kernel ignores it for ipset), NFNETLINK_V0, res_id 0.
+    buf.extend_from_slice(&[NFPROTO_IPV4, 0, 0, 0]);
+    put_attr(&mut buf, IPSET_ATTR_PROTOCOL, &[IPSET_PROTOCOL]);
+    put_name(&mut buf, IPSET_ATTR_SETNAME, set);
+    buf
+}
+
+fn finish(mut buf: Vec<u8>) -> Vec<u8> {
+    let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
+    buf[..4].copy_from_slice(&len.to_ne_bytes());
+    buf
+}
+
+/// `IPSET_CMD_CREATE` of a `hash:net,net` set with [`MAX_ELEMENTS`], without `NLM_F_EXCL`.
+fn create_request(seq: u32, set: &str, family: Family) -> Vec<u8> {
+    let mut buf = start(IPSET_CMD_CREATE, NLM_F_REQUEST | NLM_F_ACK, seq, set);
+    put_name(&mut buf, IPSET_ATTR_TYPENAME, SET_TYPE);
+    put_attr(&mut buf, IPSET_ATTR_REVISION, &[SET_REVISION]);
+    put_attr(&mut buf, IPSET_ATTR_FAMILY, &[nfproto(family)]);
+    put_nested(&mut buf, IPSET_ATTR_DATA, |b| {
+        put_attr(
+            b,
+            IPSET_ATTR_MAXELEM | NLA_F_NET_BYTEORDER,
+            &MAX_ELEMENTS.to_be_bytes(),
+        );
+    });
+    finish(buf)
+}
+
+/// `IPSET_CMD_DESTROY` of one set, with `NLM_F_EXCL` so an absent set is told (ENOENT).
+fn destroy_request(seq: u32, set: &str) -> Vec<u8> {
+    const NLM_F_EXCL: u16 = 0x200;
+    finish(start(
+        IPSET_CMD_DESTROY,
+        NLM_F_REQUEST | NLM_F_ACK | NLM_F_EXCL,
+        seq,
+        set,
+    ))
+}
+
+/// `IPSET_CMD_LIST` dump of one set.
+fn list_request(seq: u32, set: &str) -> Vec<u8> {
+    finish(start(IPSET_CMD_LIST, NLM_F_REQUEST | NLM_F_DUMP, seq, set))
+}
+
+/// `IPSET_CMD_ADD` or `IPSET_CMD_DEL` of one member, without `NLM_F_EXCL`.
+fn member_request(cmd: u16, seq: u32, set: &str, e: &Entry) -> Vec<u8> {
+    let mut buf = start(cmd, NLM_F_REQUEST | NLM_F_ACK, seq, set);
+    put_nested(&mut buf, IPSET_ATTR_DATA, |b| {
+        put_addr(b, IPSET_ATTR_IP, e.src);
+        put_addr(b, IPSET_ATTR_IP2, e.dst);
+        put_attr(b, IPSET_ATTR_CIDR, &[e.src_prefix]);
+        put_attr(b, IPSET_ATTR_CIDR2, &[e.dst_prefix]);
+    });
+    finish(buf)
+}
+
+/// A netlink message in a datagram.
+struct Message<'a> {
+    kind: u16,
+    seq: u32,
+    /// What follows the 16-byte header.
+    payload: &'a [u8],
+}
+
+/// The netlink messages in a datagram; a truncated tail is dropped.
+fn messages(buf: &[u8]) -> Vec<Message<'_>> {
+    let mut out = Vec::new();
+    let mut rest = buf;
+    while rest.len() >= HEADER_LEN {
+        let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        let kind = u16::from_ne_bytes([rest[4], rest[5]]);
+        let seq = u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]);
+        if len < HEADER_LEN || len > rest.len() {
+            break;
+        }
+        out.push(Message {
+            kind,
+            seq,
+            payload: &rest[HEADER_LEN..len],
+        });
+        rest = &rest[align4(len).min(rest.len())..];
+    }
+    out
+}
+
+/// The errno of an `NLMSG_ERROR` payload (0 for an acknowledgement), made positive.
+fn error_code(payload: &[u8]) -> Option<i32> {
+    let b = payload.get(..4)?;
+    Some(i32::from_ne_bytes([b[0], b[1], b[2], b[3]]).saturating_abs())
+}
+
+/// The attributes in `buf` as (type without flags, payload).
+fn attrs(buf: &[u8]) -> Vec<(u16, &[u8])> {
+    let mut out = Vec::new();
+    let mut rest = buf;
+    while rest.len() >= 4 {
+        let len = u16::from_ne_bytes([rest[0], rest[1]]) as usize;
+        let kind = u16::from_ne_bytes([rest[2], rest[3]]) & NLA_TYPE_MASK;
+        if len < 4 || len > rest.len() {
+            break;
+        }
+        out.push((kind, &rest[4..len]));
+        rest = &rest[align4(len).min(rest.len())..];
+    }
+    out
+}
+
+fn parse_addr(nested: &[u8]) -> Option<IpAddr> {
+    attrs(nested)
+        .into_iter()
+        .find_map(|(k, p)| match (k, p.len()) {
+            (IPSET_ATTR_IPADDR_IPV4, 4) => Some(IpAddr::V4(Ipv4Addr::new(p[0], p[1], p[2], p[3]))),
+            (IPSET_ATTR_IPADDR_IPV6, 16) => {
+                let mut o = [0u8; 16];
+                o.copy_from_slice(p);
+                Some(IpAddr::V6(Ipv6Addr::from(o)))
+            }
+            _ => None,
+        })
+}
+
+/// One member from the attributes of a `DATA` container; `None` without both addresses.
+/// Missing prefix lengths are host prefixes (the kernel's default).
+fn parse_member(data: &[u8]) -> Option<Entry> {
+    let (mut src, mut dst, mut sp, mut dp) = (None, None, None, None);
+    for (k, p) in attrs(data) {
+        match (k, p) {
+            (IPSET_ATTR_IP, _) => src = parse_addr(p),
+            (IPSET_ATTR_IP2, _) => dst = parse_addr(p),
+            (IPSET_ATTR_CIDR, [c, ..]) => sp = Some(*c),
+            (IPSET_ATTR_CIDR2, [c, ..]) => dp = Some(*c),
+            _ => {}
+        }
+    }
+    let (src, dst) = (src?, dst?);
+    Some(Entry {
+        src,
+        src_prefix: sp.unwrap_or_else(|| host_prefix(src)),
+        dst,
+        dst_prefix: dp.unwrap_or_else(|| host_prefix(dst)),
+    })
+}
+
+/// The members in one `IPSET_CMD_LIST` dump message's payload (nfgenmsg and attributes): those
+/// of its `ADT` container. The first message of a set also carries its header (type, family,
+/// `DATA` with sizes), which is skipped, as are unknown attributes.
+fn parse_list_message(payload: &[u8]) -> Vec<Entry> {
+    let Some(body) = payload.get(4..) else {
+        return Vec::new();
+    };
+    attrs(body)
+        .into_iter()
+        .filter(|(k, _)| *k == IPSET_ATTR_ADT)
+        .flat_map(|(_, adt)| attrs(adt))
+        .filter(|(k, _)| *k == IPSET_ATTR_DATA)
+        .filter_map(|(_, data)| parse_member(data))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("literal")
+    }
+
+    /// Bytes as the kernel reads them on this (little-endian) machine, written by hand from
+    /// `struct nlmsghdr`, `struct nfgenmsg` and `struct nlattr`.
+    fn le16(v: u16) -> [u8; 2] {
+        v.to_le_bytes()
+    }
+
+    #[cfg(target_endian = "little")]
+    #[test]
+    fn create_request_bytes() {
+        let got = create_request(7, "KUBE-IPVS-HAIRPIN", Family::V4);
+        let mut want: Vec<u8> = Vec::new();
+        // nlmsghdr: length 100, type IPSET (6) << 8 | CREATE (2), REQUEST|ACK, seq 7, pid 0.
+        want.extend([100, 0, 0, 0, 0x02, 0x06, 0x05, 0x00, 7, 0, 0, 0, 0, 0, 0, 0]);
+        // nfgenmsg: AF_INET, version 0, res_id 0.
+        want.extend([2, 0, 0, 0]);
+        // PROTOCOL (1) u8 6, padded.
+        want.extend([5, 0, 1, 0, 6, 0, 0, 0]);
+        // SETNAME (2) "KUBE-IPVS-HAIRPIN\0": 4 + 18 = 22, padded to 24.
+        want.extend([22, 0, 2, 0]);
+        want.extend(b"KUBE-IPVS-HAIRPIN\0\0\0");
+        // TYPENAME (3) "hash:net,net\0": 4 + 13 = 17, padded to 20.
+        want.extend([17, 0, 3, 0]);
+        want.extend(b"hash:net,net\0\0\0\0");
+        // REVISION (4) u8 0, FAMILY (5) u8 NFPROTO_IPV4.
+        want.extend([5, 0, 4, 0, 0, 0, 0, 0]);
+        want.extend([5, 0, 5, 0, 2, 0, 0, 0]);
+        // DATA (7 | NESTED) holding MAXELEM (19 | NET_BYTEORDER) = 1 << 20, big-endian.
+        want.extend([12, 0, 7, 0x80, 8, 0, 19, 0x40, 0x00, 0x10, 0x00, 0x00]);
+        assert_eq!(want.len(), 100);
+        assert_eq!(got, want);
+        // The IPv6 set differs in the name and the family only.
+        let v6 = create_request(7, "KUBE-IPVS-HAIRPIN6", Family::V6);
+        assert_eq!(v6[16 + 4 + 8 + 24 + 20 + 8 + 4], NFPROTO_IPV6);
+    }
+
+    #[cfg(target_endian = "little")]
+    #[test]
+    fn add_request_bytes() {
+        let got = member_request(IPSET_CMD_ADD, 3, "S", &Entry::hairpin(ip("10.244.1.5")));
+        let mut want: Vec<u8> = Vec::new();
+        want.extend([80, 0, 0, 0, 0x09, 0x06, 0x05, 0x00, 3, 0, 0, 0, 0, 0, 0, 0]);
+        want.extend([2, 0, 0, 0]);
+        want.extend([5, 0, 1, 0, 6, 0, 0, 0]);
+        // SETNAME "S\0": 6, padded to 8.
+        want.extend([6, 0, 2, 0, b'S', 0, 0, 0]);
+        // DATA (7 | NESTED): 4 + IP 12 + IP2 12 + CIDR 8 + CIDR2 8 = 44.
+        want.extend([44, 0, 7, 0x80]);
+        // IP (1 | NESTED) { IPADDR_IPV4 (1 | NET_BYTEORDER) 10.244.1.5 }.
+        want.extend([12, 0, 1, 0x80, 8, 0, 1, 0x40, 10, 244, 1, 5]);
+        // IP2 (20 | NESTED) { the same address }.
+        want.extend([12, 0, 20, 0x80, 8, 0, 1, 0x40, 10, 244, 1, 5]);
+        // CIDR (3) 32, CIDR2 (21) 32.
+        want.extend([5, 0, 3, 0, 32, 0, 0, 0]);
+        want.extend([5, 0, 21, 0, 32, 0, 0, 0]);
+        assert_eq!(got, want);
+
+        let del = member_request(IPSET_CMD_DEL, 4, "S", &Entry::hairpin(ip("fd00::5")));
+        assert_eq!(&del[4..6], &le16(0x060a));
+        // IPv6: IP { IPADDR_IPV6 (2 | NET_BYTEORDER), 16 bytes } and prefix 128.
+        let ip_attr = &del[40..64];
+        assert_eq!(&ip_attr[..8], &[24, 0, 1, 0x80, 20, 0, 2, 0x40]);
+        assert_eq!(&ip_attr[8..12], &[0xfd, 0, 0, 0]);
+        assert_eq!(ip_attr[23], 5);
+        assert_eq!(&del[del.len() - 8..], &[5, 0, 21, 0, 128, 0, 0, 0]);
+    }
+
+    #[cfg(target_endian = "little")]
+    #[test]
+    fn list_and_destroy_request_bytes() {
+        let list = list_request(9, "S");
+        assert_eq!(
+            list,
+            [
+                vec![36, 0, 0, 0, 0x07, 0x06, 0x01, 0x03, 9, 0, 0, 0, 0, 0, 0, 0],
+                vec![
+                    2, 0, 0, 0, 5, 0, 1, 0, 6, 0, 0, 0, 6, 0, 2, 0, b'S', 0, 0, 0
+                ],
+            ]
+            .concat()
+        );
+        let destroy = destroy_request(1, "S");
+        // DESTROY (3), REQUEST|ACK|EXCL.
+        assert_eq!(&destroy[4..8], &[0x03, 0x06, 0x05, 0x02]);
+        assert_eq!(&destroy[16..], &list[16..]);
+    }
+
+    /// A dump message as `ip_set_dump_do` lays it out: the set header, then an `ADT` container
+    /// of `DATA` members (`hash_netnet4_data_list`), with attributes we do not read.
+    fn dump_payload(members: &[Entry]) -> Vec<u8> {
+        let mut b = vec![NFPROTO_IPV4, 0, 0, 0];
+        put_attr(&mut b, IPSET_ATTR_PROTOCOL, &[7]);
+        put_name(&mut b, IPSET_ATTR_SETNAME, SET_V4);
+        put_name(&mut b, IPSET_ATTR_TYPENAME, SET_TYPE);
+        put_attr(&mut b, IPSET_ATTR_REVISION, &[0]);
+        put_attr(&mut b, IPSET_ATTR_FAMILY, &[NFPROTO_IPV4]);
+        put_attr(&mut b, 11, &1u16.to_be_bytes());
+        put_nested(&mut b, IPSET_ATTR_DATA, |d| {
+            put_attr(d, 18 | NLA_F_NET_BYTEORDER, &1024u32.to_be_bytes());
+            put_attr(d, 19 | NLA_F_NET_BYTEORDER, &MAX_ELEMENTS.to_be_bytes());
+        });
+        put_nested(&mut b, IPSET_ATTR_ADT, |adt| {
+            for e in members {
+                put_nested(adt, IPSET_ATTR_DATA, |d| {
+                    put_addr(d, IPSET_ATTR_IP, e.src);
+                    put_addr(d, IPSET_ATTR_IP2, e.dst);
+                    put_attr(d, IPSET_ATTR_CIDR, &[e.src_prefix]);
+                    put_attr(d, IPSET_ATTR_CIDR2, &[e.dst_prefix]);
+                    put_attr(d, 8 | NLA_F_NET_BYTEORDER, &0u32.to_be_bytes());
+                });
+            }
+        });
+        b
+    }
+
+    #[test]
+    fn parses_members_of_a_dump_message() {
+        let members = [
+            Entry::hairpin(ip("10.244.1.5")),
+            Entry {
+                src: ip("10.0.0.0"),
+                src_prefix: 8,
+                dst: ip("10.0.0.1"),
+                dst_prefix: 32,
+            },
+            Entry::hairpin(ip("fd00::5")),
+        ];
+        let got = parse_list_message(&dump_payload(&members));
+        assert_eq!(got, members);
+        assert_eq!(got[0].hairpin_addr(), Some(ip("10.244.1.5")));
+        assert_eq!(got[1].hairpin_addr(), None, "not a hairpin member");
+        assert_eq!(got[1].to_string(), "10.0.0.0/8,10.0.0.1");
+        assert_eq!(got[2].to_string(), "fd00::5,fd00::5");
+    }
+
+    #[test]
+    fn a_member_without_prefixes_is_a_host_member() {
+        let mut d = Vec::new();
+        put_addr(&mut d, IPSET_ATTR_IP, ip("10.0.0.9"));
+        put_addr(&mut d, IPSET_ATTR_IP2, ip("10.0.0.9"));
+        assert_eq!(parse_member(&d), Some(Entry::hairpin(ip("10.0.0.9"))));
+        let mut only_one = Vec::new();
+        put_addr(&mut only_one, IPSET_ATTR_IP, ip("10.0.0.9"));
+        assert_eq!(parse_member(&only_one), None);
+    }
+
+    #[test]
+    fn truncated_dump_is_fewer_members_not_a_panic() {
+        let payload = dump_payload(&[Entry::hairpin(ip("10.244.1.5"))]);
+        for cut in 0..payload.len() {
+            let _ = parse_list_message(&payload[..cut]);
+            let _ = messages(&payload[..cut]);
+        }
+        assert!(parse_list_message(&payload[..payload.len() - 1]).is_empty());
+    }
+
+    #[test]
+    fn acks_are_read_with_their_sequence_numbers() {
+        // Two NLMSG_ERROR messages: an acknowledgement for seq 5 and IPSET_ERR_EXIST_SETNAME2
+        // for seq 6, each echoing the request header.
+        let ack = |seq: u32, err: i32| {
+            let mut m = Vec::new();
+            m.extend(36u32.to_ne_bytes());
+            m.extend(NLMSG_ERROR.to_ne_bytes());
+            m.extend(0u16.to_ne_bytes());
+            m.extend(seq.to_ne_bytes());
+            m.extend(0u32.to_ne_bytes());
+            m.extend((-err).to_ne_bytes());
+            m.extend([0u8; 16]);
+            m
+        };
+        let buf = [ack(5, 0), ack(6, IPSET_ERR_EXIST_SETNAME2)].concat();
+        let got: Vec<(u32, Option<i32>)> = messages(&buf)
+            .iter()
+            .map(|m| (m.seq, error_code(m.payload)))
+            .collect();
+        assert_eq!(got, [(5, Some(0)), (6, Some(IPSET_ERR_EXIST_SETNAME2))]);
+    }
+
+    #[test]
+    fn errors_name_the_set_and_the_member() {
+        let e = IpsetError::Kernel {
+            set: SET_V4.into(),
+            what: format!("add {}", Entry::hairpin(ip("10.244.1.5"))),
+            errno: IPSET_ERR_EXIST_SETNAME2,
+        };
+        assert_eq!(
+            e.to_string(),
+            "ipset KUBE-IPVS-HAIRPIN: add 10.244.1.5,10.244.1.5: kernel error 4101 \
+             (a set of that name exists with a different type or settings)"
+        );
+        assert!(check_name("").is_err());
+        assert!(check_name(&"X".repeat(32)).is_err());
+        assert!(check_name(SET_V6).is_ok());
+        let bad = Entry {
+            src_prefix: 33,
+            ..Entry::hairpin(ip("10.0.0.1"))
+        };
+        assert!(!bad.is_valid());
+        let mixed = Entry {
+            dst: ip("fd00::1"),
+            ..Entry::hairpin(ip("10.0.0.1"))
+        };
+        assert!(!mixed.is_valid());
+    }
+}

@@ -1,0 +1,159 @@
+//! Kernel tests (run in the VM by `cargo xtask vm-test kube-ipvs/kernel_ipset`) of the ipset
+//! handle against the real kernel, cross-checked with the real `ipset` binary: a set our code
+//! creates is listed by `ipset save` with its type, family and members; members `ipset add`
+//! writes are read back by our dump; create, add and delete are idempotent; destroy removes the
+//! set and an absent one is not an error.
+//!
+//! Each test runs in its own network namespace, so it starts with no sets.
+#![cfg(feature = "kernel-tests")]
+
+use std::net::IpAddr;
+use std::process::Command;
+
+use kube_ipvs::ipset::{Entry, Ipset, SET_TYPE, SET_V4, SET_V6};
+use kube_ipvs::masquerade::Family;
+
+const IPSET: &str = "/usr/sbin/ipset";
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("literal")
+}
+
+/// Runs the `ipset` binary with fixed arguments; its stdout, asserting success.
+fn ipset(args: &[&str]) -> String {
+    let out = Command::new(IPSET)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {IPSET} {args:?}: {e}"));
+    println!(
+        "$ ipset {}\n{}{}(exit {:?})",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        out.status.code()
+    );
+    assert!(out.status.success(), "ipset {args:?} failed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `ipset save SET` lines: the create line and one add line per member, sorted.
+fn saved(set: &str) -> Vec<String> {
+    let mut lines: Vec<String> = ipset(&["save", set]).lines().map(str::to_owned).collect();
+    lines.sort();
+    lines
+}
+
+fn members(h: &mut Ipset, set: &str) -> Vec<Entry> {
+    let mut m = h.list(set).expect("list").expect("the set exists");
+    m.sort();
+    m
+}
+
+#[test]
+fn create_add_del_list_destroy_agree_with_the_ipset_binary() {
+    let mut h = Ipset::new().expect("netlink");
+    assert_eq!(h.list(SET_V4).expect("list"), None, "no set yet");
+    h.create(SET_V4, Family::V4).expect("create");
+    h.create(SET_V4, Family::V4).expect("create again is fine");
+    h.create(SET_V6, Family::V6).expect("create v6");
+    assert_eq!(members(&mut h, SET_V4), []);
+
+    let a = Entry::hairpin(ip("10.244.1.5"));
+    let b = Entry::hairpin(ip("10.244.1.6"));
+    h.add(SET_V4, &[a, b]).expect("add");
+    h.add(SET_V4, &[a])
+        .expect("adding a present member is fine");
+    assert_eq!(members(&mut h, SET_V4), [a, b]);
+    let save = saved(SET_V4);
+    assert!(
+        save.iter().any(
+            |l| l.starts_with(&format!("create {SET_V4} {SET_TYPE} family inet "))
+                && l.contains("maxelem 1048576")
+        ),
+        "{save:?}"
+    );
+    assert!(
+        save.contains(&format!("add {SET_V4} 10.244.1.5,10.244.1.5")),
+        "{save:?}"
+    );
+    assert!(
+        save.contains(&format!("add {SET_V4} 10.244.1.6,10.244.1.6")),
+        "{save:?}"
+    );
+
+    // What the binary adds, our dump reads, including a member that is not a hairpin one.
+    ipset(&["add", SET_V4, "10.244.2.7,10.244.2.7"]);
+    ipset(&["add", SET_V4, "10.0.0.0/8,10.244.2.7"]);
+    let m = members(&mut h, SET_V4);
+    assert!(m.contains(&Entry::hairpin(ip("10.244.2.7"))), "{m:?}");
+    assert!(
+        m.contains(&Entry {
+            src: ip("10.0.0.0"),
+            src_prefix: 8,
+            dst: ip("10.244.2.7"),
+            dst_prefix: 32,
+        }),
+        "{m:?}"
+    );
+    assert_eq!(m.len(), 4);
+
+    h.del(SET_V4, &[a]).expect("del");
+    h.del(SET_V4, &[a])
+        .expect("deleting an absent member is fine");
+    let m = members(&mut h, SET_V4);
+    assert!(!m.contains(&a) && m.contains(&b), "{m:?}");
+
+    // IPv6.
+    let c = Entry::hairpin(ip("fd00:10:244::5"));
+    h.add(SET_V6, &[c]).expect("add v6");
+    assert_eq!(members(&mut h, SET_V6), [c]);
+    let save6 = saved(SET_V6);
+    assert!(
+        save6
+            .iter()
+            .any(|l| l.starts_with(&format!("create {SET_V6} {SET_TYPE} family inet6 "))),
+        "{save6:?}"
+    );
+    assert!(
+        save6.contains(&format!("add {SET_V6} fd00:10:244::5,fd00:10:244::5")),
+        "{save6:?}"
+    );
+    // An IPv4 member in the IPv6 set is refused, with the set and member named.
+    let e = h
+        .add(SET_V6, &[Entry::hairpin(ip("10.1.1.1"))])
+        .expect_err("family mismatch");
+    assert!(e.to_string().contains(SET_V6), "{e}");
+    assert!(e.to_string().contains("10.1.1.1,10.1.1.1"), "{e}");
+
+    assert!(h.destroy(SET_V4).expect("destroy"));
+    assert!(!h.destroy(SET_V4).expect("destroying an absent set is fine"));
+    assert_eq!(h.list(SET_V4).expect("list"), None);
+    assert!(h.destroy(SET_V6).expect("destroy v6"));
+    assert_eq!(ipset(&["list", "-n"]).trim(), "");
+}
+
+#[test]
+fn many_members_in_batches_and_a_set_of_another_type_is_an_error() {
+    let mut h = Ipset::new().expect("netlink");
+    h.create(SET_V4, Family::V4).expect("create");
+    // More members than one batch and than the kernel's default maxelem of one batch's acks.
+    let all: Vec<Entry> = (0..3000u32)
+        .map(|i| Entry::hairpin(IpAddr::V4(std::net::Ipv4Addr::from(0x0af4_0000 + i))))
+        .collect();
+    h.add(SET_V4, &all).expect("add 3000");
+    let mut want = all.clone();
+    want.sort();
+    assert_eq!(members(&mut h, SET_V4), want);
+    let listed = ipset(&["list", SET_V4]);
+    assert!(listed.contains("Number of entries: 3000"), "{listed}");
+    h.del(SET_V4, &all[..2990]).expect("del");
+    assert_eq!(members(&mut h, SET_V4), want[2990..]);
+    assert!(h.destroy(SET_V4).expect("destroy"));
+
+    // A set of our name but another type: create says so, naming the set.
+    ipset(&["create", SET_V4, "hash:ip"]);
+    let e = h.create(SET_V4, Family::V4).expect_err("another type");
+    assert_eq!(e.errno(), Some(17), "{e}");
+    assert!(e.to_string().contains(SET_V4), "{e}");
+    assert!(e.to_string().contains("another type"), "{e}");
+}
