@@ -24,11 +24,17 @@
 //! `(node IP, Local-policy NodePort)` pair and one per Local-policy external or load-balancer IP
 //! (such Services must keep the client's address, and the `ipvs` match cannot see a Service's
 //! policy) and, with [`Hairpin::Endpoints`], one per local
-//! endpoint. Hairpin is the one case with no exact constant-size form: "source equals
-//! destination" is not an iptables match. [`Hairpin::LocalPodCidrs`] is constant-size and
-//! masquerades all Service traffic between two Pods of this node (a superset of hairpin: such
-//! connections lose the client Pod's address); [`Hairpin::Endpoints`] is exact and costs one rule
-//! per local endpoint (what kube-proxy's `KUBE-LOOP-BACK` ipset holds).
+//! endpoint. "Source equals destination" is not an iptables match, so exact hairpin needs the
+//! local endpoints somewhere: [`Hairpin::Set`] is one rule per family matching the ipsets
+//! [`crate::ipset::SET_V4`] / [`crate::ipset::SET_V6`] (`src,dst` against `hash:net,net`
+//! members `(a, a)`, kube-proxy's `KUBE-LOOP-BACK` idea), whose members the caller keeps over
+//! netlink; [`Hairpin::Endpoints`] is the fallback without ipset support and costs one rule per
+//! local endpoint. [`Hairpin::LocalPodCidrs`] is constant-size without any set and masquerades all
+//! Service traffic between two Pods of this node (a superset of hairpin: such connections lose
+//! the client Pod's address).
+//!
+//! The sets must exist before `iptables-restore` references them, and outlive the rules:
+//! [`cleanup_hairpin_sets`] destroys them only after the rules are gone.
 //!
 //! The `ipvs` match needs IPVS to keep conntrack entries (`net.ipv4.vs.conntrack = 1`, per
 //! network namespace); [`Masquerade::ensure`] sets it.
@@ -171,6 +177,10 @@ pub enum Hairpin {
     /// addresses (this node's endpoints). Exact; one rule per address, so the caller re-runs
     /// [`Masquerade::ensure`] when local endpoints change.
     Endpoints(Vec<IpAddr>),
+    /// Masquerade Service traffic whose (source, destination) is a member of the family's
+    /// hairpin set ([`crate::ipset::set_name`]). Exact and one rule per family; the caller
+    /// creates the sets first and keeps their members (this node's endpoints) itself.
+    Set,
 }
 
 /// A NodePort whose Service has `externalTrafficPolicy: Local`: its traffic keeps the client's
@@ -326,6 +336,40 @@ pub fn cleanup_everywhere(bin_dir: Option<&Path>) -> Result<Vec<Removed>> {
     Ok(removed)
 }
 
+/// Destroys the hairpin ipsets that exist; run after the rules referencing them are gone (the
+/// kernel refuses to destroy a referenced set). Returns the names destroyed. A kernel without
+/// ipset support has no sets, which is not an error.
+pub fn cleanup_hairpin_sets() -> std::result::Result<Vec<&'static str>, crate::ipset::IpsetError> {
+    // EPROTONOSUPPORT / EOPNOTSUPP: nfnetlink has no ipset subsystem (ip_set not loaded).
+    let no_ipset = |e: &crate::ipset::IpsetError| matches!(e.errno(), Some(93 | 95));
+    let mut sets = match crate::ipset::Ipset::new() {
+        Ok(s) => s,
+        Err(e) if no_ipset(&e) => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut removed = Vec::new();
+    for name in [crate::ipset::SET_V4, crate::ipset::SET_V6] {
+        match sets.destroy(name) {
+            Ok(true) => removed.push(name),
+            Ok(false) => {}
+            Err(e) if no_ipset(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(removed)
+}
+
+/// The hairpin ipsets that exist (for `cleanup --dry-run`); none without ipset support.
+pub fn hairpin_sets_present() -> Vec<&'static str> {
+    let Ok(mut sets) = crate::ipset::Ipset::new() else {
+        return Vec::new();
+    };
+    [crate::ipset::SET_V4, crate::ipset::SET_V6]
+        .into_iter()
+        .filter(|name| matches!(sets.list(name), Ok(Some(_))))
+        .collect()
+}
+
 fn cleanup_family(bin_dir: Option<&Path>, backend: Backend, family: Family) -> Result<Removed> {
     let save = run_tool(
         &tool_path(bin_dir, backend, family, "-save"),
@@ -401,7 +445,7 @@ fn validate(config: &Config) -> Result<()> {
     }
     for ip in config.node_ips.iter().chain(match &config.hairpin {
         Hairpin::Endpoints(eps) => eps.as_slice(),
-        Hairpin::LocalPodCidrs(_) => &[],
+        Hairpin::LocalPodCidrs(_) | Hairpin::Set => &[],
     }) {
         if ip.is_unspecified() || ip.is_multicast() {
             return bad(format!("address {ip} is not a unicast address"));
@@ -501,6 +545,13 @@ pub fn restore_input(config: &Config, family: Family, add_jump: bool) -> Result<
                     "-A {MASQ_CHAIN} -s {h} -d {h} -m comment --comment \"hairpin\" {mark_it}"
                 );
             }
+        }
+        Hairpin::Set => {
+            let set = crate::ipset::set_name(family);
+            let _ = writeln!(
+                r,
+                "-A {MASQ_CHAIN} -m set --match-set {set} src,dst -m comment --comment \"hairpin\" {mark_it}"
+            );
         }
     }
     for v in config
@@ -728,6 +779,36 @@ mod tests {
             &"-A KUBE-IPVS-MASQ -s fd00::5/128 -d fd00::5/128 -m comment --comment \"hairpin\" -j MARK --or-mark 0x4000".to_owned()
         ));
         assert!(!r.iter().any(|l| l.contains("10.244.1.5")));
+    }
+
+    #[test]
+    fn hairpin_set_is_one_rule_per_family_in_the_hairpin_position() {
+        let config = Config {
+            families: vec![Family::V4, Family::V6],
+            cluster_cidrs: vec![cidr("10.244.0.0/16")],
+            hairpin: Hairpin::Set,
+            ..Config::default()
+        };
+        let masq = |family| -> Vec<String> {
+            rules(&config, family)
+                .into_iter()
+                .filter(|l| l.starts_with("-A KUBE-IPVS-MASQ "))
+                .collect()
+        };
+        assert_eq!(
+            masq(Family::V4),
+            [
+                "-A KUBE-IPVS-MASQ -m set --match-set KUBE-IPVS-HAIRPIN src,dst -m comment --comment \"hairpin\" -j MARK --or-mark 0x4000",
+                "-A KUBE-IPVS-MASQ -s 10.244.0.0/16 -j RETURN",
+                "-A KUBE-IPVS-MASQ -m comment --comment \"outside cluster-cidr\" -j MARK --or-mark 0x4000",
+            ]
+        );
+        assert_eq!(
+            masq(Family::V6),
+            [
+                "-A KUBE-IPVS-MASQ -m set --match-set KUBE-IPVS-HAIRPIN6 src,dst -m comment --comment \"hairpin\" -j MARK --or-mark 0x4000"
+            ]
+        );
     }
 
     #[test]

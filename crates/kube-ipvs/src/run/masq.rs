@@ -10,8 +10,16 @@
 //! recommends. It also masquerades Service traffic between two different Pods of this node (a
 //! superset of hairpin), which then loses the client Pod's address. Without the flag the node's
 //! Pod CIDR is unknown (the Node object's `spec.podCIDRs` is not part of the desired state), so
-//! hairpin falls back to the exact [`Hairpin::Endpoints`]: one rule per endpoint on this node,
-//! re-applied when that set changes.
+//! hairpin is exact: [`Hairpin::Set`], one rule per family matching an ipset whose members are
+//! this node's endpoint addresses ([`crate::ipset`]). The rules then do not depend on the
+//! endpoints at all; the members are kept over netlink from a reference count per address (an
+//! address can be an endpoint of several Services), maintained from the per-Service
+//! contributions, so a change to one Service's endpoints costs a few netlink messages on the
+//! caller's thread and no `iptables-restore`. Forced applies make each set exactly the wanted
+//! members (dump, compare, add/delete), which repairs someone flushing it, before the rules are
+//! ensured. If the sets cannot be created at startup (no `ip_set` / `ip_set_hash_netnet`),
+//! hairpin falls back to [`Hairpin::Endpoints`]: one rule per endpoint on this node, re-applied
+//! when they change.
 //!
 //! The rules are applied after the startup sync, at every full reconcile (which repairs
 //! someone deleting them), and whenever what they are built from changes. A failure is logged
@@ -27,11 +35,12 @@
 //! they keep their order with the changes before them and report their own errors. An error of
 //! a background apply is reported by the next call, which treats the rules as not applied.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 
 use kube_ipvs_diff::{Cidr, Inputs, Protocol, ServiceKind, ServiceName, TrafficPolicy};
 
+use crate::ipset::{self, Entry};
 use crate::masquerade::{self, Backend, Family, Hairpin, LocalNodePort, LocalVirtualServer};
 
 /// What one Service contributes to the rules.
@@ -86,6 +95,9 @@ fn contribution(name: &ServiceName, inputs: &Inputs) -> Contribution {
         .filter(|e| e.node_name.as_deref() == Some(node))
         .map(|e| e.addr)
         .collect();
+    // Each address counts once per Service, however many slices or ports list it.
+    c.local_endpoints.sort_unstable();
+    c.local_endpoints.dedup();
     c
 }
 
@@ -96,7 +108,12 @@ pub struct Wanted {
     node_ips: Vec<IpAddr>,
     node_ports: Vec<(Protocol, u16)>,
     virtual_servers: Vec<(IpAddr, Protocol, u16)>,
+    /// The local endpoints, when they are rules ([`Hairpin::Endpoints`]).
     local_endpoints: Vec<IpAddr>,
+    /// Hairpin through the sets ([`Hairpin::Set`]): the endpoints are not in the rules.
+    hairpin_set: bool,
+    /// Whether an IPv6 address is in the hairpin set (the IPv6 rules are then needed).
+    hairpin_v6: bool,
 }
 
 /// The node's NodePort addresses, as [`Wanted`] holds them.
@@ -133,6 +150,15 @@ pub struct LocalSets {
     /// Whether a contribution changed since [`LocalSets::wanted`] last ran: without that, an
     /// incremental sync does not rebuild the whole rule input (a walk over every Service).
     changed: bool,
+    /// Hairpin through the sets: local endpoints are counted here, not put in the rules.
+    in_set: bool,
+    /// In set mode, how many Services have each local endpoint address.
+    refs: HashMap<IpAddr, u32>,
+    /// In set mode, how many addresses in `refs` are IPv6.
+    v6_refs: usize,
+    /// In set mode, addresses whose count went from or to zero since the sets were last
+    /// changed: the delta to apply.
+    dirty: HashSet<IpAddr>,
 }
 
 impl LocalSets {
@@ -148,17 +174,70 @@ impl LocalSets {
                 self.by_service.remove(name)
             } else {
                 self.by_service.insert(name.clone(), c.clone())
-            };
-            if old.unwrap_or_default() != c {
+            }
+            .unwrap_or_default();
+            if old == c {
+                continue;
+            }
+            if !self.in_set {
+                self.changed = true;
+                continue;
+            }
+            // In set mode an endpoint change is a set delta, not a rules change.
+            if old.node_ports != c.node_ports || old.virtual_servers != c.virtual_servers {
                 self.changed = true;
             }
+            if old.local_endpoints != c.local_endpoints {
+                let had_v6 = self.v6_refs > 0;
+                for a in &old.local_endpoints {
+                    self.release(*a);
+                }
+                for a in &c.local_endpoints {
+                    self.hold(*a);
+                }
+                if had_v6 != (self.v6_refs > 0) {
+                    self.changed = true;
+                }
+            }
         }
+    }
+
+    fn hold(&mut self, a: IpAddr) {
+        let n = self.refs.entry(a).or_insert(0);
+        *n += 1;
+        if *n == 1 {
+            self.dirty.insert(a);
+            if a.is_ipv6() {
+                self.v6_refs += 1;
+            }
+        }
+    }
+
+    fn release(&mut self, a: IpAddr) {
+        if let Some(n) = self.refs.get_mut(&a) {
+            *n -= 1;
+            if *n == 0 {
+                self.refs.remove(&a);
+                self.dirty.insert(a);
+                if a.is_ipv6() {
+                    self.v6_refs -= 1;
+                }
+            }
+        }
+    }
+
+    /// The addresses the hairpin sets must hold now (set mode).
+    pub fn hairpin_members(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.refs.keys().copied()
     }
 
     /// Recomputes every Service (after a Node change: the node name decides what is local).
     pub fn update_all(&mut self, inputs: &Inputs) {
         self.by_service.clear();
         self.changed = true;
+        let old: Vec<IpAddr> = self.refs.drain().map(|(a, _)| a).collect();
+        self.dirty.extend(old);
+        self.v6_refs = 0;
         let names: Vec<ServiceName> = inputs.service_names().cloned().collect();
         self.update(&names, inputs);
     }
@@ -166,14 +245,17 @@ impl LocalSets {
     /// What the rules need now, with the node's NodePort addresses from `inputs`.
     pub fn wanted(&mut self, inputs: &Inputs, fixed: &Fixed) -> Wanted {
         self.changed = false;
+        let in_set = self.in_set && fixed.node_pod_cidrs.is_empty();
         let mut w = Wanted {
             node_ips: node_ips(inputs),
+            hairpin_set: in_set,
+            hairpin_v6: in_set && self.v6_refs > 0,
             ..Wanted::default()
         };
         for c in self.by_service.values() {
             w.node_ports.extend(&c.node_ports);
             w.virtual_servers.extend(&c.virtual_servers);
-            if fixed.node_pod_cidrs.is_empty() {
+            if fixed.node_pod_cidrs.is_empty() && !in_set {
                 w.local_endpoints.extend(&c.local_endpoints);
             }
         }
@@ -192,7 +274,9 @@ pub fn config(fixed: &Fixed, wanted: &Wanted) -> masquerade::Config {
     let v6 = fixed.cluster_cidrs.iter().any(|c| c.addr().is_ipv6())
         || fixed.node_pod_cidrs.iter().any(|c| c.addr().is_ipv6())
         || wanted.node_ips.iter().any(IpAddr::is_ipv6)
-        || wanted.virtual_servers.iter().any(|v| v.0.is_ipv6());
+        || wanted.virtual_servers.iter().any(|v| v.0.is_ipv6())
+        || wanted.local_endpoints.iter().any(IpAddr::is_ipv6)
+        || wanted.hairpin_v6;
     let mut families = vec![Family::V4];
     if v6 {
         families.push(Family::V6);
@@ -216,10 +300,12 @@ pub fn config(fixed: &Fixed, wanted: &Wanted) -> masquerade::Config {
                 port,
             })
             .collect(),
-        hairpin: if fixed.node_pod_cidrs.is_empty() {
-            Hairpin::Endpoints(wanted.local_endpoints.clone())
-        } else {
+        hairpin: if !fixed.node_pod_cidrs.is_empty() {
             Hairpin::LocalPodCidrs(fixed.node_pod_cidrs.clone())
+        } else if wanted.hairpin_set {
+            Hairpin::Set
+        } else {
+            Hairpin::Endpoints(wanted.local_endpoints.clone())
         },
         mark_bit: 14,
         backend: fixed.backend,
@@ -242,6 +328,60 @@ impl Rules for Iptables {
         masquerade::Masquerade::new(config.clone())
             .and_then(|m| m.ensure())
             .map_err(|e| e.to_string())
+    }
+}
+
+/// The hairpin ipsets' kernel side: the real one is netlink ([`KernelSets`]); tests record.
+pub trait HairpinSets: Send {
+    /// Creates the family's set if it is absent.
+    fn create(&mut self, family: Family) -> Result<(), String>;
+    /// The family's set's members.
+    fn list(&mut self, family: Family) -> Result<Vec<Entry>, String>;
+    /// Adds members (present ones are fine).
+    fn add(&mut self, family: Family, entries: &[Entry]) -> Result<(), String>;
+    /// Deletes members (absent ones are fine).
+    fn del(&mut self, family: Family, entries: &[Entry]) -> Result<(), String>;
+}
+
+/// The hairpin sets over netlink ([`crate::ipset`]); the socket is opened at first use and
+/// again after an error.
+#[derive(Debug, Default)]
+pub struct KernelSets {
+    handle: Option<ipset::Ipset>,
+}
+
+impl KernelSets {
+    fn with<T>(
+        &mut self,
+        f: impl FnOnce(&mut ipset::Ipset) -> ipset::Result<T>,
+    ) -> Result<T, String> {
+        let mut h = match self.handle.take() {
+            Some(h) => h,
+            None => ipset::Ipset::new().map_err(|e| e.to_string())?,
+        };
+        let result = f(&mut h).map_err(|e| e.to_string());
+        // A socket that failed may hold unread replies; a fresh one is opened next time.
+        if result.is_ok() {
+            self.handle = Some(h);
+        }
+        result
+    }
+}
+
+impl HairpinSets for KernelSets {
+    fn create(&mut self, family: Family) -> Result<(), String> {
+        self.with(|h| h.create(ipset::set_name(family), family))
+    }
+    fn list(&mut self, family: Family) -> Result<Vec<Entry>, String> {
+        let name = ipset::set_name(family);
+        self.with(|h| h.list(name))?
+            .ok_or_else(|| format!("ipset {name}: the set is gone"))
+    }
+    fn add(&mut self, family: Family, entries: &[Entry]) -> Result<(), String> {
+        self.with(|h| h.add(ipset::set_name(family), entries))
+    }
+    fn del(&mut self, family: Family, entries: &[Entry]) -> Result<(), String> {
+        self.with(|h| h.del(ipset::set_name(family), entries))
     }
 }
 
@@ -366,6 +506,11 @@ pub struct Masq {
     pub applied: Option<Wanted>,
     /// Where the rules go.
     rules: Applier,
+    /// The hairpin sets, in set mode.
+    sets: Option<Box<dyn HairpinSets>>,
+    /// Whether the sets were made exact by the last forced sync and every delta since applied;
+    /// after a failure, deltas wait for the next forced sync, which repairs the whole set.
+    sets_synced: bool,
 }
 
 impl Masq {
@@ -376,7 +521,96 @@ impl Masq {
             locals: LocalSets::default(),
             applied: None,
             rules: Applier::Inline(rules),
+            sets: None,
+            sets_synced: false,
         }
+    }
+
+    /// Hairpin through `sets` ([`Hairpin::Set`]) unless `--node-pod-cidr` is given. Creates the
+    /// sets now; if that fails (no ipset support in the kernel), warns and keeps one rule per
+    /// local endpoint. Call before the first [`LocalSets::update`].
+    pub fn with_hairpin_sets(mut self, mut sets: Box<dyn HairpinSets>) -> Self {
+        if !self.fixed.node_pod_cidrs.is_empty() {
+            return self;
+        }
+        match [Family::V4, Family::V6]
+            .into_iter()
+            .try_for_each(|f| sets.create(f))
+        {
+            Ok(()) => {
+                self.sets = Some(sets);
+                self.locals.in_set = true;
+            }
+            Err(e) => tracing::warn!(
+                "hairpin: cannot create the ipsets ({e}); is the ip_set_hash_netnet module \
+                 available? Falling back to one iptables rule per local endpoint"
+            ),
+        }
+        self
+    }
+
+    /// Whether hairpin goes through the sets.
+    pub fn hairpin_in_set(&self) -> bool {
+        self.sets.is_some()
+    }
+
+    /// Brings the sets up to date: when forced, creates them if absent and makes each exactly
+    /// the wanted members; otherwise applies the delta since the last change. Returns whether a
+    /// member was added or deleted.
+    fn sync_sets(&mut self, force: bool) -> Result<bool, String> {
+        let Some(sets) = &mut self.sets else {
+            return Ok(false);
+        };
+        let locals = &mut self.locals;
+        if !force && (!self.sets_synced || locals.dirty.is_empty()) {
+            // A failed delta waits for the forced sync, which does the whole set.
+            if !self.sets_synced {
+                locals.dirty.clear();
+            }
+            return Ok(false);
+        }
+        let mut changed = false;
+        let result = (|| {
+            for family in [Family::V4, Family::V6] {
+                let is_family = |a: &IpAddr| a.is_ipv6() == (family == Family::V6);
+                let (add, del): (Vec<Entry>, Vec<Entry>) = if force {
+                    sets.create(family)?;
+                    let have: HashSet<Entry> = sets.list(family)?.into_iter().collect();
+                    let want: HashSet<Entry> = locals
+                        .hairpin_members()
+                        .filter(is_family)
+                        .map(Entry::hairpin)
+                        .collect();
+                    (
+                        want.difference(&have).copied().collect(),
+                        have.difference(&want).copied().collect(),
+                    )
+                } else {
+                    let mut add = Vec::new();
+                    let mut del = Vec::new();
+                    for a in locals.dirty.iter().filter(|a| is_family(a)) {
+                        if locals.refs.contains_key(a) {
+                            add.push(Entry::hairpin(*a));
+                        } else {
+                            del.push(Entry::hairpin(*a));
+                        }
+                    }
+                    (add, del)
+                };
+                if !del.is_empty() {
+                    sets.del(family, &del)?;
+                    changed = true;
+                }
+                if !add.is_empty() {
+                    sets.add(family, &add)?;
+                    changed = true;
+                }
+            }
+            Ok::<(), String>(())
+        })();
+        locals.dirty.clear();
+        self.sets_synced = result.is_ok();
+        result.map(|()| changed)
     }
 
     /// The same, applying changes on a worker thread (see the module docs). An error if the
@@ -393,6 +627,18 @@ impl Masq {
     /// Returns the error, if any, for the caller to count: in the background, a change's own
     /// error comes with a later call.
     pub fn sync(&mut self, inputs: &Inputs, force: bool) -> Result<bool, String> {
+        // The sets first: the rules reference them, and a set failure must not keep the other
+        // rules from being repaired.
+        let sets = self.sync_sets(force);
+        let rules = self.sync_rules(inputs, force);
+        match (sets, rules) {
+            (Ok(a), Ok(b)) => Ok(a || b),
+            (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
+            (Err(s), Err(r)) => Err(format!("{s}; {r}")),
+        }
+    }
+
+    fn sync_rules(&mut self, inputs: &Inputs, force: bool) -> Result<bool, String> {
         // A background apply that failed since the last call: the rules are not in place.
         if let Applier::Worker(w) = &self.rules
             && let Some((_, e)) = w.take_errors().pop()

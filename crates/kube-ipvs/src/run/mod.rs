@@ -104,6 +104,11 @@ fn prepare_kernel(settings: &Settings) -> Result<RealKernel, String> {
         .map_err(|e| e.to_string())?;
     host.set_sysctls(&setup::required_sysctls(settings.strict_arp))
         .map_err(|e| e.to_string())?;
+    if settings.masquerade && settings.node_pod_cidrs.is_empty() {
+        for e in host.load_optional_modules(&setup::hairpin_set_modules()) {
+            tracing::warn!("hairpin ipset: {e}");
+        }
+    }
     let mut ipvs = Ipvs::new().map_err(|e| format!("opening IPVS netlink: {e}"))?;
     let t = settings.timeouts;
     if t.tcp.is_some() || t.tcp_fin.is_some() || t.udp.is_some() {
@@ -238,7 +243,8 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
                 backend: backend(),
             },
             Box::new(masq::Iptables),
-        );
+        )
+        .with_hairpin_sets(Box::new(masq::KernelSets::default()));
         // Changes are applied on a worker, so IPVS programming never waits for iptables.
         match masq.in_background() {
             Ok(masq) => agent = agent.with_masquerade(masq),

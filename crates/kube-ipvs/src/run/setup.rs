@@ -155,6 +155,27 @@ pub fn required_modules(scheduler: &kube_ipvs_diff::Scheduler) -> Vec<String> {
     ]
 }
 
+/// The modules exact hairpin masquerade uses (the ipset core, the `hash:net,net` type and the
+/// iptables `set` match). They are loaded best-effort: without them hairpin falls back to one
+/// rule per local endpoint ([`super::masq`]), so a missing one is a warning, not a failure.
+pub fn hairpin_set_modules() -> Vec<String> {
+    ["ip_set", "ip_set_hash_netnet", "xt_set"]
+        .into_iter()
+        .map(str::to_owned)
+        .collect()
+}
+
+impl Host {
+    /// Loads each module that is missing, as [`Host::ensure_modules`] does, but goes on after a
+    /// failure; returns the failures.
+    pub fn load_optional_modules(&self, modules: &[String]) -> Vec<SetupError> {
+        modules
+            .iter()
+            .filter_map(|m| self.ensure_modules(std::slice::from_ref(m)).err())
+            .collect()
+    }
+}
+
 /// The sysctls IPVS mode needs: connection tracking for IPVS (so masquerade and conntrack
 /// cleanup see its connections), dropping connections whose real server is gone or quiescent,
 /// forwarding, and optionally strict ARP so Service addresses on `kube-ipvs0` are not
@@ -229,6 +250,23 @@ mod tests {
             "kernel module ip_vs_twos is not loaded and there is no modprobe to load it; \
              load it on the host"
         );
+    }
+
+    #[test]
+    fn optional_modules_report_each_failure_and_go_on() {
+        let h = host("optional");
+        // The fake host has ip_vs loaded and nothing else, and no modprobe.
+        let failed = h.load_optional_modules(&hairpin_set_modules());
+        let named: Vec<String> = failed
+            .iter()
+            .map(|e| match e {
+                SetupError::MissingModule { module, .. } => module.clone(),
+                SetupError::Sysctl { name, .. } => name.clone(),
+            })
+            .collect();
+        assert_eq!(named, ["ip_set", "ip_set_hash_netnet", "xt_set"]);
+        std::fs::write(h.proc_root.join("modules"), "xt_set 16384 0 - Live 0x0\n").expect("write");
+        assert_eq!(h.load_optional_modules(&hairpin_set_modules()).len(), 2);
     }
 
     #[test]
