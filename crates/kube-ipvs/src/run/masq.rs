@@ -189,11 +189,27 @@ impl LocalSets {
             }
             if old.local_endpoints != c.local_endpoints {
                 let had_v6 = self.v6_refs > 0;
-                for a in &old.local_endpoints {
-                    self.release(*a);
-                }
-                for a in &c.local_endpoints {
-                    self.hold(*a);
+                // Both lists are sorted and deduplicated: only the addresses that differ
+                // change a count (an unchanged one must not become a delta).
+                let (mut i, mut j) = (0, 0);
+                let (o, n) = (&old.local_endpoints, &c.local_endpoints);
+                while i < o.len() || j < n.len() {
+                    match (o.get(i), n.get(j)) {
+                        (Some(x), Some(y)) if x == y => (i, j) = (i + 1, j + 1),
+                        (Some(x), Some(y)) if x < y => {
+                            self.release(*x);
+                            i += 1;
+                        }
+                        (Some(x), None) => {
+                            self.release(*x);
+                            i += 1;
+                        }
+                        (_, Some(y)) => {
+                            self.hold(*y);
+                            j += 1;
+                        }
+                        (None, None) => break,
+                    }
                 }
                 if had_v6 != (self.v6_refs > 0) {
                     self.changed = true;
@@ -931,6 +947,311 @@ mod tests {
         *rec.fail.lock().expect("lock") = false;
         assert_eq!(m.sync(&inputs, true), Ok(true), "the reconcile retries");
         assert_eq!(calls(), n + 1);
+    }
+
+    /// The hairpin sets in memory, answering as the kernel does (present adds and absent
+    /// deletes are fine), with a log of the requests.
+    #[derive(Clone, Default)]
+    struct MemSets(Arc<Mutex<SetState>>);
+
+    #[derive(Default)]
+    struct SetState {
+        sets: BTreeMap<u8, std::collections::BTreeSet<Entry>>,
+        log: Vec<String>,
+        fail_create: bool,
+        fail: bool,
+    }
+
+    fn fam(f: Family) -> u8 {
+        if f == Family::V4 { 4 } else { 6 }
+    }
+
+    impl MemSets {
+        fn st(&self) -> std::sync::MutexGuard<'_, SetState> {
+            self.0.lock().expect("lock")
+        }
+        /// The log since the last call.
+        fn take_log(&self) -> Vec<String> {
+            std::mem::take(&mut self.st().log)
+        }
+        fn members(&self, f: Family) -> Vec<IpAddr> {
+            self.st()
+                .sets
+                .get(&fam(f))
+                .map(|s| s.iter().map(|e| e.src).collect())
+                .unwrap_or_default()
+        }
+    }
+
+    impl HairpinSets for MemSets {
+        fn create(&mut self, family: Family) -> Result<(), String> {
+            let mut st = self.st();
+            if st.fail_create {
+                return Err("ipset: protocol not supported".into());
+            }
+            st.sets.entry(fam(family)).or_default();
+            Ok(())
+        }
+        fn list(&mut self, family: Family) -> Result<Vec<Entry>, String> {
+            let mut st = self.st();
+            st.log.push(format!("list {}", fam(family)));
+            let set = st.sets.get(&fam(family)).ok_or("no set")?;
+            Ok(set.iter().copied().collect())
+        }
+        fn add(&mut self, family: Family, entries: &[Entry]) -> Result<(), String> {
+            let mut st = self.st();
+            let mut names: Vec<String> = entries.iter().map(|e| e.src.to_string()).collect();
+            names.sort();
+            st.log.push(format!("add {}", names.join(" ")));
+            if st.fail {
+                return Err("ipset: add refused".into());
+            }
+            let set = st.sets.get_mut(&fam(family)).ok_or("no set")?;
+            set.extend(entries.iter().copied());
+            Ok(())
+        }
+        fn del(&mut self, family: Family, entries: &[Entry]) -> Result<(), String> {
+            let mut st = self.st();
+            let mut names: Vec<String> = entries.iter().map(|e| e.src.to_string()).collect();
+            names.sort();
+            st.log.push(format!("del {}", names.join(" ")));
+            if st.fail {
+                return Err("ipset: del refused".into());
+            }
+            let set = st.sets.get_mut(&fam(family)).ok_or("no set")?;
+            for e in entries {
+                set.remove(e);
+            }
+            Ok(())
+        }
+    }
+
+    fn cluster_ip(addr: &str) -> ServiceInfo {
+        ServiceInfo {
+            kind: ServiceKind::ClusterIp,
+            cluster_ips: vec![ip(addr)],
+            ports: vec![ServicePort {
+                name: String::new(),
+                protocol: Protocol::Tcp,
+                port: 80,
+                node_port: None,
+            }],
+            ..ServiceInfo::default()
+        }
+    }
+
+    /// A Masq in set mode over in-memory sets, with a service `default/a` whose endpoints are
+    /// 10.244.1.5 on this node and 10.244.2.5 on another, after the startup sync.
+    fn set_mode() -> (Masq, Recorder, MemSets, Inputs, ServiceName) {
+        let rec = Recorder::default();
+        let sets = MemSets::default();
+        let mut m =
+            Masq::new(fixed(&[]), Box::new(rec.clone())).with_hairpin_sets(Box::new(sets.clone()));
+        assert!(m.hairpin_in_set());
+        let mut inputs = inputs();
+        let a = ServiceName::new("default", "a");
+        inputs
+            .upsert_service(a.clone(), cluster_ip("10.96.0.1"))
+            .expect("service");
+        inputs
+            .set_endpoints(
+                a.clone(),
+                vec![
+                    endpoint("10.244.1.5", "node-1"),
+                    endpoint("10.244.2.5", "node-2"),
+                ],
+            )
+            .expect("endpoints");
+        m.locals.update([&a], &inputs);
+        assert_eq!(m.sync(&inputs, true), Ok(true));
+        (m, rec, sets, inputs, a)
+    }
+
+    #[test]
+    fn in_set_mode_an_endpoint_change_is_a_set_delta_and_no_rules_apply() {
+        let (mut m, rec, sets, mut inputs, a) = set_mode();
+        let calls = || rec.calls.lock().expect("lock").clone();
+        // Startup: both sets made exact, then one rule per family matching the set.
+        assert_eq!(sets.take_log(), ["list 4", "add 10.244.1.5", "list 6"]);
+        assert_eq!(sets.members(Family::V4), [ip("10.244.1.5")]);
+        assert_eq!(calls().len(), 1);
+        assert_eq!(calls()[0].hairpin, Hairpin::Set);
+
+        // Another endpoint on this node: one add, no rules.
+        inputs
+            .set_endpoints(
+                a.clone(),
+                vec![
+                    endpoint("10.244.1.5", "node-1"),
+                    endpoint("10.244.1.6", "node-1"),
+                    endpoint("10.244.2.5", "node-2"),
+                ],
+            )
+            .expect("endpoints");
+        m.locals.update([&a], &inputs);
+        assert_eq!(m.sync(&inputs, false), Ok(true));
+        assert_eq!(sets.take_log(), ["add 10.244.1.6"]);
+        assert_eq!(
+            calls().len(),
+            1,
+            "no iptables-restore for an endpoint change"
+        );
+
+        // One goes: one delete, no rules. An endpoint elsewhere changing: nothing at all.
+        inputs
+            .set_endpoints(
+                a.clone(),
+                vec![
+                    endpoint("10.244.1.6", "node-1"),
+                    endpoint("10.244.2.6", "node-2"),
+                ],
+            )
+            .expect("endpoints");
+        m.locals.update([&a], &inputs);
+        assert_eq!(m.sync(&inputs, false), Ok(true));
+        assert_eq!(sets.take_log(), ["del 10.244.1.5"]);
+        assert_eq!(sets.members(Family::V4), [ip("10.244.1.6")]);
+        assert_eq!(m.sync(&inputs, false), Ok(false));
+        assert_eq!(sets.take_log(), Vec::<String>::new());
+        assert_eq!(calls().len(), 1);
+
+        // The first IPv6 endpoint needs the IPv6 rules: the one rules change, then deltas.
+        inputs
+            .set_endpoints(
+                a.clone(),
+                vec![
+                    endpoint("10.244.1.6", "node-1"),
+                    endpoint("fd00:10:244:1::6", "node-1"),
+                ],
+            )
+            .expect("endpoints");
+        m.locals.update([&a], &inputs);
+        assert_eq!(m.sync(&inputs, false), Ok(true));
+        assert_eq!(sets.take_log(), ["add fd00:10:244:1::6"]);
+        assert_eq!(calls().len(), 2);
+        assert_eq!(calls()[1].families, [Family::V4, Family::V6]);
+        assert_eq!(calls()[1].hairpin, Hairpin::Set);
+    }
+
+    #[test]
+    fn an_address_shared_by_two_services_stays_until_both_drop_it() {
+        let (mut m, _rec, sets, mut inputs, a) = set_mode();
+        let b = ServiceName::new("default", "b");
+        inputs
+            .upsert_service(b.clone(), cluster_ip("10.96.0.2"))
+            .expect("service");
+        inputs
+            .set_endpoints(b.clone(), vec![endpoint("10.244.1.5", "node-1")])
+            .expect("endpoints");
+        m.locals.update([&b], &inputs);
+        assert_eq!(m.sync(&inputs, false), Ok(false), "already a member");
+        sets.take_log();
+
+        inputs
+            .set_endpoints(a.clone(), Vec::new())
+            .expect("endpoints");
+        m.locals.update([&a], &inputs);
+        assert_eq!(m.sync(&inputs, false), Ok(false), "b still has it");
+        assert_eq!(sets.members(Family::V4), [ip("10.244.1.5")]);
+
+        inputs.remove_service(&b);
+        m.locals.update([&b], &inputs);
+        assert_eq!(m.sync(&inputs, false), Ok(true));
+        assert_eq!(sets.take_log(), ["del 10.244.1.5"]);
+        assert!(sets.members(Family::V4).is_empty());
+
+        // A Node change recomputes everything and keeps the counts right.
+        inputs
+            .set_endpoints(
+                a.clone(),
+                vec![
+                    endpoint("10.244.1.7", "node-1"),
+                    endpoint("10.244.1.7", "node-1"),
+                ],
+            )
+            .expect("endpoints");
+        m.locals.update_all(&inputs);
+        assert_eq!(m.sync(&inputs, false), Ok(true));
+        assert_eq!(sets.members(Family::V4), [ip("10.244.1.7")]);
+        inputs
+            .set_endpoints(a.clone(), Vec::new())
+            .expect("endpoints");
+        m.locals.update([&a], &inputs);
+        assert_eq!(m.sync(&inputs, false), Ok(true));
+        assert!(
+            sets.members(Family::V4).is_empty(),
+            "counted once per Service"
+        );
+    }
+
+    #[test]
+    fn a_forced_sync_repairs_the_set_and_a_failed_delta_waits_for_it() {
+        let (mut m, rec, sets, mut inputs, a) = set_mode();
+        // Someone flushes the set and adds a stranger.
+        {
+            let mut st = sets.st();
+            let set = st.sets.entry(4).or_default();
+            set.clear();
+            set.insert(Entry::hairpin(ip("192.0.2.99")));
+        }
+        sets.take_log();
+        assert_eq!(m.sync(&inputs, true), Ok(true));
+        assert_eq!(sets.members(Family::V4), [ip("10.244.1.5")]);
+        let log = sets.take_log();
+        assert!(log.contains(&"del 192.0.2.99".to_owned()), "{log:?}");
+        assert!(log.contains(&"add 10.244.1.5".to_owned()), "{log:?}");
+
+        // A delta that fails is reported, the next deltas wait, the forced sync repairs.
+        sets.st().fail = true;
+        inputs
+            .set_endpoints(a.clone(), vec![endpoint("10.244.1.8", "node-1")])
+            .expect("endpoints");
+        m.locals.update([&a], &inputs);
+        assert!(m.sync(&inputs, false).is_err());
+        sets.st().fail = false;
+        inputs
+            .set_endpoints(a.clone(), vec![endpoint("10.244.1.9", "node-1")])
+            .expect("endpoints");
+        m.locals.update([&a], &inputs);
+        sets.take_log();
+        assert_eq!(m.sync(&inputs, false), Ok(false), "waits for the reconcile");
+        assert!(sets.take_log().is_empty());
+        assert_eq!(m.sync(&inputs, true), Ok(true));
+        assert_eq!(sets.members(Family::V4), [ip("10.244.1.9")]);
+        // The rules were re-ensured by each forced sync, never by an endpoint change.
+        assert_eq!(rec.calls.lock().expect("lock").len(), 3);
+    }
+
+    #[test]
+    fn without_ipset_support_hairpin_falls_back_to_endpoint_rules() {
+        let rec = Recorder::default();
+        let sets = MemSets::default();
+        sets.st().fail_create = true;
+        let mut m =
+            Masq::new(fixed(&[]), Box::new(rec.clone())).with_hairpin_sets(Box::new(sets.clone()));
+        assert!(!m.hairpin_in_set());
+        let mut inputs = inputs();
+        let a = ServiceName::new("default", "a");
+        inputs
+            .upsert_service(a.clone(), cluster_ip("10.96.0.1"))
+            .expect("service");
+        inputs
+            .set_endpoints(a.clone(), vec![endpoint("10.244.1.5", "node-1")])
+            .expect("endpoints");
+        m.locals.update([&a], &inputs);
+        assert_eq!(m.sync(&inputs, true), Ok(true));
+        assert_eq!(
+            rec.calls.lock().expect("lock")[0].hairpin,
+            Hairpin::Endpoints(vec![ip("10.244.1.5")])
+        );
+        assert!(sets.take_log().is_empty());
+
+        // With --node-pod-cidr no set is made at all.
+        let sets = MemSets::default();
+        let m = Masq::new(fixed(&["10.244.1.0/24"]), Box::new(Recorder::default()))
+            .with_hairpin_sets(Box::new(sets.clone()));
+        assert!(!m.hairpin_in_set());
+        assert!(sets.st().sets.is_empty());
     }
 
     /// A recorder whose `ensure` waits for `gate`.
