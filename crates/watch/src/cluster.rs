@@ -10,7 +10,6 @@ use futures::Stream;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, Store};
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher;
 use kube::{Api, Client};
@@ -138,50 +137,6 @@ pub fn streams(
     (services, slices, node)
 }
 
-/// Reflector stores of the raw objects the watches have seen, as kube-rs keeps them: for
-/// diagnostics (`explain`, debug endpoints), never for programming, which goes through change
-/// sets. Each store is replaced in one step at the end of a relist, like the tracker.
-#[derive(Clone)]
-pub struct Stores {
-    /// Every Service of this proxy.
-    pub services: Store<Service>,
-    /// Every EndpointSlice of this proxy's Services.
-    pub slices: Store<EndpointSlice>,
-    /// This node's Node object.
-    pub node: Store<Node>,
-}
-
-/// Wraps the three event streams in reflectors, returning the streams and their stores.
-pub fn reflect<S1, S2, S3>(
-    services: S1,
-    slices: S2,
-    node: S3,
-) -> (
-    impl Stream<Item = WatchItem<Service>> + Send,
-    impl Stream<Item = WatchItem<EndpointSlice>> + Send,
-    impl Stream<Item = WatchItem<Node>> + Send,
-    Stores,
-)
-where
-    S1: Stream<Item = WatchItem<Service>> + Send,
-    S2: Stream<Item = WatchItem<EndpointSlice>> + Send,
-    S3: Stream<Item = WatchItem<Node>> + Send,
-{
-    let (svc_store, svc_writer) = reflector::store();
-    let (slice_store, slice_writer) = reflector::store();
-    let (node_store, node_writer) = reflector::store();
-    (
-        services.reflect(svc_writer),
-        slices.reflect(slice_writer),
-        node.reflect(node_writer),
-        Stores {
-            services: svc_store,
-            slices: slice_store,
-            node: node_store,
-        },
-    )
-}
-
 /// A running cluster watch.
 pub struct ClusterWatch {
     /// Change sets, in order. Applying each to an `Inputs` keeps it equal to the cluster.
@@ -190,8 +145,6 @@ pub struct ClusterWatch {
     pub stats: tokio::sync::watch::Receiver<DriverStats>,
     /// The driver task; abort it to stop watching.
     pub task: tokio::task::JoinHandle<()>,
-    /// The raw objects, for diagnostics.
-    pub stores: Stores,
 }
 
 /// Starts watching the cluster. Change sets arrive on [`ClusterWatch::changes`]; the first
@@ -199,8 +152,9 @@ pub struct ClusterWatch {
 pub fn spawn(client: Client, cfg: WatchConfig) -> ClusterWatch {
     let (tx, changes) = mpsc::channel(16);
     let (stats_tx, stats) = tokio::sync::watch::channel(DriverStats::default());
+    // No reflector stores: the raw objects are translated as they arrive and only the model is
+    // kept (the tracker's), so memory grows with what the proxy uses, not with the objects.
     let (services, slices, node) = streams(&client, &cfg);
-    let (services, slices, node, stores) = reflect(services, slices, node);
     let tracker = Tracker::new(cfg.translate.clone());
     let task = tokio::spawn(drive(
         tracker,
@@ -215,6 +169,5 @@ pub fn spawn(client: Client, cfg: WatchConfig) -> ClusterWatch {
         changes,
         stats,
         task,
-        stores,
     }
 }

@@ -18,8 +18,9 @@ use crate::tracker::{ChangeSet, Tracker};
 /// One item of a watcher stream.
 pub type WatchItem<K> = Result<Event<K>, watcher::Error>;
 
-/// Buffers a watcher's `InitApply` objects until `InitDone`, as a reflector does, so a relist
-/// replaces the state in one step and a half-finished relist changes nothing.
+/// Buffers the Node watcher's `InitApply` objects until `InitDone`, as a reflector does, so a
+/// relist replaces the state in one step and a half-finished relist changes nothing. (Services
+/// and slices are buffered translated, inside the tracker.)
 struct Relist<K> {
     buffer: Option<Vec<K>>,
 }
@@ -72,8 +73,6 @@ const DRAIN_LIMIT: usize = 100_000;
 /// The tracker with the relist buffers and counters: everything an event changes.
 struct Core {
     tracker: Tracker,
-    services: Relist<Service>,
-    slices: Relist<EndpointSlice>,
     node: Relist<Node>,
     counts: DriverStats,
     stats: Option<tokio::sync::watch::Sender<DriverStats>>,
@@ -97,32 +96,33 @@ impl Core {
         self.publish();
     }
 
+    // Services and slices go to the tracker one object at a time, also during a relist (it
+    // translates each on arrival and applies the whole list at `InitDone`), so no list of raw
+    // objects is ever held: at 10,000 Services that buffer was larger than the model.
     fn on_service(&mut self, item: WatchItem<Service>) {
         match item {
-            Ok(ev) => match self.services.feed(ev) {
-                Step::Nothing => {}
-                Step::Relisted(list) => {
-                    self.tracker.relist_services(&list);
-                    self.relisted();
-                }
-                Step::Apply(o) => self.tracker.apply_service(&o),
-                Step::Delete(o) => self.tracker.delete_service(&o),
-            },
+            Ok(Event::Init) => self.tracker.begin_services(),
+            Ok(Event::InitApply(o)) => self.tracker.list_service(&o),
+            Ok(Event::InitDone) => {
+                self.tracker.end_services();
+                self.relisted();
+            }
+            Ok(Event::Apply(o)) => self.tracker.apply_service(&o),
+            Ok(Event::Delete(o)) => self.tracker.delete_service(&o),
             Err(e) => self.error("Services", &e),
         }
     }
 
     fn on_slice(&mut self, item: WatchItem<EndpointSlice>) {
         match item {
-            Ok(ev) => match self.slices.feed(ev) {
-                Step::Nothing => {}
-                Step::Relisted(list) => {
-                    self.tracker.relist_slices(&list);
-                    self.relisted();
-                }
-                Step::Apply(o) => self.tracker.apply_slice(&o),
-                Step::Delete(o) => self.tracker.delete_slice(&o),
-            },
+            Ok(Event::Init) => self.tracker.begin_slices(),
+            Ok(Event::InitApply(o)) => self.tracker.list_slice(&o),
+            Ok(Event::InitDone) => {
+                self.tracker.end_slices();
+                self.relisted();
+            }
+            Ok(Event::Apply(o)) => self.tracker.apply_slice(&o),
+            Ok(Event::Delete(o)) => self.tracker.delete_slice(&o),
             Err(e) => self.error("EndpointSlices", &e),
         }
     }
@@ -167,8 +167,6 @@ pub async fn drive<S1, S2, S3>(
     let mut node = std::pin::pin!(node.fuse());
     let mut core = Core {
         tracker,
-        services: Relist::new(),
-        slices: Relist::new(),
         node: Relist::new(),
         counts: DriverStats::default(),
         stats,

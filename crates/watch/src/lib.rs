@@ -2,8 +2,8 @@
 //! manifest files, turned into the diff engine's model.
 //!
 //! The pieces, from the outside in:
-//! - [`cluster`] runs kube-rs watchers (with backoff) against the API server, through kube-rs
-//!   reflectors that keep the raw objects for diagnostics;
+//! - [`cluster`] runs kube-rs watchers (with backoff) against the API server; no raw object is
+//!   kept once translated (no reflector stores), so memory follows the model, not the objects;
 //! - [`manifest`] reads YAML files and presents each reload as a relist;
 //! - [`driver`] is the event loop both share: it feeds a [`Tracker`] and hands out
 //!   [`ChangeSet`]s no more often than a minimum interval, the first only after Services and

@@ -245,7 +245,7 @@ pub fn spawn(cfg: ManifestConfig) -> ClusterWatch {
     let tracker = Tracker::new(cfg.translate.clone());
     let min_interval = cfg.min_interval;
     let poller = tokio::spawn(poll(cfg, (svc_tx, slice_tx, node_tx)));
-    let (services, slices, node, stores) = crate::cluster::reflect(
+    let (services, slices, node) = (
         receiver_stream(svc_rx),
         receiver_stream(slice_rx),
         receiver_stream(node_rx),
@@ -267,7 +267,6 @@ pub fn spawn(cfg: ManifestConfig) -> ClusterWatch {
         changes,
         stats,
         task,
-        stores,
     }
 }
 

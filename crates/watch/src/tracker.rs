@@ -109,6 +109,21 @@ pub struct Tracker {
     started: SystemTime,
     /// Trigger times of slice changes not yet handed out, by Service.
     triggers: HashMap<ServiceName, Vec<SystemTime>>,
+    /// A Service relist in progress: its objects translated as they arrive.
+    services_relist: Option<HashMap<ServiceName, ServiceInfo>>,
+    /// An EndpointSlice relist in progress.
+    slices_relist: Option<SliceRelist>,
+}
+
+/// An EndpointSlice relist in progress. Objects are translated as they arrive, so a relist of a
+/// large cluster never holds the raw objects, only the model; nothing of it is visible until
+/// it completes.
+#[derive(Debug, Default)]
+struct SliceRelist {
+    slices: HashMap<ServiceName, BTreeMap<String, Vec<Endpoint>>>,
+    owners: HashMap<(String, String), ServiceName>,
+    /// Trigger times of the slices it changes, recorded when it completes.
+    triggers: Vec<(ServiceName, SystemTime)>,
 }
 
 impl Tracker {
@@ -134,6 +149,8 @@ impl Tracker {
             sent_initial: false,
             started,
             triggers: HashMap::new(),
+            services_relist: None,
+            slices_relist: None,
         }
     }
 
@@ -205,28 +222,47 @@ impl Tracker {
         }
     }
 
-    /// A complete list of Services (a watcher's `InitDone`): replaces the set, so Services
-    /// missing from it are removed. A bad object keeps its previous translation.
+    /// A complete list of Services: replaces the set, so Services missing from it are removed.
+    /// A bad object keeps its previous translation. The same as [`Tracker::begin_services`],
+    /// [`Tracker::list_service`] for each, then [`Tracker::end_services`].
     pub fn relist_services(&mut self, list: &[Service]) {
-        let mut next = HashMap::with_capacity(list.len());
+        self.begin_services();
         for svc in list {
-            let name = service_name(svc);
-            match translate_service(svc, &self.opts) {
-                Ok(Some(t)) => {
-                    for w in &t.warnings {
-                        tracing::warn!(service = %t.name, "{w}");
-                    }
-                    next.insert(t.name, t.info);
+            self.list_service(svc);
+        }
+        self.end_services();
+    }
+
+    /// A relist of Services starts (a watcher's `Init`); one already in progress is dropped.
+    pub fn begin_services(&mut self) {
+        self.services_relist = Some(HashMap::new());
+    }
+
+    /// One object of the relist in progress (`InitApply`), translated now and kept only as
+    /// the model until the relist completes.
+    pub fn list_service(&mut self, svc: &Service) {
+        let next = self.services_relist.get_or_insert_with(HashMap::new);
+        let name = service_name(svc);
+        match translate_service(svc, &self.opts) {
+            Ok(Some(t)) => {
+                for w in &t.warnings {
+                    tracing::warn!(service = %t.name, "{w}");
                 }
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!("skipping bad object, keeping its last good state: {e}");
-                    if let Some(old) = self.services.get(&name) {
-                        next.insert(name, old.clone());
-                    }
+                next.insert(t.name, t.info);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!("skipping bad object, keeping its last good state: {e}");
+                if let Some(old) = self.services.get(&name) {
+                    next.insert(name, old.clone());
                 }
             }
         }
+    }
+
+    /// The relist is complete (`InitDone`): its Services replace the set in one step.
+    pub fn end_services(&mut self) {
+        let next = self.services_relist.take().unwrap_or_default();
         let old = std::mem::replace(&mut self.services, next);
         for name in old.keys().chain(self.services.keys()) {
             self.dirty.insert(name.clone());
@@ -289,47 +325,72 @@ impl Tracker {
         self.remove_slice_key(&key);
     }
 
-    /// A complete list of EndpointSlices: replaces the set.
+    /// A complete list of EndpointSlices: replaces the set. The same as
+    /// [`Tracker::begin_slices`], [`Tracker::list_slice`] for each, then [`Tracker::end_slices`].
     pub fn relist_slices(&mut self, list: &[EndpointSlice]) {
-        let mut slices: HashMap<ServiceName, BTreeMap<String, Vec<Endpoint>>> = HashMap::new();
-        let mut owners = HashMap::with_capacity(list.len());
+        self.begin_slices();
         for slice in list {
-            let key = Self::slice_key(slice);
-            let (service, endpoints) = match translate_slice(slice, &self.opts) {
-                Ok(Some(t)) => {
-                    Self::warn_slice(&key, &t.warnings);
-                    if !self.holds(&key, &t.service, &t.endpoints) {
-                        self.note_trigger(&t.service, t.trigger_time);
-                    }
-                    (t.service, t.endpoints)
+            self.list_slice(slice);
+        }
+        self.end_slices();
+    }
+
+    /// A relist of EndpointSlices starts; one already in progress is dropped.
+    pub fn begin_slices(&mut self) {
+        self.slices_relist = Some(SliceRelist::default());
+    }
+
+    /// One object of the slice relist in progress, translated now.
+    pub fn list_slice(&mut self, slice: &EndpointSlice) {
+        let key = Self::slice_key(slice);
+        let (service, endpoints) = match translate_slice(slice, &self.opts) {
+            Ok(Some(t)) => {
+                Self::warn_slice(&key, &t.warnings);
+                if let Some(at) = t.trigger_time
+                    && !self.holds(&key, &t.service, &t.endpoints)
+                {
+                    self.slices_relist
+                        .get_or_insert_with(SliceRelist::default)
+                        .triggers
+                        .push((t.service.clone(), at));
                 }
-                Ok(None) => continue,
-                Err(e) => {
-                    tracing::warn!("skipping bad object, keeping its last good state: {e}");
-                    let Some(owner) = self.slice_owner.get(&key) else {
-                        continue;
-                    };
-                    let Some(old) = self.slices.get(owner).and_then(|m| m.get(&key.1)) else {
-                        continue;
-                    };
-                    (owner.clone(), old.clone())
-                }
-            };
-            slices
-                .entry(service.clone())
-                .or_default()
-                .insert(key.1.clone(), endpoints);
-            owners.insert(key, service);
+                (t.service, t.endpoints)
+            }
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!("skipping bad object, keeping its last good state: {e}");
+                let Some(owner) = self.slice_owner.get(&key) else {
+                    return;
+                };
+                let Some(old) = self.slices.get(owner).and_then(|m| m.get(&key.1)) else {
+                    return;
+                };
+                (owner.clone(), old.clone())
+            }
+        };
+        let next = self.slices_relist.get_or_insert_with(SliceRelist::default);
+        next.slices
+            .entry(service.clone())
+            .or_default()
+            .insert(key.1.clone(), endpoints);
+        next.owners.insert(key, service);
+    }
+
+    /// The slice relist is complete: its slices replace the set in one step.
+    pub fn end_slices(&mut self) {
+        let next = self.slices_relist.take().unwrap_or_default();
+        for (service, at) in next.triggers {
+            self.note_trigger(&service, Some(at));
         }
         // A slice missing from the list was deleted: as for a watch delete, its Service's
         // pending trigger times go (a relist reports deletions after the updates).
         for (key, owner) in &self.slice_owner {
-            if !owners.contains_key(key) {
+            if !next.owners.contains_key(key) {
                 self.triggers.remove(owner);
             }
         }
-        let old = std::mem::replace(&mut self.slices, slices);
-        self.slice_owner = owners;
+        let old = std::mem::replace(&mut self.slices, next.slices);
+        self.slice_owner = next.owners;
         for name in old.keys().chain(self.slices.keys()) {
             self.dirty.insert(name.clone());
         }
@@ -501,6 +562,49 @@ mod tests {
             cs.services.into_iter().collect::<Vec<_>>(),
             vec![(ServiceName::new("default", "api"), ServiceChange::default())]
         );
+    }
+
+    #[test]
+    fn a_relist_in_progress_changes_nothing_and_a_restarted_one_drops_its_objects() {
+        let mut t = synced(
+            &[svc("web", "10.96.0.1")],
+            &[slice("web-1", "web", "10.0.0.1")],
+        );
+        // Objects of an unfinished relist are invisible, even when the driver flushes.
+        t.begin_services();
+        t.list_service(&svc("api", "10.96.0.2"));
+        t.begin_slices();
+        t.list_slice(&slice("web-1", "web", "10.0.0.9"));
+        assert_eq!(t.take_change_set(), None);
+        // The watch failed mid-list and lists again: only the new list counts, whole.
+        t.begin_services();
+        t.list_service(&svc("web", "10.96.0.1"));
+        t.end_services();
+        t.begin_slices();
+        t.list_slice(&slice("web-1", "web", "10.0.0.1"));
+        t.list_slice(&slice("api-1", "api", "10.0.0.2"));
+        t.end_slices();
+        let cs = t.take_change_set().expect("the slice of api");
+        assert_eq!(
+            cs.services.keys().cloned().collect::<Vec<_>>(),
+            vec![ServiceName::new("default", "api")],
+            "web unchanged: the unfinished relist's endpoint never counted"
+        );
+        assert!(
+            cs.services[&ServiceName::new("default", "api")]
+                .service
+                .is_none()
+        );
+        t.begin_services();
+        t.list_service(&svc("web", "10.96.0.1"));
+        t.list_service(&svc("api", "10.96.0.2"));
+        t.end_services();
+        let cs = t
+            .take_change_set()
+            .expect("api arrives with the slice listed before it");
+        let api = &cs.services[&ServiceName::new("default", "api")];
+        assert!(api.service.is_some());
+        assert_eq!(api.endpoints.len(), 1);
     }
 
     #[test]
