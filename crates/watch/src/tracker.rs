@@ -62,6 +62,14 @@ impl ChangeSet {
     /// Applies the change set to the engine's store. Returns the model's rejections, which
     /// translation already screens for, so they are unexpected; the rest is applied anyway.
     pub fn apply_to(&self, inputs: &mut Inputs) -> Vec<kube_ipvs_diff::Error> {
+        self.clone().move_into(inputs)
+    }
+
+    /// Like [`ChangeSet::apply_to`], but moves each Service's state into `inputs` instead of
+    /// copying it; afterwards every entry of [`ChangeSet::services`] is empty (its key, the
+    /// changed Service's name, stays). The agent uses this so the first change set, which
+    /// carries the whole cluster, is never held twice.
+    pub fn move_into(&mut self, inputs: &mut Inputs) -> Vec<kube_ipvs_diff::Error> {
         let mut errors = Vec::new();
         if let Some(n) = &self.node {
             let mut ctx = inputs.node().clone();
@@ -72,16 +80,18 @@ impl ChangeSet {
                 errors.push(e);
             }
         }
-        for (name, change) in &self.services {
-            match &change.service {
+        for (name, change) in &mut self.services {
+            match change.service.take() {
                 Some(info) => {
-                    if let Err(e) = inputs.upsert_service(name.clone(), info.clone()) {
+                    if let Err(e) = inputs.upsert_service(name.clone(), info) {
                         errors.push(e);
                     }
                 }
                 None => inputs.remove_service(name),
             }
-            if let Err(e) = inputs.set_endpoints(name.clone(), change.endpoints.clone()) {
+            if let Err(e) =
+                inputs.set_endpoints(name.clone(), std::mem::take(&mut change.endpoints))
+            {
                 errors.push(e);
             }
         }
@@ -605,6 +615,29 @@ mod tests {
         let api = &cs.services[&ServiceName::new("default", "api")];
         assert!(api.service.is_some());
         assert_eq!(api.endpoints.len(), 1);
+    }
+
+    #[test]
+    fn moving_a_change_set_into_inputs_equals_copying_it_and_keeps_the_names() {
+        let mut t = Tracker::new(TranslateOptions::default());
+        t.relist_services(&[svc("web", "10.96.0.1"), svc("api", "10.96.0.2")]);
+        t.relist_slices(&[slice("web-1", "web", "10.0.0.1")]);
+        let mut cs = t.take_change_set().expect("initial");
+        let node = kube_ipvs_diff::NodeContext::new("node-1");
+        let mut copied = Inputs::new(node.clone()).expect("node");
+        assert!(cs.apply_to(&mut copied).is_empty());
+        let mut moved = Inputs::new(node).expect("node");
+        assert!(cs.move_into(&mut moved).is_empty());
+        for name in [web(), ServiceName::new("default", "api")] {
+            assert_eq!(moved.service(&name), copied.service(&name));
+            assert_eq!(moved.endpoints(&name), copied.endpoints(&name));
+        }
+        assert_eq!(moved.endpoints(&web()).len(), 1);
+        assert_eq!(
+            cs.services.keys().cloned().collect::<Vec<_>>(),
+            vec![ServiceName::new("default", "api"), web()]
+        );
+        assert!(cs.services.values().all(|c| *c == ServiceChange::default()));
     }
 
     #[test]

@@ -399,7 +399,7 @@ impl<K: NodeKernel> Agent<K> {
         let Some(cs) = first else {
             return Err(AgentError::SourceEnded);
         };
-        self.take(&cs);
+        self.take(cs);
         self.full_sync(SyncKind::Startup);
         self.sync_masquerade(true);
         let period = self.cfg.sync_period;
@@ -428,10 +428,10 @@ impl<K: NodeKernel> Agent<K> {
                 () = &mut shutdown => return Ok(()),
                 cs = changes.recv() => {
                     let Some(cs) = cs else { return Err(AgentError::SourceEnded) };
-                    self.take(&cs);
+                    self.take(cs);
                     // Whatever else is already queued goes into the same sync.
                     while let Ok(more) = changes.try_recv() {
-                        self.take(&more);
+                        self.take(more);
                     }
                     self.incremental_sync();
                     self.sync_masquerade(false);
@@ -470,8 +470,9 @@ impl<K: NodeKernel> Agent<K> {
     }
 
     /// Applies a change set to the inputs, keeping our NodePort addresses over the Node's.
-    fn take(&mut self, cs: &ChangeSet) {
-        for e in cs.apply_to(&mut self.inputs) {
+    fn take(&mut self, mut cs: ChangeSet) {
+        // Moved, not copied: the first change set is the whole cluster.
+        for e in cs.move_into(&mut self.inputs) {
             tracing::warn!("skipping an object the model refused: {e}");
         }
         for (name, times) in &cs.trigger_times {
