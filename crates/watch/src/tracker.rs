@@ -99,7 +99,10 @@ impl ChangeSet {
     }
 }
 
-/// Translated state, dirty tracking, and what was last handed out.
+/// Translated state and dirty tracking. A Service is dirty only when what the tracker holds for
+/// it changed, so no copy of what was handed out is kept (at 10,000 Services that copy was a
+/// fifth of the agent's memory); a change undone before the next change set (A, B, A) is
+/// handed out once as a no-op, which the engine's diff turns into no operation.
 #[derive(Debug)]
 pub struct Tracker {
     opts: TranslateOptions,
@@ -110,7 +113,6 @@ pub struct Tracker {
     slice_owner: HashMap<(String, String), ServiceName>,
     node: Option<NodeInfo>,
     node_dirty: bool,
-    emitted: HashMap<ServiceName, ServiceChange>,
     dirty: BTreeSet<ServiceName>,
     services_listed: bool,
     slices_listed: bool,
@@ -152,7 +154,6 @@ impl Tracker {
             slice_owner: HashMap::new(),
             node: None,
             node_dirty: false,
-            emitted: HashMap::new(),
             dirty: BTreeSet::new(),
             services_listed: false,
             slices_listed: false,
@@ -209,8 +210,10 @@ impl Tracker {
                 for w in &t.warnings {
                     tracing::warn!(service = %t.name, "{w}");
                 }
-                self.services.insert(t.name.clone(), t.info);
-                self.dirty.insert(t.name);
+                if self.services.get(&t.name) != Some(&t.info) {
+                    self.services.insert(t.name.clone(), t.info);
+                    self.dirty.insert(t.name);
+                }
             }
             Ok(None) => {
                 // Became headless, ExternalName or another proxy's: no longer ours.
@@ -274,8 +277,15 @@ impl Tracker {
     pub fn end_services(&mut self) {
         let next = self.services_relist.take().unwrap_or_default();
         let old = std::mem::replace(&mut self.services, next);
-        for name in old.keys().chain(self.services.keys()) {
-            self.dirty.insert(name.clone());
+        for (name, info) in &self.services {
+            if old.get(name) != Some(info) {
+                self.dirty.insert(name.clone());
+            }
+        }
+        for name in old.keys() {
+            if !self.services.contains_key(name) {
+                self.dirty.insert(name.clone());
+            }
         }
         self.services_listed = true;
     }
@@ -309,9 +319,10 @@ impl Tracker {
         match translate_slice(slice, &self.opts) {
             Ok(Some(t)) => {
                 Self::warn_slice(&key, &t.warnings);
-                if !self.holds(&key, &t.service, &t.endpoints) {
-                    self.note_trigger(&t.service, t.trigger_time);
+                if self.holds(&key, &t.service, &t.endpoints) {
+                    return;
                 }
+                self.note_trigger(&t.service, t.trigger_time);
                 self.remove_slice_key(&key);
                 self.slices
                     .entry(t.service.clone())
@@ -401,8 +412,15 @@ impl Tracker {
         }
         let old = std::mem::replace(&mut self.slices, next.slices);
         self.slice_owner = next.owners;
-        for name in old.keys().chain(self.slices.keys()) {
-            self.dirty.insert(name.clone());
+        for (name, slices) in &self.slices {
+            if old.get(name) != Some(slices) {
+                self.dirty.insert(name.clone());
+            }
+        }
+        for name in old.keys() {
+            if !self.slices.contains_key(name) {
+                self.dirty.insert(name.clone());
+            }
         }
         self.slices_listed = true;
     }
@@ -431,9 +449,8 @@ impl Tracker {
             initial: !self.sent_initial,
             ..ChangeSet::default()
         };
-        // Trigger times of Services whose state ends up as it was are dropped here: there is
-        // nothing to program, so no programming to measure. kube-proxy would observe them at
-        // its next sync anyway; we differ because we hand out only real changes.
+        // Only a dirty Service has trigger times (a slice change that changed nothing records
+        // none), and each is handed out with its Service.
         let mut triggers = std::mem::take(&mut self.triggers);
         for name in std::mem::take(&mut self.dirty) {
             let now = ServiceChange {
@@ -444,15 +461,6 @@ impl Tracker {
                     .map(|m| merge_slices(m.values().map(Vec::as_slice)))
                     .unwrap_or_default(),
             };
-            let before = self.emitted.get(&name).cloned().unwrap_or_default();
-            if now == before {
-                continue;
-            }
-            if now == ServiceChange::default() {
-                self.emitted.remove(&name);
-            } else {
-                self.emitted.insert(name.clone(), now.clone());
-            }
             if let Some(times) = triggers.remove(&name) {
                 cs.trigger_times.insert(name.clone(), times);
             }
