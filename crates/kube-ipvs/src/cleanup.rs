@@ -5,7 +5,9 @@
 //! would manage: IPVS virtual servers outside `--exclude-cidrs` (firewall-mark services and
 //! entries the engine cannot represent are never ours), the addresses on `kube-ipvs0` outside
 //! those networks, then the `kube-ipvs0` link itself once nothing of anyone else's is left on it,
-//! and the masquerade chains and their jump in every iptables backend and family.
+//! the masquerade chains and their jump in every iptables backend and family, and then (once no
+//! rule references them) the hairpin ipsets [`crate::ipset::SET_V4`] and
+//! [`crate::ipset::SET_V6`].
 //!
 //! Each removal is printed; the exit code is 0 when everything went, 1 naming what did not.
 //! `--dry-run` prints the same list as "would remove" and changes nothing.
@@ -79,6 +81,7 @@ pub fn main(args: &CleanupArgs) -> ExitCode {
     };
     let mut failed: Vec<String> = Vec::new();
     let (mut servers, mut addresses, mut chains, mut link) = (0usize, 0usize, 0usize, false);
+    let mut sets = 0usize;
 
     match ipvs_part(&exclude, args.dry_run, verb, &mut failed) {
         Ok((s, a, l)) => (servers, addresses, link) = (s, a, l),
@@ -91,6 +94,10 @@ pub fn main(args: &CleanupArgs) -> ExitCode {
                 println!("{verb} iptables chain {c} ({tool})");
             }
             chains += found.len();
+        }
+        for set in masquerade::hairpin_sets_present() {
+            println!("{verb} ipset {set}");
+            sets += 1;
         }
     } else {
         match masquerade::cleanup_everywhere(None) {
@@ -110,11 +117,21 @@ pub fn main(args: &CleanupArgs) -> ExitCode {
             }
             Err(e) => failed.push(format!("iptables: {e}")),
         }
+        // After the rules: the kernel refuses to destroy a set a rule still references.
+        match masquerade::cleanup_hairpin_sets() {
+            Ok(removed) => {
+                for set in &removed {
+                    println!("{verb} ipset {set}");
+                }
+                sets += removed.len();
+            }
+            Err(e) => failed.push(e.to_string()),
+        }
     }
 
     println!(
         "{verb}: {servers} IPVS virtual servers, {addresses} addresses on {DEFAULT_DUMMY}, {} link, \
-         {chains} iptables chains",
+         {chains} iptables chains, {sets} ipsets",
         if link { "its" } else { "no" }
     );
     if failed.is_empty() {

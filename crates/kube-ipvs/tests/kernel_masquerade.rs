@@ -2,7 +2,8 @@
 //! masquerade helper against real `iptables-restore` on both backends: `ensure()` is idempotent,
 //! writes what the config asks for, leaves foreign rules alone, and `cleanup()` leaves the `nat`
 //! table as it found it. Then traffic: a client in a second namespace reaches an IPVS virtual
-//! server whose masquerade real server is local, and the `MASQUERADE` rule counts the packets.
+//! server whose masquerade real server is local, and the `MASQUERADE` rule counts the packets;
+//! hairpin is decided by endpoint rules, the hairpin ipset's members, or the Pod CIDR.
 //!
 //! Each test runs in its own network namespace, so iptables tables start empty.
 #![cfg(feature = "kernel-tests")]
@@ -678,10 +679,30 @@ fn masquerade_decisions_on_real_traffic() {
         .as_deref(),
         Some("192.168.88.1")
     );
+    // Through the set: the one rule matches only while the server's address is a member, so
+    // a change of members is all it takes (the rules are not applied again in between).
+    let mut sets = kube_ipvs::ipset::Ipset::new().expect("netlink");
+    let set = kube_ipvs::ipset::SET_V4;
+    sets.create(set, Family::V4).expect("create the set");
+    assert_eq!(hairpin(Hairpin::Set), None, "the set is empty");
+    let member = kube_ipvs::ipset::Entry::hairpin("192.168.88.2".parse().expect("ip"));
+    sets.add(set, &[member]).expect("add");
+    assert_eq!(
+        t.peer_seen(SERVER_NS, "192.168.88.2", "10.96.0.10:80", false)
+            .as_deref(),
+        Some("192.168.88.1")
+    );
+    assert!(
+        ok(&tool(Backend::Nft, Family::V4, "-save"), &["-t", "nat"])
+            .contains("-m set --match-set KUBE-IPVS-HAIRPIN src,dst"),
+        "the set rule is in place"
+    );
     assert_eq!(
         hairpin(Hairpin::LocalPodCidrs(vec![cidr("192.168.88.0/24")])).as_deref(),
         Some("192.168.88.1")
     );
+    // With no rule referencing it any more, the set can go.
+    assert!(sets.destroy(set).expect("destroy"));
 }
 
 /// The IPv6 form of the UDP cleanup: one flow through an IPv6 virtual server to a masquerade

@@ -550,6 +550,26 @@ fn nat_rules() -> String {
     stdout(&run("iptables-save", &["-t", "nat"]))
 }
 
+/// Runs the `ipset` binary with fixed arguments; its stdout, asserting success.
+fn ipset_ok(args: &[&str]) -> String {
+    let out = run("/usr/sbin/ipset", args);
+    assert!(out.status.success(), "ipset {args:?} failed");
+    stdout(&out)
+}
+
+/// The addresses `a` of the IPv4 hairpin set's members `a,a`, sorted, as `ipset save` shows.
+fn hairpin_members() -> Vec<String> {
+    let mut m: Vec<String> = ipset_ok(&["save", "KUBE-IPVS-HAIRPIN"])
+        .lines()
+        .filter_map(|l| l.strip_prefix("add KUBE-IPVS-HAIRPIN "))
+        .filter_map(|m| m.split_once(','))
+        .filter(|(a, b)| a == b)
+        .map(|(a, _)| a.to_owned())
+        .collect();
+    m.sort();
+    m
+}
+
 fn lines_with(text: &str, needles: &[&str]) -> usize {
     text.lines()
         .filter(|l| needles.iter().all(|n| l.contains(n)))
@@ -559,7 +579,11 @@ fn lines_with(text: &str, needles: &[&str]) -> usize {
 #[test]
 fn masquerade_rules_follow_the_settings_and_the_local_policy_set() {
     let dir = manifests("run-masq");
-    let mut agent = Agent::start(&dir, &["--cluster-cidr", "10.244.0.0/16"]);
+    // A short sync period: the reconcile repairs a flushed hairpin set.
+    let mut agent = Agent::start(
+        &dir,
+        &["--cluster-cidr", "10.244.0.0/16", "--sync-period", "2s"],
+    );
     agent.wait_healthy();
     wait_for(
         "our chains with the cluster-CIDR rule",
@@ -593,13 +617,67 @@ fn masquerade_rules_follow_the_settings_and_the_local_policy_set() {
         ),
         1
     );
+    // Without --node-pod-cidr hairpin is exact through the ipset: one rule, whose set holds
+    // exactly the addresses of node-1's endpoints (of five Services).
     assert_eq!(
         lines_with(&nat, &["-A KUBE-IPVS-MASQ", "hairpin"]),
-        5,
-        "one hairpin rule per endpoint on node-1 without --node-pod-cidr:\n{nat}"
+        1,
+        "one hairpin rule without --node-pod-cidr:\n{nat}"
     );
+    assert_eq!(
+        lines_with(
+            &nat,
+            &[
+                "-A KUBE-IPVS-MASQ",
+                "-m set --match-set KUBE-IPVS-HAIRPIN src,dst",
+                "hairpin"
+            ]
+        ),
+        1,
+        "{nat}"
+    );
+    let node1 = [
+        "10.244.1.10",
+        "10.244.1.20",
+        "10.244.1.30",
+        "10.244.1.40",
+        "10.244.1.53",
+    ];
+    assert_eq!(hairpin_members(), node1, "the set holds node-1's endpoints");
     assert!(!nat.contains("masquerade-all"));
     assert_eq!(metric("kube_ipvs_masquerade_errors_total"), Some(0.0));
+
+    // web's endpoint on node-1 changes address: the set follows, the rules stay one.
+    let web = dir.join("web.yaml");
+    let text = std::fs::read_to_string(&web).expect("read web.yaml");
+    std::fs::write(
+        &web,
+        text.replace("addresses: [10.244.1.10]", "addresses: [10.244.1.11]"),
+    )
+    .expect("write web.yaml");
+    wait_for(
+        "the hairpin set to follow web's endpoint",
+        Duration::from_secs(30),
+        || hairpin_members().contains(&"10.244.1.11".to_owned()),
+    );
+    assert_eq!(
+        hairpin_members(),
+        [
+            "10.244.1.11",
+            "10.244.1.20",
+            "10.244.1.30",
+            "10.244.1.40",
+            "10.244.1.53"
+        ]
+    );
+    assert_eq!(lines_with(&nat_rules(), &["hairpin"]), 1);
+    // Someone flushing the set is repaired by the next reconcile (every 2 s here).
+    ipset_ok(&["flush", "KUBE-IPVS-HAIRPIN"]);
+    wait_for(
+        "the reconcile to refill the hairpin set",
+        Duration::from_secs(30),
+        || hairpin_members().len() == 5,
+    );
 
     // shop turning Cluster policy drops its exemption without a restart.
     let shop = dir.join("shop.yaml");
