@@ -1,7 +1,8 @@
 //! Host tests of the sync loop against an in-memory kernel, with tokio's paused clock: startup
 //! adopts a stale table with only the needed operations, the periodic reconcile repairs a
 //! cleared table and counts it, a change set becomes an incremental sync, a failed operation is
-//! retried with doubling delays while the other Services apply, and shutdown leaves the table.
+//! retried with doubling delays while the other Services apply, shutdown leaves the table, and
+//! with masquerade an endpoint change on this node is a hairpin ipset delta with no rules apply.
 //!
 //! The in-memory kernel answers the executor's netlink requests the way IPVS does (adding what
 //! exists or deleting what does not is an error), so the agent cannot pass by issuing blind
@@ -220,6 +221,14 @@ struct Running {
 }
 
 fn start(kernel: MemKernel) -> Running {
+    start_with(kernel, |a| a)
+}
+
+/// [`start`] with more set up on the agent (masquerade).
+fn start_with(
+    kernel: MemKernel,
+    setup: impl FnOnce(Agent<MemKernel>) -> Agent<MemKernel>,
+) -> Running {
     let shared = Arc::new(Shared::new(SYNC_PERIOD));
     let cfg = AgentConfig {
         sync_period: SYNC_PERIOD,
@@ -228,7 +237,7 @@ fn start(kernel: MemKernel) -> Running {
         node_ips: Vec::new(),
         nodeport_cidrs: Vec::new(),
     };
-    let mut agent = Agent::new(kernel, inputs(), cfg, shared.clone());
+    let mut agent = setup(Agent::new(kernel, inputs(), cfg, shared.clone()));
     let (tx, rx) = mpsc::channel(4);
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
@@ -564,5 +573,130 @@ async fn a_drained_real_server_deleted_by_the_reconcile_is_not_drift() {
             "a finished graceful termination counted as drift"
         );
     });
+    run.stop().await;
+}
+
+/// The masquerade rules as applied, recorded.
+#[derive(Clone, Default)]
+struct RulesLog(Arc<Mutex<Vec<kube_ipvs::masquerade::Config>>>);
+
+impl kube_ipvs::run::masq::Rules for RulesLog {
+    fn ensure(&mut self, config: &kube_ipvs::masquerade::Config) -> Result<(), String> {
+        self.0.lock().expect("lock").push(config.clone());
+        Ok(())
+    }
+}
+
+/// The hairpin sets in memory with a log of the member changes.
+#[derive(Clone, Default)]
+struct SetsLog(Arc<Mutex<(BTreeSet<IpAddr>, Vec<String>)>>);
+
+impl kube_ipvs::run::masq::HairpinSets for SetsLog {
+    fn create(&mut self, _: kube_ipvs::masquerade::Family) -> Result<(), String> {
+        Ok(())
+    }
+    fn list(
+        &mut self,
+        family: kube_ipvs::masquerade::Family,
+    ) -> Result<Vec<kube_ipvs::ipset::Entry>, String> {
+        let v6 = family == kube_ipvs::masquerade::Family::V6;
+        Ok(self
+            .0
+            .lock()
+            .expect("lock")
+            .0
+            .iter()
+            .filter(|a| a.is_ipv6() == v6)
+            .map(|a| kube_ipvs::ipset::Entry::hairpin(*a))
+            .collect())
+    }
+    fn add(
+        &mut self,
+        _: kube_ipvs::masquerade::Family,
+        entries: &[kube_ipvs::ipset::Entry],
+    ) -> Result<(), String> {
+        let mut st = self.0.lock().expect("lock");
+        for e in entries {
+            st.0.insert(e.src);
+            st.1.push(format!("add {}", e.src));
+        }
+        Ok(())
+    }
+    fn del(
+        &mut self,
+        _: kube_ipvs::masquerade::Family,
+        entries: &[kube_ipvs::ipset::Entry],
+    ) -> Result<(), String> {
+        let mut st = self.0.lock().expect("lock");
+        for e in entries {
+            st.0.remove(&e.src);
+            st.1.push(format!("del {}", e.src));
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_endpoint_change_on_this_node_is_a_hairpin_set_delta_without_rules() {
+    use kube_ipvs::masquerade::{Backend, Hairpin};
+    use kube_ipvs::run::masq::{Fixed, Masq};
+
+    let rules = RulesLog::default();
+    let sets = SetsLog::default();
+    let masq = Masq::new(
+        Fixed {
+            cluster_cidrs: Vec::new(),
+            masquerade_all: false,
+            node_pod_cidrs: Vec::new(),
+            backend: Backend::Legacy,
+        },
+        Box::new(rules.clone()),
+    )
+    .with_hairpin_sets(Box::new(sets.clone()));
+    let run = start_with(MemKernel::default(), |a| a.with_masquerade(masq));
+    let (mut tracker, cs) = tracker_with_examples();
+    run.changes.send(cs).await.expect("send");
+    run.syncs(1).await;
+    let members = || sets.0.lock().expect("lock").0.clone();
+    let node1: BTreeSet<IpAddr> = [
+        "10.244.1.10",
+        "10.244.1.20",
+        "10.244.1.30",
+        "10.244.1.40",
+        "10.244.1.53",
+    ]
+    .iter()
+    .map(|a| a.parse().expect("literal"))
+    .collect();
+    assert_eq!(members(), node1, "node-1's endpoints, after startup");
+    assert_eq!(rules.0.lock().expect("lock").len(), 1);
+    assert_eq!(rules.0.lock().expect("lock")[0].hairpin, Hairpin::Set);
+    sets.0.lock().expect("lock").1.clear();
+
+    // web's endpoint on node-1 moves from 10.244.1.10 to 10.244.1.99.
+    let mut m = examples();
+    let text = serde_json::to_string(&m.slices).expect("json");
+    m.slices = serde_json::from_str(&text.replace("10.244.1.10", "10.244.1.99")).expect("json");
+    tracker.relist_slices(&m.slices);
+    let cs = tracker.take_change_set().expect("a change");
+    run.changes.send(cs).await.expect("send");
+    run.syncs(2).await;
+    let mut log = sets.0.lock().expect("lock").1.clone();
+    log.sort();
+    assert_eq!(log, ["add 10.244.1.99", "del 10.244.1.10"]);
+    assert_eq!(
+        rules.0.lock().expect("lock").len(),
+        1,
+        "no iptables-restore for an endpoint change"
+    );
+    // An endpoint on another node changing touches neither.
+    let text = serde_json::to_string(&m.slices).expect("json");
+    m.slices = serde_json::from_str(&text.replace("10.244.2.10", "10.244.2.98")).expect("json");
+    tracker.relist_slices(&m.slices);
+    let cs = tracker.take_change_set().expect("a change");
+    run.changes.send(cs).await.expect("send");
+    run.syncs(3).await;
+    assert_eq!(sets.0.lock().expect("lock").1.len(), 2);
+    assert_eq!(rules.0.lock().expect("lock").len(), 1);
     run.stop().await;
 }
