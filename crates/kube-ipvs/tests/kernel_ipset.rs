@@ -157,3 +157,48 @@ fn many_members_in_batches_and_a_set_of_another_type_is_an_error() {
     assert!(e.to_string().contains(SET_V4), "{e}");
     assert!(e.to_string().contains("another type"), "{e}");
 }
+
+/// Prints the kernel's list replies for two known sets as hex, one datagram a line, for the
+/// checked-in fixtures `tests/fixtures/ipset_list_v{4,6}.hex` (the unit tests in `ipset.rs`
+/// parse them); and checks what our parse of them says against `ipset save`.
+#[test]
+fn list_replies_for_the_fixtures() {
+    let mut h = Ipset::new().expect("netlink");
+    for (set, family, ours, theirs, v) in [
+        (
+            SET_V4,
+            Family::V4,
+            vec![ip("10.244.1.5"), ip("10.244.1.6")],
+            "10.0.0.0/8,10.244.2.7",
+            "4",
+        ),
+        (
+            SET_V6,
+            Family::V6,
+            vec![ip("fd00:10:244::5")],
+            "fd00::/8,fd00:10:244::7",
+            "6",
+        ),
+    ] {
+        h.create(set, family).expect("create");
+        let entries: Vec<Entry> = ours.iter().map(|a| Entry::hairpin(*a)).collect();
+        h.add(set, &entries).expect("add");
+        ipset(&["add", set, theirs]);
+        let mut raw = Vec::new();
+        let got = h
+            .list_capturing(set, Some(&mut raw))
+            .expect("list")
+            .expect("the set exists");
+        for d in &raw {
+            let hex: String = d.iter().map(|b| format!("{b:02x}")).collect();
+            println!("##ipset-fixture v{v} {hex}");
+        }
+        let mut got: Vec<String> = got.iter().map(|e| format!("add {set} {e}")).collect();
+        got.sort();
+        let want: Vec<String> = saved(set)
+            .into_iter()
+            .filter(|l| l.starts_with("add "))
+            .collect();
+        assert_eq!(got, want);
+    }
+}
