@@ -202,3 +202,55 @@ fn list_replies_for_the_fixtures() {
         assert_eq!(got, want);
     }
 }
+
+/// The cost the agent pays at 100,000 local endpoints (bench e2e's largest size), printed for
+/// the record: filling the set, reading it back, and one Service's delta, against one
+/// `iptables-restore` of the per-endpoint rules that the set replaces.
+#[test]
+fn hundred_thousand_members_cost() {
+    use kube_ipvs::masquerade::{Backend, Config, Hairpin, Masquerade};
+    use std::time::Instant;
+
+    let n = 100_000u32;
+    let addrs: Vec<IpAddr> = (0..n)
+        .map(|i| IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + i)))
+        .collect();
+    let all: Vec<Entry> = addrs.iter().map(|a| Entry::hairpin(*a)).collect();
+    let mut h = Ipset::new().expect("netlink");
+    h.create(SET_V4, Family::V4).expect("create");
+    let t = Instant::now();
+    h.add(SET_V4, &all).expect("add");
+    let fill = t.elapsed();
+    let t = Instant::now();
+    let listed = h.list(SET_V4).expect("list").expect("exists");
+    let list = t.elapsed();
+    assert_eq!(listed.len(), n as usize);
+    // One Service's endpoints move: ten out, ten in.
+    let t = Instant::now();
+    h.del(SET_V4, &all[..10]).expect("del");
+    let fresh: Vec<Entry> = (0..10u32)
+        .map(|i| Entry::hairpin(IpAddr::V4(std::net::Ipv4Addr::from(0x0b00_0000 + i))))
+        .collect();
+    h.add(SET_V4, &fresh).expect("add");
+    let delta = t.elapsed();
+
+    let rules = |hairpin| {
+        let m = Masquerade::new(Config {
+            hairpin,
+            backend: Backend::Nft,
+            ..Config::default()
+        })
+        .expect("config");
+        let t = Instant::now();
+        m.ensure().expect("ensure");
+        t.elapsed()
+    };
+    let set_rules = rules(Hairpin::Set);
+    let endpoint_rules = rules(Hairpin::Endpoints(addrs));
+    println!(
+        "##ipset-cost members {n}: fill {fill:?}, list {list:?}, delta of 20 {delta:?}; \
+         iptables-restore with the set rule {set_rules:?}, with {n} endpoint rules \
+         {endpoint_rules:?}"
+    );
+    assert!(h.list(SET_V4).expect("list").expect("exists").len() == n as usize);
+}
