@@ -340,8 +340,9 @@ pub fn cleanup_everywhere(bin_dir: Option<&Path>) -> Result<Vec<Removed>> {
 /// kernel refuses to destroy a referenced set). Returns the names destroyed. A kernel without
 /// ipset support has no sets, which is not an error.
 pub fn cleanup_hairpin_sets() -> std::result::Result<Vec<&'static str>, crate::ipset::IpsetError> {
-    // EPROTONOSUPPORT / EOPNOTSUPP: nfnetlink has no ipset subsystem (ip_set not loaded).
-    let no_ipset = |e: &crate::ipset::IpsetError| matches!(e.errno(), Some(93 | 95));
+    // EINVAL: nfnetlink has no ipset subsystem (ip_set not loaded and not loadable), as
+    // `nfnetlink_rcv_msg` in net/netfilter/nfnetlink.c answers; our requests are well formed.
+    let no_ipset = |e: &crate::ipset::IpsetError| e.errno() == Some(22);
     let mut sets = match crate::ipset::Ipset::new() {
         Ok(s) => s,
         Err(e) if no_ipset(&e) => return Ok(Vec::new()),
