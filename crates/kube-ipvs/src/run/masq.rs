@@ -28,8 +28,10 @@
 //! # Off the sync loop
 //!
 //! In the agent the rules are applied by a worker thread ([`Masq::in_background`]): an
-//! `iptables-restore` of exact hairpin rules on a node with many local endpoints takes seconds,
-//! and IPVS programming must not wait behind it. A change hands the worker the new rules and
+//! `iptables-restore` is a process or two per family even for our few rules (and takes seconds
+//! for the per-endpoint fallback on a node with many local endpoints), and IPVS programming must not
+//! wait behind it. The hairpin set's members are not rules: their deltas are applied on the
+//! caller's thread, before any rules are handed over. A change hands the worker the new rules and
 //! returns at once; the worker applies the newest rules it was given (intermediate ones are
 //! skipped: each is a whole state). Forced applies (startup, reconcile) wait for the worker, so
 //! they keep their order with the changes before them and report their own errors. An error of
