@@ -30,6 +30,12 @@ pub const DEFAULT_DUMMY: &str = "kube-ipvs0";
 
 /// `IFNAMSIZ - 1`.
 const MAX_IFNAME: usize = 15;
+/// Address requests per `sendmsg`, at most.
+const ADDRESS_BATCH: usize = 1000;
+/// Receive buffer bytes one queued acknowledgement costs (an skb's truesize).
+const ACK_COST: usize = 1024;
+/// The receive buffer asked for before a batch of address requests.
+const ADDRESS_RCVBUF: usize = 1 << 20;
 
 /// An address configured on some interface of the node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -473,6 +479,88 @@ impl Rtnl {
             0 | libc::EEXIST => Ok(()),
             e => Err(kernel_err(op(), e)),
         }
+    }
+
+    /// Adds many addresses to `ifname` like [`Rtnl::add_address`], one result per address in
+    /// order, with one interface lookup and many requests per `sendmsg` (a startup binds one
+    /// address per ClusterIP: 10,000 round trips, and as many link lookups, cost seconds). The
+    /// outer error is the interface lookup's.
+    pub fn add_addresses(&mut self, ifname: &str, addrs: &[IpAddr]) -> Result<Vec<Result<()>>> {
+        let index = self.index_of(ifname)?;
+        let op = |addr: &IpAddr| format!("add address {addr} to {ifname}");
+        let mut results: Vec<Option<Result<()>>> = addrs
+            .iter()
+            .map(|a| Self::check_addr(&|| op(a), a).err().map(Err))
+            .collect();
+        let todo: Vec<usize> = (0..addrs.len()).filter(|&i| results[i].is_none()).collect();
+        // The kernel charges each queued acknowledgement its skb's truesize (about 1 KiB), not
+        // its 36 bytes: a batch is as large as the receive buffer holds acknowledgements.
+        let rcvbuf = if todo.len() > 1 {
+            self.sock.grow_rcvbuf(ADDRESS_RCVBUF).unwrap_or(0)
+        } else {
+            0
+        };
+        let batch = (rcvbuf / ACK_COST).clamp(1, ADDRESS_BATCH);
+        for chunk in todo.chunks(batch) {
+            let first = self.seq;
+            self.seq = self.seq.wrapping_add(chunk.len() as u32);
+            let mut out = Vec::with_capacity(chunk.len() * 64);
+            for (k, &i) in chunk.iter().enumerate() {
+                let mut header = NetlinkHeader::default();
+                header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
+                header.sequence_number = first.wrapping_add(k as u32);
+                let payload =
+                    RouteNetlinkMessage::NewAddress(Self::address_message(index, addrs[i]));
+                let mut msg = NetlinkMessage::new(header, NetlinkPayload::from(payload));
+                msg.finalize();
+                let at = out.len();
+                out.resize(at + msg.buffer_len(), 0);
+                msg.serialize(&mut out[at..]);
+            }
+            if let Err(e) = self.sock.send(&out) {
+                for &i in chunk {
+                    results[i] = Some(Err(Error::Io {
+                        op: op(&addrs[i]),
+                        source: io::Error::new(e.kind(), e.to_string()),
+                    }));
+                }
+                continue;
+            }
+            // The kernel handles the requests inside sendmsg, so every acknowledgement is
+            // queued when it returns: reading without waiting until the queue is empty cannot
+            // hang on one that was dropped (those are reported as lost below).
+            let mut answered = 0;
+            while answered < chunk.len() {
+                match self.sock.recv(&mut self.buf, false) {
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => continue,
+                    Err(_) => break,
+                }
+                for m in crate::ipvs::wire::messages(&self.buf) {
+                    let (h, payload, _) = m?;
+                    if h.kind != crate::ipvs::wire::NLMSG_ERROR {
+                        continue;
+                    }
+                    let Some(&i) = chunk.get(h.seq.wrapping_sub(first) as usize) else {
+                        continue;
+                    };
+                    if results[i].is_some() {
+                        continue;
+                    }
+                    let errno = crate::ipvs::wire::error_code(payload)?;
+                    results[i] = Some(match errno {
+                        0 | libc::EEXIST => Ok(()),
+                        e => Err(kernel_err(op(&addrs[i]), e)),
+                    });
+                    answered += 1;
+                }
+            }
+        }
+        Ok(results
+            .into_iter()
+            .zip(addrs)
+            .map(|(r, a)| r.unwrap_or_else(|| Err(Error::AckLost { op: op(a) })))
+            .collect())
     }
 
     /// Removes `addr` from `ifname`; an address that is not there is fine.

@@ -107,6 +107,44 @@ fn addresses_are_added_and_removed_idempotently() {
 }
 
 #[test]
+fn many_addresses_are_added_in_batches_with_one_result_each() {
+    let mut rt = Rtnl::new().expect("rtnetlink");
+    rt.ensure_dummy(DEFAULT_DUMMY).expect("create");
+    rt.add_address(DEFAULT_DUMMY, addr("10.96.0.7"))
+        .expect("one already bound");
+    // More than one batch, IPv4 and IPv6, one already bound, one twice, one refused.
+    let mut addrs: Vec<IpAddr> = (0..2500u32)
+        .map(|i| IpAddr::V4(std::net::Ipv4Addr::from(0x0a60_0000 + i)))
+        .collect();
+    addrs.push(addr("fd00:10:96::2a"));
+    addrs.push(addr("10.96.0.3"));
+    addrs.push(addr("224.0.0.1"));
+    let results = rt
+        .add_addresses(DEFAULT_DUMMY, &addrs)
+        .expect("interface found");
+    assert_eq!(results.len(), addrs.len());
+    let refused: Vec<(IpAddr, String)> = addrs
+        .iter()
+        .zip(&results)
+        .filter_map(|(a, r)| r.as_ref().err().map(|e| (*a, e.to_string())))
+        .collect();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].0, addr("224.0.0.1"));
+    assert!(
+        refused[0].1.contains("224.0.0.1") && refused[0].1.contains(DEFAULT_DUMMY),
+        "{}",
+        refused[0].1
+    );
+    let want: BTreeSet<IpAddr> = addrs[..addrs.len() - 1].iter().copied().collect();
+    assert_eq!(want.len(), 2501);
+    assert_eq!(ip_addrs(Some(DEFAULT_DUMMY)), want);
+    match rt.add_addresses("kube-ipvs9", &addrs[..1]) {
+        Err(Error::Kernel { errno, .. }) => assert_eq!(errno, libc::ENODEV),
+        other => panic!("expected ENODEV, got {other:?}"),
+    }
+}
+
+#[test]
 fn bad_names_and_missing_interfaces_are_clear_errors() {
     for bad in ["", "a/b", "has space", "x:y", "sixteen-chars-xx", ".", ".."] {
         let e = validate_ifname(bad).expect_err(bad);

@@ -154,6 +154,9 @@ impl Kernel for RealKernel {
     fn add_address(&mut self, addr: IpAddr) -> Result<(), String> {
         self.handles().add_address(addr)
     }
+    fn add_addresses(&mut self, addrs: &[IpAddr]) -> Vec<Result<(), String>> {
+        self.handles().add_addresses(addrs)
+    }
     fn remove_address(&mut self, addr: IpAddr) -> Result<(), String> {
         self.handles().remove_address(addr)
     }
@@ -399,6 +402,7 @@ impl<K: NodeKernel> Agent<K> {
         let Some(cs) = first else {
             return Err(AgentError::SourceEnded);
         };
+        tracing::info!("listed: {} Services", cs.services.len());
         self.take(cs);
         self.full_sync(SyncKind::Startup);
         self.sync_masquerade(true);
@@ -615,6 +619,7 @@ impl<K: NodeKernel> Agent<K> {
             }
         };
         self.adopted = true;
+        let read = start.elapsed();
         let now = self.now();
         // Real servers that were draining and are deleted now finished their graceful
         // termination: expected work, not drift.
@@ -623,7 +628,16 @@ impl<K: NodeKernel> Agent<K> {
         let ops = self
             .engine
             .resync(&mut self.inputs, &observed.table, now, &counts);
+        let diffed = start.elapsed();
         let failures = self.apply(&ops);
+        if kind == SyncKind::Startup {
+            tracing::info!(
+                "startup sync: read the kernel in {:.1} ms, diffed in {:.1} ms, applied in {:.1} ms",
+                read.as_secs_f64() * 1000.0,
+                (diffed - read).as_secs_f64() * 1000.0,
+                (start.elapsed() - diffed).as_secs_f64() * 1000.0
+            );
+        }
         let drained = ops
             .iter()
             .filter(|op| {
