@@ -52,6 +52,9 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(30);
 const SETTLE_CPU: f64 = 0.1;
 const SETTLE_WINDOW: Duration = Duration::from_secs(2);
 /// Pause between GET_DEST polls of one service after an update.
+/// `GLIBC_TUNABLES` as `deploy/daemonset.yaml` sets it for the agent (a test keeps them equal).
+const KUBE_IPVS_GLIBC_TUNABLES: &str =
+    "glibc.malloc.arena_max=2:glibc.malloc.mmap_threshold=131072";
 const UPDATE_POLL: Duration = Duration::from_millis(2);
 /// An update the kernel has not shown after this long counts as a timeout and ends the series.
 const UPDATE_TIMEOUT: Duration = Duration::from_secs(180);
@@ -432,6 +435,8 @@ impl Agent {
                     "--cluster-cidr",
                     "10.244.0.0/16",
                 ]);
+                // The malloc settings the DaemonSet gives it, so this is the agent as shipped.
+                c.env("GLIBC_TUNABLES", KUBE_IPVS_GLIBC_TUNABLES);
                 c
             }
             "kube-proxy" => {
@@ -826,6 +831,21 @@ fn guest(opts: &Options) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_agent_gets_the_daemonsets_malloc_settings() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/daemonset.yaml");
+        let manifest = std::fs::read_to_string(path).expect("deploy/daemonset.yaml");
+        let at = manifest
+            .find("- name: GLIBC_TUNABLES")
+            .expect("the DaemonSet sets GLIBC_TUNABLES");
+        let value = manifest[at..]
+            .lines()
+            .nth(1)
+            .and_then(|l| l.trim().strip_prefix("value: "))
+            .expect("a value line after the name");
+        assert_eq!(value, KUBE_IPVS_GLIBC_TUNABLES);
+    }
 
     #[test]
     fn stat_fields_14_to_17_are_summed_after_the_command_name() {
