@@ -95,12 +95,18 @@ fn endpoint(i: u32, j: u32) -> Endpoint {
             protocol: Protocol::Tcp,
         }],
     );
-    e.node_name = Some(format!("node-{}", j % 50));
+    e.node_name = Some(format!("node-{}", j % 50).into());
     e
 }
 
+/// A Service's endpoints as translation builds them: one shared copy of the slice's ports.
 fn endpoints(i: u32) -> Vec<Endpoint> {
-    (0..ENDPOINTS_PER_SERVICE).map(|j| endpoint(i, j)).collect()
+    let mut eps: Vec<Endpoint> = (0..ENDPOINTS_PER_SERVICE).map(|j| endpoint(i, j)).collect();
+    let shared = eps[0].ports.clone();
+    for e in &mut eps {
+        e.ports = shared.clone();
+    }
+    eps
 }
 
 fn inputs(services: u32) -> Inputs {

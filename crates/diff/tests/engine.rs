@@ -183,7 +183,9 @@ fn udp_dest_goes_at_once() {
     let mut s = svc("10.96.0.53");
     s.ports[0].protocol = Protocol::Udp;
     let mut e = ep("10.1.0.1");
-    e.ports[0].protocol = Protocol::Udp;
+    let mut ports = e.ports.to_vec();
+    ports[0].protocol = Protocol::Udp;
+    e.ports = ports.into();
     rig.inputs.upsert_service(dns.clone(), s).expect("valid");
     rig.inputs
         .set_endpoints(dns.clone(), vec![e])

@@ -221,9 +221,9 @@ fn rule5_zone_hints_ignored_when_none_match_this_zone() {
 fn rule5_node_hints_restrict_to_this_node() {
     let s = svc("10.96.0.10");
     let mut a = hinted("10.1.0.1", &["zone-a"]);
-    a.hints_for_nodes = vec!["node-a".into()];
+    a.hints_for_nodes = vec!["node-a".into()].into();
     let mut b = hinted("10.1.0.2", &["zone-a"]);
-    b.hints_for_nodes = vec!["node-b".into()];
+    b.hints_for_nodes = vec!["node-b".into()].into();
     let t = service_table(Some(&s), &[a, b], &node());
     assert_eq!(dests(&t, tcp("10.96.0.10", 80)), set(&["10.1.0.1"]));
 }
@@ -357,17 +357,27 @@ fn rule10_ports_match_by_name_and_protocol() {
         node_port: None,
     });
     let mut both = ep("10.1.0.1");
-    both.ports.push(EndpointPort {
-        name: "dns".into(),
-        port: 5353,
-        protocol: Protocol::Udp,
-    });
+    both.ports = [
+        both.ports.to_vec(),
+        vec![EndpointPort {
+            name: "dns".into(),
+            port: 5353,
+            protocol: Protocol::Udp,
+        }],
+    ]
+    .concat()
+    .into();
     let mut wrong_proto = ep("10.1.0.2");
-    wrong_proto.ports.push(EndpointPort {
-        name: "dns".into(),
-        port: 5353,
-        protocol: Protocol::Tcp,
-    });
+    wrong_proto.ports = [
+        wrong_proto.ports.to_vec(),
+        vec![EndpointPort {
+            name: "dns".into(),
+            port: 5353,
+            protocol: Protocol::Tcp,
+        }],
+    ]
+    .concat()
+    .into();
     let t = service_table(Some(&s), &[both, wrong_proto], &node());
     let udp = VirtualKey::inet(Protocol::Udp, ip("10.96.0.10"), 53);
     assert_eq!(

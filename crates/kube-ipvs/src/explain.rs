@@ -170,7 +170,7 @@ pub enum Reason {
     },
 }
 
-fn opt(s: &Option<String>) -> &str {
+fn opt<S: std::ops::Deref<Target = str>>(s: &Option<S>) -> &str {
     s.as_deref().unwrap_or("(none)")
 }
 
@@ -403,7 +403,7 @@ fn reason(
     if local && !is_ours {
         return Reason::OtherNodeUnderLocal {
             policy: policy_name,
-            node: e.node_name.clone(),
+            node: e.node_name.as_deref().map(str::to_owned),
         };
     }
     if !e.ready {
@@ -437,10 +437,10 @@ fn topology_reason(
     if !any_hints {
         return match info.traffic_distribution {
             Some(TrafficDistribution::PreferClose | TrafficDistribution::PreferSameZone)
-                if e.zone != node.zone =>
+                if e.zone.as_deref() != node.zone.as_deref() =>
             {
                 Some(Reason::OtherZoneByDistribution {
-                    zone: e.zone.clone(),
+                    zone: e.zone.as_deref().map(str::to_owned),
                     ours: node.zone.clone(),
                 })
             }
@@ -448,7 +448,7 @@ fn topology_reason(
                 if e.node_name.as_deref() != Some(node.node_name.as_str()) =>
             {
                 Some(Reason::OtherNodeByDistribution {
-                    node: e.node_name.clone(),
+                    node: e.node_name.as_deref().map(str::to_owned),
                 })
             }
             _ => None,
@@ -456,7 +456,7 @@ fn topology_reason(
     }
     if !e.hints_for_nodes.is_empty() && !e.hints_for_nodes.contains(&node.node_name) {
         return Some(Reason::NodeHints {
-            hints: e.hints_for_nodes.clone(),
+            hints: e.hints_for_nodes.to_vec(),
         });
     }
     let in_zone = node
@@ -465,7 +465,7 @@ fn topology_reason(
         .is_some_and(|z| e.hints_for_zones.contains(z));
     if !e.hints_for_zones.is_empty() && !in_zone {
         return Some(Reason::ZoneHints {
-            hints: e.hints_for_zones.clone(),
+            hints: e.hints_for_zones.to_vec(),
             ours: node.zone.clone(),
         });
     }
@@ -696,7 +696,9 @@ mod tests {
         gone.serving = false;
         gone.terminating = true;
         let mut other_port = ep("10.244.5.1", "node-5");
-        other_port.ports[0].name = "metrics".into();
+        let mut ports = other_port.ports.to_vec();
+        ports[0].name = "metrics".into();
+        other_port.ports = ports.into();
         let i = inputs(
             service(),
             vec![
@@ -758,9 +760,9 @@ mod tests {
     #[test]
     fn topology_reasons() {
         let mut a = ep("10.244.1.1", "node-1");
-        a.hints_for_zones = vec!["zone-a".into()];
+        a.hints_for_zones = vec!["zone-a".into()].into();
         let mut b = ep("10.244.2.1", "node-2");
-        b.hints_for_zones = vec!["zone-b".into()];
+        b.hints_for_zones = vec!["zone-b".into()].into();
         let i = inputs(service(), vec![a.clone(), b]);
         assert_eq!(
             verdicts(&i, "10.96.0.10:80")[1],
@@ -775,9 +777,9 @@ mod tests {
         );
 
         let mut a = ep("10.244.1.1", "node-1");
-        a.hints_for_nodes = vec!["node-1".into()];
+        a.hints_for_nodes = vec!["node-1".into()].into();
         let mut b = ep("10.244.2.1", "node-2");
-        b.hints_for_nodes = vec!["node-2".into()];
+        b.hints_for_nodes = vec!["node-2".into()].into();
         let i = inputs(service(), vec![a, b]);
         assert_eq!(
             verdicts(&i, "10.96.0.10:80")[1].2,

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -387,6 +388,9 @@ pub fn translate_slice(
         });
     }
     ports.sort();
+    // One copy of the ports and of each node's name per slice, shared by its endpoints.
+    let ports: Arc<[EndpointPort]> = ports.into();
+    let mut names: Vec<Arc<str>> = Vec::new();
     let mut endpoints = Vec::new();
     for (i, ep) in slice.endpoints.iter().enumerate() {
         // The API says consumers use the first address; the others are for future use.
@@ -407,14 +411,16 @@ pub fn translate_slice(
         let serving = c.and_then(|c| c.serving).unwrap_or(ready);
         let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
         let hints = ep.hints.as_ref();
+        let node_name = ep.node_name.as_deref().map(|n| share(&mut names, n));
+        let zone = ep.zone.as_deref().map(|z| share(&mut names, z));
         endpoints.push(Endpoint {
             addr,
             ports: ports.clone(),
             ready,
             serving,
             terminating,
-            node_name: ep.node_name.clone(),
-            zone: ep.zone.clone(),
+            node_name,
+            zone,
             hints_for_zones: hints
                 .and_then(|h| h.for_zones.as_ref())
                 .map(|z| z.iter().map(|z| z.name.clone()).collect())
@@ -446,6 +452,17 @@ pub fn translate_slice(
     }))
 }
 
+/// One shared copy of `name` among the names a slice has used so far (its endpoints' nodes
+/// and zones: a handful, so a linear search).
+fn share(names: &mut Vec<Arc<str>>, name: &str) -> Arc<str> {
+    if let Some(shared) = names.iter().find(|a| ***a == *name) {
+        return shared.clone();
+    }
+    let shared: Arc<str> = name.into();
+    names.push(shared.clone());
+    shared
+}
+
 /// Merges the endpoints of all slices of one Service, given in slice-name order.
 ///
 /// An address may appear in more than one slice (while the controller moves it between
@@ -457,14 +474,19 @@ pub fn translate_slice(
 pub fn merge_slices<'a>(slices: impl IntoIterator<Item = &'a [Endpoint]>) -> Vec<Endpoint> {
     let mut by_addr: BTreeMap<IpAddr, Endpoint> = BTreeMap::new();
     let rank = |e: &Endpoint| (e.ready, e.serving, !e.terminating);
-    let add_missing = |into: &mut Vec<EndpointPort>, from: &[EndpointPort]| {
-        for p in from {
-            if !into
-                .iter()
-                .any(|q| q.name == p.name && q.protocol == p.protocol)
-            {
-                into.push(p.clone());
-            }
+    let add_missing = |into: &mut Arc<[EndpointPort]>, from: &[EndpointPort]| {
+        let missing: Vec<&EndpointPort> = from
+            .iter()
+            .filter(|p| {
+                !into
+                    .iter()
+                    .any(|q| q.name == p.name && q.protocol == p.protocol)
+            })
+            .collect();
+        if !missing.is_empty() {
+            let mut united = into.to_vec();
+            united.extend(missing.into_iter().cloned());
+            *into = united.into();
         }
     };
     for ep in slices.into_iter().flatten() {
@@ -480,7 +502,11 @@ pub fn merge_slices<'a>(slices: impl IntoIterator<Item = &'a [Endpoint]>) -> Vec
         }
     }
     for ep in by_addr.values_mut() {
-        ep.ports.sort();
+        if !ep.ports.is_sorted() {
+            let mut sorted = ep.ports.to_vec();
+            sorted.sort();
+            ep.ports = sorted.into();
+        }
     }
     by_addr.into_values().collect()
 }

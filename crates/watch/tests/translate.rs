@@ -249,12 +249,12 @@ fn hints_and_load_balancer_ingress() {
         eps[&ServiceName::new("shop", "checkout")],
         vec![
             Endpoint {
-                hints_for_zones: vec!["zone-a".into()],
+                hints_for_zones: vec!["zone-a".into()].into(),
                 ..ep("10.244.4.1", ports.clone(), Some("node-a"), Some("zone-a"))
             },
             Endpoint {
-                hints_for_zones: vec!["zone-b".into(), "zone-c".into()],
-                hints_for_nodes: vec!["node-b".into()],
+                hints_for_zones: vec!["zone-b".into(), "zone-c".into()].into(),
+                hints_for_nodes: vec!["node-b".into()].into(),
                 ..ep("10.244.5.1", ports, Some("node-b"), Some("zone-b"))
             },
         ]
@@ -368,4 +368,34 @@ fn snapshot_of_the_whole_directory_applies_to_the_engine_cleanly() {
     assert!(cs.apply_to(&mut inputs).is_empty());
     assert_eq!(inputs.len(), 5);
     assert_eq!(inputs.endpoints(&ServiceName::new("shop", "web")).len(), 3);
+}
+
+#[test]
+fn a_slices_endpoints_share_its_ports_and_each_nodes_name() {
+    let m = load("terminating.yaml");
+    let slice = m
+        .slices
+        .iter()
+        .find(|s| {
+            s.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("kubernetes.io/service-name"))
+                .is_some_and(|n| n == "api")
+        })
+        .expect("api's slice");
+    let t = kube_ipvs_watch::translate_slice(slice, &TranslateOptions::default())
+        .expect("valid")
+        .expect("ours");
+    let e = &t.endpoints;
+    assert_eq!(e.len(), 4);
+    // One allocation of the ports for the whole slice, one of each node's name.
+    assert!(
+        e.iter()
+            .all(|x| std::sync::Arc::ptr_eq(&x.ports, &e[0].ports))
+    );
+    let node = |i: usize| e[i].node_name.clone().expect("a node");
+    assert_eq!((&*node(0), &*node(2)), ("node-c", "node-d"));
+    assert!(std::sync::Arc::ptr_eq(&node(0), &node(1)), "both on node-c");
+    assert!(!std::sync::Arc::ptr_eq(&node(0), &node(2)));
 }

@@ -225,7 +225,7 @@ mod tests {
         Endpoint {
             ready,
             serving: ready,
-            node_name: Some(node.to_owned()),
+            node_name: Some(node.into()),
             ..Endpoint::ready("10.244.1.5".parse().expect("literal"), Vec::new())
         }
     }

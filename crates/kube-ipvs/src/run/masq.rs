@@ -759,7 +759,7 @@ mod tests {
 
     fn endpoint(addr: &str, node: &str) -> Endpoint {
         Endpoint {
-            node_name: Some(node.to_owned()),
+            node_name: Some(node.into()),
             ..Endpoint::ready(ip(addr), Vec::new())
         }
     }
