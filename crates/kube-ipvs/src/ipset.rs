@@ -73,7 +73,8 @@ const IPSET_ATTR_IPADDR_IPV6: u16 = 2;
 const IPSET_ERR_PROTOCOL: i32 = 4097;
 const IPSET_ERR_FIND_TYPE: i32 = 4098;
 const IPSET_ERR_MAX_SETS: i32 = 4099;
-const IPSET_ERR_BUSY: i32 = 4100;
+/// `IPSET_ERR_BUSY`: the set is referenced (by an iptables rule).
+pub const IPSET_ERR_BUSY: i32 = 4100;
 const IPSET_ERR_EXIST_SETNAME2: i32 = 4101;
 const IPSET_ERR_TYPE_MISMATCH: i32 = 4102;
 const IPSET_ERR_INVALID_CIDR: i32 = 4104;
@@ -94,6 +95,9 @@ const NLA_TYPE_MASK: u16 = 0x3fff;
 const HEADER_LEN: usize = 16;
 const ENOENT: i32 = 2;
 const EEXIST: i32 = 17;
+const ENOBUFS: i32 = 105;
+/// `recv` flag: return at once when nothing is queued (Linux's value).
+const MSG_DONTWAIT: i32 = 0x40;
 /// Members per `sendmsg`: their acknowledgements (one small skb each) must fit the socket's
 /// receive buffer, or the kernel drops the excess and we could not tell which were applied.
 const BATCH: usize = 128;
@@ -354,7 +358,13 @@ impl Ipset {
                 entry: bad.to_string(),
             });
         }
-        for chunk in entries.chunks(BATCH) {
+        // Each queued acknowledgement costs its skb's truesize (about 1 KiB) of the receive
+        // buffer, so a batch is no larger than the buffer holds.
+        let batch = self
+            .socket
+            .get_rx_buf_sz()
+            .map_or(BATCH, |b| (b / 1024).clamp(1, BATCH));
+        for chunk in entries.chunks(batch) {
             let mut msgs = Vec::with_capacity(chunk.len());
             let mut seqs = Vec::with_capacity(chunk.len());
             for e in chunk {
@@ -396,16 +406,41 @@ impl Ipset {
             source,
         };
         self.socket.send(&msgs.concat(), 0).map_err(sock_err)?;
+        // nfnetlink handles these requests inside sendmsg, so every acknowledgement is queued
+        // when it returns: read without waiting until the queue is empty, so an answer the
+        // kernel never sent (a refused datagram is answered once, for its first message) or
+        // dropped cannot stop the agent's loop. Missing answers are an error.
         let mut acks = Vec::with_capacity(seqs.len());
         let mut buf = Vec::with_capacity(1 << 16);
         while acks.len() < seqs.len() {
             buf.clear();
-            self.socket.recv(&mut buf, 0).map_err(sock_err)?;
+            match self.socket.recv(&mut buf, MSG_DONTWAIT) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(ENOBUFS) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(sock_err(e)),
+            }
             for m in messages(&buf) {
                 if m.kind == NLMSG_ERROR && seqs.contains(&m.seq) {
                     acks.push((m.seq, error_code(m.payload).unwrap_or(0)));
                 }
             }
+        }
+        if acks.len() < seqs.len() {
+            // One refusal for the whole datagram (EPERM without CAP_NET_ADMIN) is the
+            // kernel's answer; otherwise say how many were not answered.
+            if acks.iter().any(|(_, e)| *e != 0) {
+                return Ok(acks);
+            }
+            return Err(IpsetError::Socket {
+                set: set.to_owned(),
+                what: format!(
+                    "{what}: {} of {} requests unanswered",
+                    seqs.len() - acks.len(),
+                    seqs.len()
+                ),
+                source: std::io::Error::from_raw_os_error(ENOBUFS),
+            });
         }
         Ok(acks)
     }
@@ -537,7 +572,18 @@ fn list_step(
             continue;
         }
         match m.kind {
-            NLMSG_DONE => return Ok(ListStep::Done),
+            // A dump that failed part way ends with a negative errno in its DONE message: the
+            // members so far are not the whole set.
+            NLMSG_DONE => match done_code(m.payload) {
+                0 => return Ok(ListStep::Done),
+                errno => {
+                    return Err(IpsetError::Kernel {
+                        set: set.to_owned(),
+                        what: "list (ended early)".into(),
+                        errno,
+                    });
+                }
+            },
             NLMSG_ERROR => match error_code(m.payload) {
                 Some(0) | None => {}
                 Some(ENOENT) => return Ok(ListStep::Absent),
@@ -553,6 +599,14 @@ fn list_step(
         }
     }
     Ok(ListStep::More)
+}
+
+/// The errno of an `NLMSG_DONE` payload (a negative `i32`, or none: 0).
+fn done_code(payload: &[u8]) -> i32 {
+    payload
+        .get(..4)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map_or(0, |b| i32::from_ne_bytes(b).saturating_neg())
 }
 
 /// A netlink message in a datagram.
@@ -963,5 +1017,28 @@ mod tests {
             ..Entry::hairpin(ip("10.0.0.1"))
         };
         assert!(!mixed.is_valid());
+    }
+
+    #[test]
+    fn a_list_that_ends_with_an_error_in_its_done_message_is_not_complete() {
+        // struct nlmsghdr (len 20, NLMSG_DONE, NLM_F_MULTI, seq 7, pid 0) + int error.
+        let done = |errno: i32| {
+            let mut b = Vec::new();
+            b.extend_from_slice(&20u32.to_le_bytes());
+            b.extend_from_slice(&le16(NLMSG_DONE));
+            b.extend_from_slice(&le16(0x2));
+            b.extend_from_slice(&7u32.to_le_bytes());
+            b.extend_from_slice(&0u32.to_le_bytes());
+            b.extend_from_slice(&(-errno).to_le_bytes());
+            b
+        };
+        let mut entries = Vec::new();
+        assert_eq!(
+            list_step(&done(0), Some(7), SET_V4, &mut entries).expect("complete"),
+            ListStep::Done
+        );
+        let err = list_step(&done(4), Some(7), SET_V4, &mut entries).expect_err("EINTR");
+        assert_eq!(err.errno(), Some(4));
+        assert!(err.to_string().contains(SET_V4), "{err}");
     }
 }

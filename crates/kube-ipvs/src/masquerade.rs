@@ -348,16 +348,36 @@ pub fn cleanup_hairpin_sets() -> std::result::Result<Vec<&'static str>, crate::i
         Err(e) if no_ipset(&e) => return Ok(Vec::new()),
         Err(e) => return Err(e),
     };
+    // With iptables-nft the kernel lets go of a set a moment after the rule that used it is
+    // deleted, so a destroy right after the rules can find it busy: retried for up to 2 s.
+    // Both sets are tried before an error is returned.
+    let busy = |e: &crate::ipset::IpsetError| e.errno() == Some(crate::ipset::IPSET_ERR_BUSY);
     let mut removed = Vec::new();
+    let mut first_error = None;
     for name in [crate::ipset::SET_V4, crate::ipset::SET_V6] {
-        match sets.destroy(name) {
+        let mut tries = 0;
+        let outcome = loop {
+            match sets.destroy(name) {
+                Err(e) if busy(&e) && tries < 20 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                other => break other,
+            }
+        };
+        match outcome {
             Ok(true) => removed.push(name),
             Ok(false) => {}
             Err(e) if no_ipset(&e) => {}
-            Err(e) => return Err(e),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
         }
     }
-    Ok(removed)
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(removed),
+    }
 }
 
 /// The hairpin ipsets that exist (for `cleanup --dry-run`); none without ipset support.

@@ -536,8 +536,10 @@ impl Rtnl {
                     Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => continue,
                     Err(_) => break,
                 }
+                // A reply that does not parse costs only its own request (reported as lost
+                // below), never the whole batch.
                 for m in crate::ipvs::wire::messages(&self.buf) {
-                    let (h, payload, _) = m?;
+                    let Ok((h, payload, _)) = m else { break };
                     if h.kind != crate::ipvs::wire::NLMSG_ERROR {
                         continue;
                     }
@@ -547,7 +549,9 @@ impl Rtnl {
                     if results[i].is_some() {
                         continue;
                     }
-                    let errno = crate::ipvs::wire::error_code(payload)?;
+                    let Ok(errno) = crate::ipvs::wire::error_code(payload) else {
+                        continue;
+                    };
                     results[i] = Some(match errno {
                         0 | libc::EEXIST => Ok(()),
                         e => Err(kernel_err(op(&addrs[i]), e)),

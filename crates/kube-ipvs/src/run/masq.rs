@@ -705,9 +705,49 @@ impl Masq {
                 self.applied = Some(wanted);
                 Ok(true)
             }
+            Err(e) if force && wanted.hairpin_set => self.without_sets(inputs, e),
             Err(e) => {
                 self.applied = None;
                 Err(e)
+            }
+        }
+    }
+
+    /// A forced apply of rules that use the sets failed: perhaps iptables cannot match sets
+    /// (no `xt_set`) although the sets exist. Tries the same rules with one hairpin rule per
+    /// local endpoint; if those apply, hairpin stays that way (warned once) so the rest of the
+    /// rules (cluster CIDR, NodePorts) are not lost with it. Otherwise set mode is kept and
+    /// the first error returned.
+    fn without_sets(&mut self, inputs: &Inputs, first: String) -> Result<bool, String> {
+        self.locals.in_set = false;
+        let wanted = self.locals.wanted(inputs, &self.fixed);
+        let cfg = config(&self.fixed, &wanted);
+        let retry = match &mut self.rules {
+            Applier::Inline(rules) => rules.ensure(&cfg),
+            Applier::Worker(w) => {
+                let seq = w.submit(cfg);
+                match w.wait(seq).into_iter().find(|(s, _)| *s == seq) {
+                    Some((_, e)) => Err(e),
+                    None => Ok(()),
+                }
+            }
+        };
+        match retry {
+            Ok(()) => {
+                tracing::warn!(
+                    "hairpin: the rule matching the ipsets was refused ({first}); is the xt_set \
+                     module available? Falling back to one iptables rule per local endpoint"
+                );
+                self.sets = None;
+                self.locals.dirty.clear();
+                self.applied = Some(wanted);
+                Ok(true)
+            }
+            Err(_) => {
+                self.locals.in_set = true;
+                self.locals.changed = true;
+                self.applied = None;
+                Err(first)
             }
         }
     }
@@ -836,12 +876,16 @@ mod tests {
     struct Recorder {
         calls: Arc<Mutex<Vec<masquerade::Config>>>,
         fail: Arc<Mutex<bool>>,
+        /// Refuse rules that match the hairpin sets (iptables without `xt_set`).
+        refuse_sets: Arc<Mutex<bool>>,
     }
 
     impl Rules for Recorder {
         fn ensure(&mut self, config: &masquerade::Config) -> Result<(), String> {
             self.calls.lock().expect("lock").push(config.clone());
-            if *self.fail.lock().expect("lock") {
+            if *self.fail.lock().expect("lock")
+                || (*self.refuse_sets.lock().expect("lock") && config.hairpin == Hairpin::Set)
+            {
                 Err("iptables-restore: no".into())
             } else {
                 Ok(())
@@ -1067,6 +1111,46 @@ mod tests {
         m.locals.update([&a], &inputs);
         assert_eq!(m.sync(&inputs, true), Ok(true));
         (m, rec, sets, inputs, a)
+    }
+
+    #[test]
+    fn rules_refused_with_the_set_fall_back_to_endpoint_rules_and_other_failures_do_not() {
+        let (mut m, rec, _sets, inputs, _a) = set_mode();
+        let last = || {
+            rec.calls
+                .lock()
+                .expect("lock")
+                .last()
+                .cloned()
+                .expect("a call")
+        };
+        *rec.refuse_sets.lock().expect("lock") = true;
+        assert_eq!(m.sync(&inputs, true), Ok(true), "the fallback applied");
+        assert!(!m.hairpin_in_set());
+        assert_eq!(
+            last().hairpin,
+            Hairpin::Endpoints(vec![ip("10.244.1.5")]),
+            "node-1's endpoint as its own rule, with the other rules"
+        );
+        assert_eq!(m.sync(&inputs, true), Ok(true));
+        assert_eq!(last().hairpin, Hairpin::Endpoints(vec![ip("10.244.1.5")]));
+
+        // iptables itself failing is not a reason to leave the sets.
+        let (mut m, rec, _sets, inputs, _a) = set_mode();
+        *rec.fail.lock().expect("lock") = true;
+        assert!(m.sync(&inputs, true).is_err());
+        assert!(m.hairpin_in_set());
+        *rec.fail.lock().expect("lock") = false;
+        assert_eq!(m.sync(&inputs, true), Ok(true));
+        assert_eq!(
+            rec.calls
+                .lock()
+                .expect("lock")
+                .last()
+                .expect("a call")
+                .hairpin,
+            Hairpin::Set
+        );
     }
 
     #[test]
