@@ -12,18 +12,17 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
+use crate::nfnl::{
+    self, Attr, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, align4, attrs,
+    done_code, error_code, finish, messages,
+};
+
 /// IP protocol number of UDP.
 pub const IPPROTO_UDP: u8 = 17;
 
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_GET: u16 = 1;
 const IPCTNL_MSG_CT_DELETE: u16 = 2;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_DUMP: u16 = 0x300;
-const NLA_TYPE_MASK: u16 = 0x3fff;
 const CTA_TUPLE_ORIG: u16 = 1;
 const CTA_TUPLE_REPLY: u16 = 2;
 const CTA_ZONE: u16 = 18;
@@ -38,7 +37,6 @@ const CTA_PROTO_SRC_PORT: u16 = 2;
 const CTA_PROTO_DST_PORT: u16 = 3;
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
-const HEADER_LEN: usize = 16;
 const ENOENT: i32 = 2;
 
 /// Errors of the conntrack cleanup; each names what was being deleted.
@@ -178,9 +176,19 @@ fn dump_on(socket: &Socket, family: u8, what: &str) -> Result<Vec<Entry>> {
     loop {
         buf.clear();
         socket.recv(&mut buf, 0).map_err(sock_err)?;
-        for (kind, payload) in messages(&buf) {
-            match kind {
-                NLMSG_DONE => return Ok(entries),
+        for m in messages(&buf) {
+            let payload = m.payload;
+            match m.kind {
+                // A dump that failed part way ends with its errno in the DONE message.
+                NLMSG_DONE => match done_code(payload) {
+                    0 => return Ok(entries),
+                    errno => {
+                        return Err(ConntrackError::Kernel {
+                            what: format!("{what} (dump ended early)"),
+                            errno,
+                        });
+                    }
+                },
                 NLMSG_ERROR => match error_code(payload) {
                     Some(0) | None => {}
                     Some(errno) => {
@@ -219,8 +227,8 @@ pub fn flush(filter: &Filter) -> Result<usize> {
         socket.recv(&mut buf, 0).map_err(sock_err)?;
         let code = messages(&buf)
             .into_iter()
-            .find(|(kind, _)| *kind == NLMSG_ERROR)
-            .and_then(|(_, p)| error_code(p));
+            .find(|m| m.kind == NLMSG_ERROR)
+            .and_then(|m| error_code(m.payload));
         match code {
             Some(0) => deleted += 1,
             Some(ENOENT) => {}
@@ -236,41 +244,22 @@ pub fn flush(filter: &Filter) -> Result<usize> {
     Ok(deleted)
 }
 
-fn header(buf: &mut Vec<u8>, kind: u16, flags: u16, seq: u32, family: u8) {
-    buf.extend_from_slice(&0u32.to_ne_bytes());
-    buf.extend_from_slice(&kind.to_ne_bytes());
-    buf.extend_from_slice(&flags.to_ne_bytes());
-    buf.extend_from_slice(&seq.to_ne_bytes());
-    buf.extend_from_slice(&0u32.to_ne_bytes());
-    // struct nfgenmsg: family, NFNETLINK_V0, res_id (big-endian) 0.
-    buf.extend_from_slice(&[family, 0, 0, 0]);
-}
-
-fn finish(mut buf: Vec<u8>) -> Vec<u8> {
-    let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
-    buf[..4].copy_from_slice(&len.to_ne_bytes());
-    buf
-}
-
 /// `IPCTNL_MSG_CT_GET` with `NLM_F_DUMP` for one family.
 fn dump_request(family: u8, seq: u32) -> Vec<u8> {
-    let mut buf = Vec::with_capacity(20);
-    header(
-        &mut buf,
-        (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_GET,
+    finish(nfnl::start(
+        NFNL_SUBSYS_CTNETLINK,
+        IPCTNL_MSG_CT_GET,
         NLM_F_REQUEST | NLM_F_DUMP,
         seq,
         family,
-    );
-    finish(buf)
+    ))
 }
 
 /// `IPCTNL_MSG_CT_DELETE` of one entry by its original tuple (and zone).
 fn delete_request(family: u8, seq: u32, e: &Entry) -> Vec<u8> {
-    let mut buf = Vec::with_capacity(128);
-    header(
-        &mut buf,
-        (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE,
+    let mut buf = nfnl::start(
+        NFNL_SUBSYS_CTNETLINK,
+        IPCTNL_MSG_CT_DELETE,
         NLM_F_REQUEST | NLM_F_ACK,
         seq,
         family,
@@ -282,55 +271,17 @@ fn delete_request(family: u8, seq: u32, e: &Entry) -> Vec<u8> {
     finish(buf)
 }
 
-fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
-
-/// The netlink messages in a datagram as (type, payload after the 16-byte header); a truncated
-/// tail is dropped.
-fn messages(buf: &[u8]) -> Vec<(u16, &[u8])> {
-    let mut out = Vec::new();
-    let mut rest = buf;
-    while rest.len() >= HEADER_LEN {
-        let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        let kind = u16::from_ne_bytes([rest[4], rest[5]]);
-        if len < HEADER_LEN || len > rest.len() {
-            break;
-        }
-        out.push((kind, &rest[HEADER_LEN..len]));
-        rest = &rest[align4(len).min(rest.len())..];
-    }
-    out
-}
-
-/// The errno of an `NLMSG_ERROR` payload (0 for an acknowledgement), made positive.
-fn error_code(payload: &[u8]) -> Option<i32> {
-    let b = payload.get(..4)?;
-    Some(i32::from_ne_bytes([b[0], b[1], b[2], b[3]]).abs())
-}
-
-/// The attributes in `buf` as (type without flags, payload, whole attribute bytes).
-fn attrs(buf: &[u8]) -> Vec<(u16, &[u8], &[u8])> {
-    let mut out = Vec::new();
-    let mut rest = buf;
-    while rest.len() >= 4 {
-        let len = u16::from_ne_bytes([rest[0], rest[1]]) as usize;
-        let kind = u16::from_ne_bytes([rest[2], rest[3]]) & NLA_TYPE_MASK;
-        if len < 4 || len > rest.len() {
-            break;
-        }
-        out.push((kind, &rest[4..len], &rest[..len]));
-        rest = &rest[align4(len).min(rest.len())..];
-    }
-    out
-}
-
 fn parse_tuple(buf: &[u8]) -> Option<Tuple> {
     let (mut src, mut dst, mut protocol, mut sport, mut dport) = (None, None, None, 0, 0);
-    for (kind, payload, _) in attrs(buf) {
-        match kind {
+    for a in attrs(buf) {
+        match a.kind {
             CTA_TUPLE_IP => {
-                for (k, p, _) in attrs(payload) {
+                for Attr {
+                    kind: k,
+                    payload: p,
+                    ..
+                } in attrs(a.payload)
+                {
                     let addr = match (k, p.len()) {
                         (CTA_IP_V4_SRC | CTA_IP_V4_DST, 4) => {
                             IpAddr::V4(Ipv4Addr::new(p[0], p[1], p[2], p[3]))
@@ -349,7 +300,12 @@ fn parse_tuple(buf: &[u8]) -> Option<Tuple> {
                 }
             }
             CTA_TUPLE_PROTO => {
-                for (k, p, _) in attrs(payload) {
+                for Attr {
+                    kind: k,
+                    payload: p,
+                    ..
+                } in attrs(a.payload)
+                {
                     match (k, p) {
                         (CTA_PROTO_NUM, [n, ..]) => protocol = Some(*n),
                         (CTA_PROTO_SRC_PORT, [a, b, ..]) => sport = u16::from_be_bytes([*a, *b]),
@@ -375,7 +331,12 @@ fn parse_tuple(buf: &[u8]) -> Option<Tuple> {
 fn parse_entry(payload: &[u8]) -> Option<Entry> {
     let body = payload.get(4..)?;
     let (mut orig, mut reply, mut orig_attr, mut zone_attr) = (None, None, None, None);
-    for (kind, p, whole) in attrs(body) {
+    for Attr {
+        kind,
+        payload: p,
+        whole,
+    } in attrs(body)
+    {
         match kind {
             CTA_TUPLE_ORIG => {
                 orig = parse_tuple(p);
@@ -497,8 +458,8 @@ mod tests {
         let req = delete_request(AF_INET, 7, &e);
         let msgs = messages(&req);
         assert_eq!(msgs.len(), 1);
-        assert_eq!(msgs[0].0, 0x0102);
-        assert_eq!(msgs[0].1, [vec![AF_INET, 0, 0, 0], orig].concat());
+        assert_eq!(msgs[0].kind, 0x0102);
+        assert_eq!(msgs[0].payload, [vec![AF_INET, 0, 0, 0], orig].concat());
         assert_eq!(
             u16::from_ne_bytes([req[6], req[7]]),
             NLM_F_REQUEST | NLM_F_ACK

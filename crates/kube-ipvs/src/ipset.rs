@@ -20,6 +20,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
 use crate::masquerade::Family;
+use crate::nfnl::{
+    self, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, attrs, done_code,
+    error_code, finish, messages, put_attr,
+};
 
 /// The IPv4 hairpin set.
 pub const SET_V4: &str = "KUBE-IPVS-HAIRPIN";
@@ -84,15 +88,8 @@ const IPSET_ERR_TYPE_SPECIFIC: i32 = 4352;
 
 const NFPROTO_IPV4: u8 = 2;
 const NFPROTO_IPV6: u8 = 10;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_DUMP: u16 = 0x300;
 const NLA_F_NESTED: u16 = 0x8000;
 const NLA_F_NET_BYTEORDER: u16 = 0x4000;
-const NLA_TYPE_MASK: u16 = 0x3fff;
-const HEADER_LEN: usize = 16;
 const ENOENT: i32 = 2;
 const EEXIST: i32 = 17;
 const ENOBUFS: i32 = 105;
@@ -453,18 +450,6 @@ fn nfproto_name(family: Family) -> &'static str {
     }
 }
 
-fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
-
-fn put_attr(buf: &mut Vec<u8>, kind: u16, payload: &[u8]) {
-    let len = u16::try_from(4 + payload.len()).unwrap_or(u16::MAX);
-    buf.extend_from_slice(&len.to_ne_bytes());
-    buf.extend_from_slice(&kind.to_ne_bytes());
-    buf.extend_from_slice(payload);
-    buf.resize(align4(buf.len()), 0);
-}
-
 fn put_name(buf: &mut Vec<u8>, kind: u16, name: &str) {
     let mut s = name.as_bytes().to_vec();
     s.push(0);
@@ -487,22 +472,10 @@ fn put_addr(buf: &mut Vec<u8>, kind: u16, addr: IpAddr) {
 
 /// The netlink and nfgenmsg headers plus the protocol and set name every request starts with.
 fn start(cmd: u16, flags: u16, seq: u32, set: &str) -> Vec<u8> {
-    let mut buf = Vec::with_capacity(96);
-    buf.extend_from_slice(&0u32.to_ne_bytes());
-    buf.extend_from_slice(&((NFNL_SUBSYS_IPSET << 8) | cmd).to_ne_bytes());
-    buf.extend_from_slice(&flags.to_ne_bytes());
-    buf.extend_from_slice(&seq.to_ne_bytes());
-    buf.extend_from_slice(&0u32.to_ne_bytes());
-    // struct nfgenmsg: family (the kernel ignores it for ipset), NFNETLINK_V0, res_id 0.
-    buf.extend_from_slice(&[NFPROTO_IPV4, 0, 0, 0]);
+    // The nfgenmsg family: the kernel ignores it for ipset.
+    let mut buf = nfnl::start(NFNL_SUBSYS_IPSET, cmd, flags, seq, NFPROTO_IPV4);
     put_attr(&mut buf, IPSET_ATTR_PROTOCOL, &[IPSET_PROTOCOL]);
     put_name(&mut buf, IPSET_ATTR_SETNAME, set);
-    buf
-}
-
-fn finish(mut buf: Vec<u8>) -> Vec<u8> {
-    let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
-    buf[..4].copy_from_slice(&len.to_ne_bytes());
     buf
 }
 
@@ -601,75 +574,14 @@ fn list_step(
     Ok(ListStep::More)
 }
 
-/// The errno of an `NLMSG_DONE` payload (a negative `i32`, or none: 0).
-fn done_code(payload: &[u8]) -> i32 {
-    payload
-        .get(..4)
-        .and_then(|b| <[u8; 4]>::try_from(b).ok())
-        .map_or(0, |b| i32::from_ne_bytes(b).saturating_neg())
-}
-
-/// A netlink message in a datagram.
-struct Message<'a> {
-    kind: u16,
-    seq: u32,
-    /// What follows the 16-byte header.
-    payload: &'a [u8],
-}
-
-/// The netlink messages in a datagram; a truncated tail is dropped.
-fn messages(buf: &[u8]) -> Vec<Message<'_>> {
-    let mut out = Vec::new();
-    let mut rest = buf;
-    while rest.len() >= HEADER_LEN {
-        let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        let kind = u16::from_ne_bytes([rest[4], rest[5]]);
-        let seq = u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]);
-        if len < HEADER_LEN || len > rest.len() {
-            break;
-        }
-        out.push(Message {
-            kind,
-            seq,
-            payload: &rest[HEADER_LEN..len],
-        });
-        rest = &rest[align4(len).min(rest.len())..];
-    }
-    out
-}
-
-/// The errno of an `NLMSG_ERROR` payload (0 for an acknowledgement), made positive.
-fn error_code(payload: &[u8]) -> Option<i32> {
-    let b = payload.get(..4)?;
-    Some(i32::from_ne_bytes([b[0], b[1], b[2], b[3]]).saturating_abs())
-}
-
-/// The attributes in `buf` as (type without flags, payload).
-fn attrs(buf: &[u8]) -> Vec<(u16, &[u8])> {
-    let mut out = Vec::new();
-    let mut rest = buf;
-    while rest.len() >= 4 {
-        let len = u16::from_ne_bytes([rest[0], rest[1]]) as usize;
-        let kind = u16::from_ne_bytes([rest[2], rest[3]]) & NLA_TYPE_MASK;
-        if len < 4 || len > rest.len() {
-            break;
-        }
-        out.push((kind, &rest[4..len]));
-        rest = &rest[align4(len).min(rest.len())..];
-    }
-    out
-}
-
 fn parse_addr(nested: &[u8]) -> Option<IpAddr> {
     attrs(nested)
         .into_iter()
-        .find_map(|(k, p)| match (k, p.len()) {
-            (IPSET_ATTR_IPADDR_IPV4, 4) => Some(IpAddr::V4(Ipv4Addr::new(p[0], p[1], p[2], p[3]))),
-            (IPSET_ATTR_IPADDR_IPV6, 16) => {
-                let mut o = [0u8; 16];
-                o.copy_from_slice(p);
-                Some(IpAddr::V6(Ipv6Addr::from(o)))
-            }
+        .find_map(|a| match (a.kind, a.payload) {
+            (IPSET_ATTR_IPADDR_IPV4, &[a, b, c, d]) => Some(IpAddr::V4(Ipv4Addr::new(a, b, c, d))),
+            (IPSET_ATTR_IPADDR_IPV6, p) => <[u8; 16]>::try_from(p)
+                .ok()
+                .map(|o| IpAddr::V6(Ipv6Addr::from(o))),
             _ => None,
         })
 }
@@ -678,8 +590,9 @@ fn parse_addr(nested: &[u8]) -> Option<IpAddr> {
 /// Missing prefix lengths are host prefixes (the kernel's default).
 fn parse_member(data: &[u8]) -> Option<Entry> {
     let (mut src, mut dst, mut sp, mut dp) = (None, None, None, None);
-    for (k, p) in attrs(data) {
-        match (k, p) {
+    for a in attrs(data) {
+        let p = a.payload;
+        match (a.kind, p) {
             (IPSET_ATTR_IP, _) => src = parse_addr(p),
             (IPSET_ATTR_IP2, _) => dst = parse_addr(p),
             (IPSET_ATTR_CIDR, [c, ..]) => sp = Some(*c),
@@ -705,10 +618,10 @@ fn parse_list_message(payload: &[u8]) -> Vec<Entry> {
     };
     attrs(body)
         .into_iter()
-        .filter(|(k, _)| *k == IPSET_ATTR_ADT)
-        .flat_map(|(_, adt)| attrs(adt))
-        .filter(|(k, _)| *k == IPSET_ATTR_DATA)
-        .filter_map(|(_, data)| parse_member(data))
+        .filter(|a| a.kind == IPSET_ATTR_ADT)
+        .flat_map(|adt| attrs(adt.payload))
+        .filter(|a| a.kind == IPSET_ATTR_DATA)
+        .filter_map(|data| parse_member(data.payload))
         .collect()
 }
 
@@ -902,7 +815,10 @@ mod tests {
         let first = &datagrams(include_str!("../tests/fixtures/ipset_list_v4.hex"))[0];
         let msgs = messages(first);
         assert_eq!(msgs[0].kind, (NFNL_SUBSYS_IPSET << 8) | IPSET_CMD_LIST);
-        let names: Vec<u16> = attrs(&msgs[0].payload[4..]).iter().map(|a| a.0).collect();
+        let names: Vec<u16> = attrs(&msgs[0].payload[4..])
+            .iter()
+            .map(|a| a.kind)
+            .collect();
         assert_eq!(
             names,
             [

@@ -11,6 +11,7 @@ pub mod ipset;
 pub mod ipvsadm;
 pub mod kernel;
 pub mod masquerade;
+mod nfnl;
 pub mod observe;
 pub mod plan;
 pub mod run;
