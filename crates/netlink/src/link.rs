@@ -526,38 +526,14 @@ impl Rtnl {
                 }
                 continue;
             }
-            // The kernel handles the requests inside sendmsg, so every acknowledgement is
-            // queued when it returns: reading without waiting until the queue is empty cannot
-            // hang on one that was dropped (those are reported as lost below).
-            let mut answered = 0;
-            while answered < chunk.len() {
-                match self.sock.recv(&mut self.buf, false) {
-                    Ok(_) => {}
-                    Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => continue,
-                    Err(_) => break,
-                }
-                // A reply that does not parse costs only its own request (reported as lost
-                // below), never the whole batch.
-                for m in crate::ipvs::wire::messages(&self.buf) {
-                    let Ok((h, payload, _)) = m else { break };
-                    if h.kind != crate::ipvs::wire::NLMSG_ERROR {
-                        continue;
-                    }
-                    let Some(&i) = chunk.get(h.seq.wrapping_sub(first) as usize) else {
-                        continue;
-                    };
-                    if results[i].is_some() {
-                        continue;
-                    }
-                    let Ok(errno) = crate::ipvs::wire::error_code(payload) else {
-                        continue;
-                    };
-                    results[i] = Some(match errno {
-                        0 | libc::EEXIST => Ok(()),
-                        e => Err(kernel_err(op(&addrs[i]), e)),
-                    });
-                    answered += 1;
-                }
+            let (codes, _) = self
+                .sock
+                .read_acks(&mut self.buf, first, chunk.len(), false);
+            for (&i, code) in chunk.iter().zip(codes) {
+                results[i] = code.map(|errno| match errno {
+                    0 | libc::EEXIST => Ok(()),
+                    e => Err(kernel_err(op(&addrs[i]), e)),
+                });
             }
         }
         Ok(results

@@ -99,6 +99,54 @@ impl NlSocket {
         Ok(())
     }
 
+    /// Reads the acknowledgements of a batch just sent whose `n` requests carry the sequence
+    /// numbers `first..first + n`: the errno (0 for success) of each request answered, by its
+    /// position, and how many times the receive buffer overran (`ENOBUFS`: answers dropped).
+    ///
+    /// The kernel handles a batch synchronously inside sendmsg, so every answer is queued when
+    /// send returns: this reads without waiting until the queue is empty, and so can never wait
+    /// forever on an answer that was dropped or never sent. A reply that does not parse costs
+    /// only its own request. With `until_last`, it stops once the last request is answered (a
+    /// batch that asks for an acknowledgement of its last request only).
+    pub(crate) fn read_acks(
+        &self,
+        buf: &mut Vec<u8>,
+        first: u32,
+        n: usize,
+        until_last: bool,
+    ) -> (Vec<Option<i32>>, u64) {
+        let mut codes: Vec<Option<i32>> = vec![None; n];
+        let (mut answered, mut overruns) = (0, 0);
+        while answered < n && !(until_last && codes.last().is_some_and(Option::is_some)) {
+            match self.recv(buf, false) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    overruns += 1;
+                    continue;
+                }
+                Err(_) => break,
+            }
+            for m in crate::ipvs::wire::messages(buf) {
+                let Ok((h, payload, _)) = m else { break };
+                if h.kind != crate::ipvs::wire::NLMSG_ERROR {
+                    continue;
+                }
+                let Some(slot) = codes.get_mut(h.seq.wrapping_sub(first) as usize) else {
+                    continue;
+                };
+                if slot.is_some() {
+                    continue;
+                }
+                let Ok(code) = crate::ipvs::wire::error_code(payload) else {
+                    continue;
+                };
+                *slot = Some(code);
+                answered += 1;
+            }
+        }
+        (codes, overruns)
+    }
+
     /// Receives one datagram into `buf` (cleared first). With `wait == false` it returns `WouldBlock` when
     /// nothing is queued. A datagram larger than the buffer's capacity is an error rather than silently cut.
     pub(crate) fn recv(&self, buf: &mut Vec<u8>, wait: bool) -> io::Result<usize> {

@@ -327,50 +327,22 @@ impl Ipvs {
             return;
         }
 
-        // The kernel handles a netlink batch synchronously inside sendmsg, so every answer is already queued when
-        // send returns: reading without blocking until the queue is empty can never wait forever on an answer
-        // that was dropped.
-        let mut answered = 0;
-        let mut last_seen = false;
-        let mut overrun = false;
         let mut rbuf = std::mem::take(&mut self.recv_buf);
-        loop {
-            if answered == chunk.len() || (errors_only && last_seen) {
-                break;
-            }
-            match self.sock.recv(&mut rbuf, false) {
-                Ok(_) => {
-                    for m in wire::messages(&rbuf) {
-                        let Ok((h, payload, _)) = m else { break };
-                        if h.kind != wire::NLMSG_ERROR {
-                            continue;
-                        }
-                        let k = h.seq.wrapping_sub(first) as usize;
-                        let Some(&i) = chunk.get(k) else { continue };
-                        if results[i].is_some() {
-                            continue;
-                        }
-                        let Ok(code) = wire::error_code(payload) else {
-                            continue;
-                        };
-                        results[i] = Some(if code == 0 {
-                            Ok(())
-                        } else {
-                            Err(requests[i].error_for(code))
-                        });
-                        answered += 1;
-                        if k == chunk.len() - 1 {
-                            last_seen = true;
-                        }
-                    }
+        let (codes, overruns) = self
+            .sock
+            .read_acks(&mut rbuf, first, chunk.len(), errors_only);
+        self.stats.overruns += overruns;
+        for (&i, code) in chunk.iter().zip(&codes) {
+            results[i] = code.map(|c| {
+                if c == 0 {
+                    Ok(())
+                } else {
+                    Err(requests[i].error_for(c))
                 }
-                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
-                    overrun = true;
-                    self.stats.overruns += 1;
-                }
-                Err(_) => break,
-            }
+            });
         }
+        let last_seen = codes.last().is_some_and(Option::is_some);
+        let overrun = overruns > 0;
         self.recv_buf = rbuf;
         let implied_ok = errors_only && last_seen && !overrun;
         for &i in chunk {
