@@ -356,28 +356,19 @@ fn rule10_ports_match_by_name_and_protocol() {
         port: 53,
         node_port: None,
     });
-    let mut both = ep("10.1.0.1");
-    both.ports = [
-        both.ports.to_vec(),
-        vec![EndpointPort {
+    // Each endpoint also serves a port named "dns" on 5353, with this protocol.
+    let with_dns = |addr: &str, protocol| {
+        let mut e = ep(addr);
+        let dns = EndpointPort {
             name: "dns".into(),
             port: 5353,
-            protocol: Protocol::Udp,
-        }],
-    ]
-    .concat()
-    .into();
-    let mut wrong_proto = ep("10.1.0.2");
-    wrong_proto.ports = [
-        wrong_proto.ports.to_vec(),
-        vec![EndpointPort {
-            name: "dns".into(),
-            port: 5353,
-            protocol: Protocol::Tcp,
-        }],
-    ]
-    .concat()
-    .into();
+            protocol,
+        };
+        e.ports = e.ports.iter().cloned().chain([dns]).collect();
+        e
+    };
+    let both = with_dns("10.1.0.1", Protocol::Udp);
+    let wrong_proto = with_dns("10.1.0.2", Protocol::Tcp);
     let t = service_table(Some(&s), &[both, wrong_proto], &node());
     let udp = VirtualKey::inet(Protocol::Udp, ip("10.96.0.10"), 53);
     assert_eq!(

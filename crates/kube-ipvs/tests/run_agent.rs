@@ -591,6 +591,21 @@ impl kube_ipvs::run::masq::Rules for RulesLog {
 #[derive(Clone, Default)]
 struct SetsLog(Arc<Mutex<(BTreeSet<IpAddr>, Vec<String>)>>);
 
+impl SetsLog {
+    /// Applies and logs one change per member: `add` inserts, `del` removes.
+    fn record(&self, verb: &str, entries: &[kube_ipvs::ipset::Entry]) {
+        let mut st = self.0.lock().expect("lock");
+        for e in entries {
+            if verb == "add" {
+                st.0.insert(e.src);
+            } else {
+                st.0.remove(&e.src);
+            }
+            st.1.push(format!("{verb} {}", e.src));
+        }
+    }
+}
+
 impl kube_ipvs::run::masq::HairpinSets for SetsLog {
     fn create(&mut self, _: kube_ipvs::masquerade::Family) -> Result<(), String> {
         Ok(())
@@ -615,11 +630,7 @@ impl kube_ipvs::run::masq::HairpinSets for SetsLog {
         _: kube_ipvs::masquerade::Family,
         entries: &[kube_ipvs::ipset::Entry],
     ) -> Result<(), String> {
-        let mut st = self.0.lock().expect("lock");
-        for e in entries {
-            st.0.insert(e.src);
-            st.1.push(format!("add {}", e.src));
-        }
+        self.record("add", entries);
         Ok(())
     }
     fn del(
@@ -627,11 +638,7 @@ impl kube_ipvs::run::masq::HairpinSets for SetsLog {
         _: kube_ipvs::masquerade::Family,
         entries: &[kube_ipvs::ipset::Entry],
     ) -> Result<(), String> {
-        let mut st = self.0.lock().expect("lock");
-        for e in entries {
-            st.0.remove(&e.src);
-            st.1.push(format!("del {}", e.src));
-        }
+        self.record("del", entries);
         Ok(())
     }
 }

@@ -1020,6 +1020,27 @@ mod tests {
         fn take_log(&self) -> Vec<String> {
             std::mem::take(&mut self.st().log)
         }
+        /// Logs `verb` with the sorted addresses, then applies `each` unless failing.
+        fn change(
+            &self,
+            verb: &str,
+            family: Family,
+            entries: &[Entry],
+            each: impl Fn(&mut std::collections::BTreeSet<Entry>, &Entry),
+        ) -> Result<(), String> {
+            let mut st = self.st();
+            let mut names: Vec<String> = entries.iter().map(|e| e.src.to_string()).collect();
+            names.sort();
+            st.log.push(format!("{verb} {}", names.join(" ")));
+            if st.fail {
+                return Err(format!("ipset: {verb} refused"));
+            }
+            let set = st.sets.get_mut(&fam(family)).ok_or("no set")?;
+            for e in entries {
+                each(set, e);
+            }
+            Ok(())
+        }
         fn members(&self, f: Family) -> Vec<IpAddr> {
             self.st()
                 .sets
@@ -1045,30 +1066,14 @@ mod tests {
             Ok(set.iter().copied().collect())
         }
         fn add(&mut self, family: Family, entries: &[Entry]) -> Result<(), String> {
-            let mut st = self.st();
-            let mut names: Vec<String> = entries.iter().map(|e| e.src.to_string()).collect();
-            names.sort();
-            st.log.push(format!("add {}", names.join(" ")));
-            if st.fail {
-                return Err("ipset: add refused".into());
-            }
-            let set = st.sets.get_mut(&fam(family)).ok_or("no set")?;
-            set.extend(entries.iter().copied());
-            Ok(())
+            self.change("add", family, entries, |set, e| {
+                set.insert(*e);
+            })
         }
         fn del(&mut self, family: Family, entries: &[Entry]) -> Result<(), String> {
-            let mut st = self.st();
-            let mut names: Vec<String> = entries.iter().map(|e| e.src.to_string()).collect();
-            names.sort();
-            st.log.push(format!("del {}", names.join(" ")));
-            if st.fail {
-                return Err("ipset: del refused".into());
-            }
-            let set = st.sets.get_mut(&fam(family)).ok_or("no set")?;
-            for e in entries {
+            self.change("del", family, entries, |set, e| {
                 set.remove(e);
-            }
-            Ok(())
+            })
         }
     }
 
