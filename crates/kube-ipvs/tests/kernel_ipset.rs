@@ -7,8 +7,9 @@
 //! Each test runs in its own network namespace, so it starts with no sets.
 #![cfg(feature = "kernel-tests")]
 
+mod common;
+
 use std::net::IpAddr;
-use std::process::Command;
 
 use kube_ipvs::ipset::{Entry, Ipset, SET_TYPE, SET_V4, SET_V6};
 use kube_ipvs::masquerade::Family;
@@ -21,19 +22,7 @@ fn ip(s: &str) -> IpAddr {
 
 /// Runs the `ipset` binary with fixed arguments; its stdout, asserting success.
 fn ipset(args: &[&str]) -> String {
-    let out = Command::new(IPSET)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("running {IPSET} {args:?}: {e}"));
-    println!(
-        "$ ipset {}\n{}{}(exit {:?})",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        out.status.code()
-    );
-    assert!(out.status.success(), "ipset {args:?} failed");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    common::run_ok(IPSET, args)
 }
 
 /// `ipset save SET` lines: the create line and one add line per member, sorted.

@@ -8,31 +8,14 @@
 //! Each test runs in its own network namespace, so iptables tables start empty.
 #![cfg(feature = "kernel-tests")]
 
+mod common;
+
 use std::net::IpAddr;
-use std::process::{Command, Output};
+use std::process::Command;
+
+use common::{run, run_ok as ok};
 
 use kube_ipvs::masquerade::{Backend, Config, Family, Hairpin, Masquerade, cleanup_everywhere};
-
-fn run(bin: &str, args: &[&str]) -> Output {
-    let out = Command::new(bin)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("running {bin} {args:?}: {e}"));
-    println!(
-        "$ {bin} {}\n{}{}(exit {:?})",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        out.status.code()
-    );
-    out
-}
-
-fn ok(bin: &str, args: &[&str]) -> String {
-    let out = run(bin, args);
-    assert!(out.status.success(), "{bin} {args:?} failed");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 fn tool(backend: Backend, family: Family, what: &str) -> String {
     let prefix = match family {

@@ -67,11 +67,16 @@ pub(crate) fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `bin args`, which must succeed; its stdout.
+pub(crate) fn run_ok(bin: &str, args: &[&str]) -> String {
+    let out = run(bin, args);
+    assert!(out.status.success(), "{bin} {args:?} failed");
+    stdout(&out)
+}
+
 /// `ipvsadm ARGS`, which must succeed; its stdout.
 pub(crate) fn ipvsadm(args: &[&str]) -> String {
-    let out = run(&ipvsadm_bin(), args);
-    assert!(out.status.success(), "ipvsadm {args:?}");
-    stdout(&out)
+    run_ok(&ipvsadm_bin(), args)
 }
 
 /// The example manifests in a fresh directory `/tmp/kube-ipvs-{name}` of the test's own.
