@@ -1093,6 +1093,17 @@ mod tests {
 
     /// A Masq in set mode over in-memory sets, with a service `default/a` whose endpoints are
     /// 10.244.1.5 on this node and 10.244.2.5 on another, after the startup sync.
+    /// Sets a Service's endpoints, as (address, node) pairs, and updates its contribution.
+    fn set_local(m: &mut Masq, inputs: &mut Inputs, name: &ServiceName, eps: &[(&str, &str)]) {
+        inputs
+            .set_endpoints(
+                name.clone(),
+                eps.iter().map(|(a, n)| endpoint(a, n)).collect(),
+            )
+            .expect("endpoints");
+        m.locals.update([name], inputs);
+    }
+
     fn set_mode() -> (Masq, Recorder, MemSets, Inputs, ServiceName) {
         let rec = Recorder::default();
         let sets = MemSets::default();
@@ -1104,16 +1115,12 @@ mod tests {
         inputs
             .upsert_service(a.clone(), cluster_ip("10.96.0.1"))
             .expect("service");
-        inputs
-            .set_endpoints(
-                a.clone(),
-                vec![
-                    endpoint("10.244.1.5", "node-1"),
-                    endpoint("10.244.2.5", "node-2"),
-                ],
-            )
-            .expect("endpoints");
-        m.locals.update([&a], &inputs);
+        set_local(
+            &mut m,
+            &mut inputs,
+            &a,
+            &[("10.244.1.5", "node-1"), ("10.244.2.5", "node-2")],
+        );
         assert_eq!(m.sync(&inputs, true), Ok(true));
         (m, rec, sets, inputs, a)
     }
@@ -1169,17 +1176,16 @@ mod tests {
         assert_eq!(calls()[0].hairpin, Hairpin::Set);
 
         // Another endpoint on this node: one add, no rules.
-        inputs
-            .set_endpoints(
-                a.clone(),
-                vec![
-                    endpoint("10.244.1.5", "node-1"),
-                    endpoint("10.244.1.6", "node-1"),
-                    endpoint("10.244.2.5", "node-2"),
-                ],
-            )
-            .expect("endpoints");
-        m.locals.update([&a], &inputs);
+        set_local(
+            &mut m,
+            &mut inputs,
+            &a,
+            &[
+                ("10.244.1.5", "node-1"),
+                ("10.244.1.6", "node-1"),
+                ("10.244.2.5", "node-2"),
+            ],
+        );
         assert_eq!(m.sync(&inputs, false), Ok(true));
         assert_eq!(sets.take_log(), ["add 10.244.1.6"]);
         assert_eq!(
@@ -1189,16 +1195,12 @@ mod tests {
         );
 
         // One goes: one delete, no rules. An endpoint elsewhere changing: nothing at all.
-        inputs
-            .set_endpoints(
-                a.clone(),
-                vec![
-                    endpoint("10.244.1.6", "node-1"),
-                    endpoint("10.244.2.6", "node-2"),
-                ],
-            )
-            .expect("endpoints");
-        m.locals.update([&a], &inputs);
+        set_local(
+            &mut m,
+            &mut inputs,
+            &a,
+            &[("10.244.1.6", "node-1"), ("10.244.2.6", "node-2")],
+        );
         assert_eq!(m.sync(&inputs, false), Ok(true));
         assert_eq!(sets.take_log(), ["del 10.244.1.5"]);
         assert_eq!(sets.members(Family::V4), [ip("10.244.1.6")]);
@@ -1207,16 +1209,12 @@ mod tests {
         assert_eq!(calls().len(), 1);
 
         // The first IPv6 endpoint needs the IPv6 rules: the one rules change, then deltas.
-        inputs
-            .set_endpoints(
-                a.clone(),
-                vec![
-                    endpoint("10.244.1.6", "node-1"),
-                    endpoint("fd00:10:244:1::6", "node-1"),
-                ],
-            )
-            .expect("endpoints");
-        m.locals.update([&a], &inputs);
+        set_local(
+            &mut m,
+            &mut inputs,
+            &a,
+            &[("10.244.1.6", "node-1"), ("fd00:10:244:1::6", "node-1")],
+        );
         assert_eq!(m.sync(&inputs, false), Ok(true));
         assert_eq!(sets.take_log(), ["add fd00:10:244:1::6"]);
         assert_eq!(calls().len(), 2);
@@ -1231,17 +1229,11 @@ mod tests {
         inputs
             .upsert_service(b.clone(), cluster_ip("10.96.0.2"))
             .expect("service");
-        inputs
-            .set_endpoints(b.clone(), vec![endpoint("10.244.1.5", "node-1")])
-            .expect("endpoints");
-        m.locals.update([&b], &inputs);
+        set_local(&mut m, &mut inputs, &b, &[("10.244.1.5", "node-1")]);
         assert_eq!(m.sync(&inputs, false), Ok(false), "already a member");
         sets.take_log();
 
-        inputs
-            .set_endpoints(a.clone(), Vec::new())
-            .expect("endpoints");
-        m.locals.update([&a], &inputs);
+        set_local(&mut m, &mut inputs, &a, &[]);
         assert_eq!(m.sync(&inputs, false), Ok(false), "b still has it");
         assert_eq!(sets.members(Family::V4), [ip("10.244.1.5")]);
 
@@ -1264,10 +1256,7 @@ mod tests {
         m.locals.update_all(&inputs);
         assert_eq!(m.sync(&inputs, false), Ok(true));
         assert_eq!(sets.members(Family::V4), [ip("10.244.1.7")]);
-        inputs
-            .set_endpoints(a.clone(), Vec::new())
-            .expect("endpoints");
-        m.locals.update([&a], &inputs);
+        set_local(&mut m, &mut inputs, &a, &[]);
         assert_eq!(m.sync(&inputs, false), Ok(true));
         assert!(
             sets.members(Family::V4).is_empty(),
@@ -1294,16 +1283,10 @@ mod tests {
 
         // A delta that fails is reported, the next deltas wait, the forced sync repairs.
         sets.st().fail = true;
-        inputs
-            .set_endpoints(a.clone(), vec![endpoint("10.244.1.8", "node-1")])
-            .expect("endpoints");
-        m.locals.update([&a], &inputs);
+        set_local(&mut m, &mut inputs, &a, &[("10.244.1.8", "node-1")]);
         assert!(m.sync(&inputs, false).is_err());
         sets.st().fail = false;
-        inputs
-            .set_endpoints(a.clone(), vec![endpoint("10.244.1.9", "node-1")])
-            .expect("endpoints");
-        m.locals.update([&a], &inputs);
+        set_local(&mut m, &mut inputs, &a, &[("10.244.1.9", "node-1")]);
         sets.take_log();
         assert_eq!(m.sync(&inputs, false), Ok(false), "waits for the reconcile");
         assert!(sets.take_log().is_empty());
@@ -1326,10 +1309,7 @@ mod tests {
         inputs
             .upsert_service(a.clone(), cluster_ip("10.96.0.1"))
             .expect("service");
-        inputs
-            .set_endpoints(a.clone(), vec![endpoint("10.244.1.5", "node-1")])
-            .expect("endpoints");
-        m.locals.update([&a], &inputs);
+        set_local(&mut m, &mut inputs, &a, &[("10.244.1.5", "node-1")]);
         assert_eq!(m.sync(&inputs, true), Ok(true));
         assert_eq!(
             rec.calls.lock().expect("lock")[0].hairpin,
