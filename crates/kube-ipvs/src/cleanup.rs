@@ -6,22 +6,22 @@
 //! entries the engine cannot represent are never ours), the addresses on `kube-ipvs0` outside
 //! those networks, then the `kube-ipvs0` link itself once nothing of anyone else's is left on it,
 //! the masquerade chains and their jump in every iptables backend and family, and then (once no
-//! rule references them) the hairpin ipsets [`crate::ipset::SET_V4`] and
-//! [`crate::ipset::SET_V6`].
+//! rule references them) the hairpin ipsets [`kube_ipvs_netlink::nfnl::ipset::SET_V4`] and
+//! [`kube_ipvs_netlink::nfnl::ipset::SET_V6`].
 //!
 //! Each removal is printed; the exit code is 0 when everything went, 1 naming what did not.
 //! `--dry-run` prints the same list as "would remove" and changes nothing.
 
 use std::net::IpAddr;
-use std::process::{Command, ExitCode, Stdio};
+use std::process::ExitCode;
 
 use kube_ipvs_diff::{Cidr, Op, Table, full_diff};
 use kube_ipvs_netlink::ipvs::Ipvs;
 use kube_ipvs_netlink::link::{DEFAULT_DUMMY, Rtnl};
 
 use crate::apply::{self, KernelHandles, Owners};
-use crate::masquerade::{self, MASQ_CHAIN, POSTROUTING_CHAIN};
 use crate::observe::{self, Observed};
+use kube_ipvs_host::masquerade;
 
 /// `kube-ipvs cleanup`'s flags.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -89,7 +89,7 @@ pub fn main(args: &CleanupArgs) -> ExitCode {
     }
 
     if args.dry_run {
-        for (tool, found) in saved_chains() {
+        for (tool, found) in masquerade::saved_chains() {
             for c in &found {
                 println!("{verb} iptables chain {c} ({tool})");
             }
@@ -194,9 +194,9 @@ fn ipvs_part(
         if dry_run {
             link = true;
         } else {
-            match delete_link() {
-                Ok(()) => link = true,
-                Err(e) => failed.push(e),
+            match rtnl.delete_link(DEFAULT_DUMMY) {
+                Ok(_) => link = true,
+                Err(e) => failed.push(format!("deleting link {DEFAULT_DUMMY}: {e}")),
             }
         }
         if link {
@@ -206,55 +206,6 @@ fn ipvs_part(
         println!("kept link {DEFAULT_DUMMY}: it holds addresses inside --exclude-cidrs");
     }
     Ok((servers, removed_addrs.len(), link))
-}
-
-/// Deletes `kube-ipvs0` with iproute2 (the netlink crate has no link deletion); the name is our
-/// own constant, so nothing from outside reaches the command line.
-fn delete_link() -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(["link", "delete", "dev", DEFAULT_DUMMY])
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("deleting link {DEFAULT_DUMMY}: cannot run ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "deleting link {DEFAULT_DUMMY}: ip link delete failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// Our chains as each installed `*-save` tool shows them (for `--dry-run`).
-fn saved_chains() -> Vec<(String, Vec<String>)> {
-    let mut out = Vec::new();
-    for tool in [
-        "iptables-legacy-save",
-        "iptables-nft-save",
-        "ip6tables-legacy-save",
-        "ip6tables-nft-save",
-    ] {
-        let Ok(o) = Command::new(tool)
-            .args(["-t", "nat"])
-            .stdin(Stdio::null())
-            .stderr(Stdio::null())
-            .output()
-        else {
-            continue;
-        };
-        let text = String::from_utf8_lossy(&o.stdout);
-        let found: Vec<String> = [POSTROUTING_CHAIN, MASQ_CHAIN]
-            .into_iter()
-            .filter(|c| text.lines().any(|l| l.starts_with(&format!(":{c} "))))
-            .map(str::to_owned)
-            .collect();
-        if !found.is_empty() {
-            out.push((tool.to_owned(), found));
-        }
-    }
-    out
 }
 
 #[cfg(test)]

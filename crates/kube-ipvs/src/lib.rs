@@ -4,14 +4,10 @@
 pub mod apply;
 pub mod check;
 pub mod cleanup;
-pub mod conntrack;
 pub mod dump;
 pub mod explain;
-pub mod ipset;
 pub mod ipvsadm;
 pub mod kernel;
-pub mod masquerade;
-mod nfnl;
 pub mod observe;
 pub mod plan;
 pub mod run;

@@ -100,15 +100,6 @@ fn cidr_list(flag: &'static str, value: Option<&str>) -> Result<Vec<Cidr>, Sourc
         .collect()
 }
 
-/// The kernel's hostname, as kube-proxy defaults the node name (lowercased, trimmed).
-fn hostname() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
-        .ok()
-        .map(|h| h.trim().to_lowercase())
-        .filter(|h| !h.is_empty())
-}
-
 impl SourceArgs {
     /// The node name these flags give.
     pub fn node_name(&self) -> Result<String, SourceError> {
@@ -119,7 +110,7 @@ impl SourceArgs {
                 value: n.clone(),
                 reason: "empty node name".to_owned(),
             }),
-            None => hostname().ok_or_else(|| SourceError::Flag {
+            None => kube_ipvs_host::setup::hostname().ok_or_else(|| SourceError::Flag {
                 flag: "hostname-override",
                 value: String::new(),
                 reason: "the hostname cannot be read; give the node name".to_owned(),

@@ -11,8 +11,8 @@ mod common;
 
 use std::net::IpAddr;
 
-use kube_ipvs::ipset::{Entry, Ipset, SET_TYPE, SET_V4, SET_V6};
-use kube_ipvs::masquerade::Family;
+use kube_ipvs_host::masquerade::Family;
+use kube_ipvs_netlink::nfnl::ipset::{Entry, Ipset, SET_TYPE, SET_V4, SET_V6};
 
 const IPSET: &str = "/usr/sbin/ipset";
 
@@ -197,7 +197,7 @@ fn list_replies_for_the_fixtures() {
 /// `iptables-restore` of the per-endpoint rules that the set replaces.
 #[test]
 fn hundred_thousand_members_cost() {
-    use kube_ipvs::masquerade::{Backend, Config, Hairpin, Masquerade};
+    use kube_ipvs_host::masquerade::{Backend, Config, Hairpin, Masquerade};
     use std::time::Instant;
 
     let n = 100_000u32;

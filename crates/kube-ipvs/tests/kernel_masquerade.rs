@@ -15,7 +15,9 @@ use std::process::Command;
 
 use common::{run, run_ok as ok};
 
-use kube_ipvs::masquerade::{Backend, Config, Family, Hairpin, Masquerade, cleanup_everywhere};
+use kube_ipvs_host::masquerade::{
+    Backend, Config, Family, Hairpin, Masquerade, cleanup_everywhere,
+};
 
 fn tool(backend: Backend, family: Family, what: &str) -> String {
     let prefix = match family {
@@ -356,7 +358,7 @@ fn traffic_from_outside_the_cluster_cidr_is_masqueraded() {
 /// servers; deleting by one endpoint removes that flow's conntrack entry and keeps the other.
 #[test]
 fn udp_conntrack_entries_of_a_removed_endpoint_are_deleted() {
-    use kube_ipvs::conntrack;
+    use kube_ipvs_netlink::nfnl::conntrack;
 
     let ip = "/usr/sbin/ip";
     let ns = "ct-peer";
@@ -572,8 +574,8 @@ impl Drop for Topology {
 /// Cluster CIDR, NodePort (Cluster and Local policy) and hairpin decisions on real traffic.
 #[test]
 fn masquerade_decisions_on_real_traffic() {
-    use kube_ipvs::masquerade::{LocalNodePort, LocalVirtualServer};
     use kube_ipvs_diff::Protocol;
+    use kube_ipvs_host::masquerade::{LocalNodePort, LocalVirtualServer};
 
     let t = Topology::new();
     let node_ip: IpAddr = "192.168.77.1".parse().expect("ip");
@@ -664,11 +666,12 @@ fn masquerade_decisions_on_real_traffic() {
     );
     // Through the set: the one rule matches only while the server's address is a member, so
     // a change of members is all it takes (the rules are not applied again in between).
-    let mut sets = kube_ipvs::ipset::Ipset::new().expect("netlink");
-    let set = kube_ipvs::ipset::SET_V4;
+    let mut sets = kube_ipvs_netlink::nfnl::ipset::Ipset::new().expect("netlink");
+    let set = kube_ipvs_netlink::nfnl::ipset::SET_V4;
     sets.create(set, Family::V4).expect("create the set");
     assert_eq!(hairpin(Hairpin::Set), None, "the set is empty");
-    let member = kube_ipvs::ipset::Entry::hairpin("192.168.88.2".parse().expect("ip"));
+    let member =
+        kube_ipvs_netlink::nfnl::ipset::Entry::hairpin("192.168.88.2".parse().expect("ip"));
     sets.add(set, &[member]).expect("add");
     assert_eq!(
         t.peer_seen(SERVER_NS, "192.168.88.2", "10.96.0.10:80", false)
@@ -692,7 +695,7 @@ fn masquerade_decisions_on_real_traffic() {
 /// real server, found in the IPv6 dump and deleted by its endpoint.
 #[test]
 fn udp_conntrack_cleanup_ipv6() {
-    use kube_ipvs::conntrack;
+    use kube_ipvs_netlink::nfnl::conntrack;
 
     let ip = "/usr/sbin/ip";
     let ns = "ct6-peer";

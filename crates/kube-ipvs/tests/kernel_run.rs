@@ -796,7 +796,7 @@ endpoints:
 /// drops it first), and keep the other's.
 #[test]
 fn removing_a_udp_endpoint_deletes_its_conntrack_entries() {
-    use kube_ipvs::conntrack;
+    use kube_ipvs_netlink::nfnl::conntrack;
     let ip = "/usr/sbin/ip";
     let ns = "run-udp";
     let _ = run(ip, &["netns", "del", ns]);

@@ -578,10 +578,10 @@ async fn a_drained_real_server_deleted_by_the_reconcile_is_not_drift() {
 
 /// The masquerade rules as applied, recorded.
 #[derive(Clone, Default)]
-struct RulesLog(Arc<Mutex<Vec<kube_ipvs::masquerade::Config>>>);
+struct RulesLog(Arc<Mutex<Vec<kube_ipvs_host::masquerade::Config>>>);
 
 impl kube_ipvs::run::masq::Rules for RulesLog {
-    fn ensure(&mut self, config: &kube_ipvs::masquerade::Config) -> Result<(), String> {
+    fn ensure(&mut self, config: &kube_ipvs_host::masquerade::Config) -> Result<(), String> {
         self.0.lock().expect("lock").push(config.clone());
         Ok(())
     }
@@ -593,7 +593,7 @@ struct SetsLog(Arc<Mutex<(BTreeSet<IpAddr>, Vec<String>)>>);
 
 impl SetsLog {
     /// Applies and logs one change per member: `add` inserts, `del` removes.
-    fn record(&self, verb: &str, entries: &[kube_ipvs::ipset::Entry]) {
+    fn record(&self, verb: &str, entries: &[kube_ipvs_netlink::nfnl::ipset::Entry]) {
         let mut st = self.0.lock().expect("lock");
         for e in entries {
             if verb == "add" {
@@ -607,14 +607,14 @@ impl SetsLog {
 }
 
 impl kube_ipvs::run::masq::HairpinSets for SetsLog {
-    fn create(&mut self, _: kube_ipvs::masquerade::Family) -> Result<(), String> {
+    fn create(&mut self, _: kube_ipvs_host::masquerade::Family) -> Result<(), String> {
         Ok(())
     }
     fn list(
         &mut self,
-        family: kube_ipvs::masquerade::Family,
-    ) -> Result<Vec<kube_ipvs::ipset::Entry>, String> {
-        let v6 = family == kube_ipvs::masquerade::Family::V6;
+        family: kube_ipvs_host::masquerade::Family,
+    ) -> Result<Vec<kube_ipvs_netlink::nfnl::ipset::Entry>, String> {
+        let v6 = family == kube_ipvs_host::masquerade::Family::V6;
         Ok(self
             .0
             .lock()
@@ -622,21 +622,21 @@ impl kube_ipvs::run::masq::HairpinSets for SetsLog {
             .0
             .iter()
             .filter(|a| a.is_ipv6() == v6)
-            .map(|a| kube_ipvs::ipset::Entry::hairpin(*a))
+            .map(|a| kube_ipvs_netlink::nfnl::ipset::Entry::hairpin(*a))
             .collect())
     }
     fn add(
         &mut self,
-        _: kube_ipvs::masquerade::Family,
-        entries: &[kube_ipvs::ipset::Entry],
+        _: kube_ipvs_host::masquerade::Family,
+        entries: &[kube_ipvs_netlink::nfnl::ipset::Entry],
     ) -> Result<(), String> {
         self.record("add", entries);
         Ok(())
     }
     fn del(
         &mut self,
-        _: kube_ipvs::masquerade::Family,
-        entries: &[kube_ipvs::ipset::Entry],
+        _: kube_ipvs_host::masquerade::Family,
+        entries: &[kube_ipvs_netlink::nfnl::ipset::Entry],
     ) -> Result<(), String> {
         self.record("del", entries);
         Ok(())
@@ -645,8 +645,8 @@ impl kube_ipvs::run::masq::HairpinSets for SetsLog {
 
 #[tokio::test(start_paused = true)]
 async fn an_endpoint_change_on_this_node_is_a_hairpin_set_delta_without_rules() {
-    use kube_ipvs::masquerade::{Backend, Hairpin};
     use kube_ipvs::run::masq::{Fixed, Masq};
+    use kube_ipvs_host::masquerade::{Backend, Hairpin};
 
     let rules = RulesLog::default();
     let sets = SetsLog::default();

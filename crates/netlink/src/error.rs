@@ -57,6 +57,15 @@ pub enum Error {
         /// The positive errno value.
         errno: i32,
     },
+    /// A netfilter subsystem (ipset, conntrack) refused a request. ipset's own codes (4096 and up) have no
+    /// `strerror`, so the message says what they mean.
+    #[error("{op}: kernel error {errno} ({})", netfilter_errno_text(*errno))]
+    Netfilter {
+        /// The operation that failed, starting with the subsystem and object (`ipset KUBE-IPVS-HAIRPIN: add ...`).
+        op: String,
+        /// The positive errno value.
+        errno: i32,
+    },
     /// The acknowledgement for this operation was dropped because the receive buffer overflowed (`ENOBUFS`), so
     /// whether the kernel applied it is unknown. Read the table back before trusting it.
     #[error("{op}: acknowledgement lost (netlink receive buffer overrun); outcome unknown")]
@@ -100,7 +109,7 @@ impl Error {
             Error::NoSuchService { .. } => Some(libc::ESRCH),
             Error::NoSuchDestination { .. } | Error::UnknownScheduler { .. } => Some(libc::ENOENT),
             Error::Permission { .. } => Some(libc::EPERM),
-            Error::Kernel { errno, .. } => Some(*errno),
+            Error::Kernel { errno, .. } | Error::Netfilter { errno, .. } => Some(*errno),
             Error::AckLost { .. } => Some(libc::ENOBUFS),
             Error::Io { source, .. } => source.raw_os_error(),
             Error::ModuleMissing | Error::Invalid { .. } | Error::Decode { .. } => None,
@@ -112,5 +121,27 @@ impl Error {
             what: what.into(),
             reason: reason.to_string(),
         }
+    }
+}
+
+/// What a netfilter errno means: ipset's private codes from `ip_set.h`, or the system's text.
+fn netfilter_errno_text(errno: i32) -> String {
+    use crate::nfnl::ipset::codes;
+    match errno {
+        codes::IPSET_ERR_PROTOCOL => "ipset protocol error".into(),
+        codes::IPSET_ERR_FIND_TYPE => {
+            "set type not supported (is ip_set_hash_netnet loaded?)".into()
+        }
+        codes::IPSET_ERR_MAX_SETS => "no room for more sets".into(),
+        codes::IPSET_ERR_BUSY => "set is in use".into(),
+        codes::IPSET_ERR_EXIST_SETNAME2 => {
+            "a set of that name exists with a different type or settings".into()
+        }
+        codes::IPSET_ERR_TYPE_MISMATCH => "set type mismatch".into(),
+        codes::IPSET_ERR_INVALID_CIDR => "invalid prefix length".into(),
+        codes::IPSET_ERR_INVALID_FAMILY => "address family does not match the set".into(),
+        codes::IPSET_ERR_REFERENCED => "set is referenced by a rule".into(),
+        e if e >= codes::IPSET_ERR_TYPE_SPECIFIC => format!("set type error {e} (e.g. set full)"),
+        e => io::Error::from_raw_os_error(e).to_string(),
     }
 }

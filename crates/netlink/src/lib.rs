@@ -1,9 +1,12 @@
-//! IPVS over generic netlink and the `kube-ipvs0` dummy interface over rtnetlink.
+//! Every netlink protocol kube-ipvs speaks: IPVS over generic netlink, the `kube-ipvs0` dummy interface and the
+//! node's addresses over rtnetlink, and the hairpin ipsets and conntrack over nfnetlink.
 //!
-//! This crate is the one seam between kube-ipvs and the kernel's IPVS and address tables. [`ipvs`] holds the pure
+//! This crate is the one seam between kube-ipvs and the kernel's netlink families. [`ipvs`] holds the pure
 //! IPVS types, the [`ipvs::Request`] data type and the [`ipvs::Ipvs`] handle; [`link`] holds the rtnetlink handle
-//! for the dummy interface and local addresses. Everything that makes a system call goes through one private
-//! socket module, the only place `unsafe` is allowed.
+//! for the dummy interface and local addresses; [`nfnl`] holds [`nfnl::ipset`] and [`nfnl::conntrack`]. All of
+//! them frame messages with one private `wire` module (header, attributes, acknowledgements, dump ends) and make
+//! every system call through one private `socket` module, the only place `unsafe` is allowed. One
+//! [`Error`] keeps the errno and names the operation and object.
 //!
 //! # Testing
 //!
@@ -16,8 +19,12 @@
 //!   `ipvsadm -R` and `ipvsadm -Ln`.
 
 pub mod error;
+mod family;
 pub mod ipvs;
 pub mod link;
+pub mod nfnl;
 mod socket;
+mod wire;
 
 pub use error::{Error, Result};
+pub use family::Family;

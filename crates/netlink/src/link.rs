@@ -215,7 +215,7 @@ impl AddressWatch {
 /// does not know about, so it becomes a [`AddressEvent::Resync`] rather than an error that would end the watch.
 fn parse_events(datagram: &[u8]) -> VecDeque<AddressEvent> {
     let mut out = VecDeque::new();
-    for m in crate::ipvs::wire::messages(datagram) {
+    for m in crate::wire::messages(datagram) {
         let Ok((h, _, whole)) = m else {
             out.push_back(AddressEvent::Resync);
             break;
@@ -303,15 +303,15 @@ impl Rtnl {
             self.sock
                 .recv(&mut self.buf, true)
                 .map_err(|source| Error::Io { op: op(), source })?;
-            for m in crate::ipvs::wire::messages(&self.buf) {
+            for m in crate::wire::messages(&self.buf) {
                 let (h, payload, whole) = m?;
                 if h.seq != seq {
                     continue;
                 }
                 match h.kind {
-                    crate::ipvs::wire::NLMSG_DONE => return Ok(0),
-                    crate::ipvs::wire::NLMSG_ERROR => {
-                        return crate::ipvs::wire::error_code(payload);
+                    crate::wire::NLMSG_DONE => return Ok(0),
+                    crate::wire::NLMSG_ERROR => {
+                        return crate::wire::error_code(payload);
                     }
                     _ => {
                         let parsed = NetlinkMessage::<RouteNetlinkMessage>::deserialize(whole)
@@ -377,6 +377,29 @@ impl Rtnl {
             op: op(),
             errno: libc::ENODEV,
         })
+    }
+
+    /// Deletes interface `name` (one RTM_DELLINK by index); `false` if there was no such interface. The caller
+    /// decides which interface may go: this deletes whatever carries the name.
+    pub fn delete_link(&mut self, name: &str) -> Result<bool> {
+        let Some(index) = self.link_index(name)? else {
+            return Ok(false);
+        };
+        let op = || format!("delete interface {name}");
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        let errno = self.request(
+            RouteNetlinkMessage::DelLink(msg),
+            NLM_F_REQUEST | NLM_F_ACK,
+            &op,
+            |_| Ok(()),
+        )?;
+        match errno {
+            0 => Ok(true),
+            // Gone between the lookup and here: the outcome the caller wanted.
+            libc::ENODEV => Ok(false),
+            e => Err(kernel_err(op(), e)),
+        }
     }
 
     fn dump_addresses(&mut self, op: &dyn Fn() -> String) -> Result<Vec<LocalAddress>> {

@@ -80,6 +80,11 @@ impl NlSocket {
         self.sock.get_rx_buf_sz()
     }
 
+    /// The receive buffer size the kernel reports.
+    pub(crate) fn rcvbuf(&self) -> io::Result<usize> {
+        self.sock.get_rx_buf_sz()
+    }
+
     /// Raises the send buffer, which bounds the size of one `sendmsg`; returns the granted size.
     pub(crate) fn grow_sndbuf(&self, bytes: usize) -> io::Result<usize> {
         if setsockopt_int(&self.sock, libc::SO_SNDBUFFORCE, bytes).is_err() {
@@ -126,9 +131,9 @@ impl NlSocket {
                 }
                 Err(_) => break,
             }
-            for m in crate::ipvs::wire::messages(buf) {
+            for m in crate::wire::messages(buf) {
                 let Ok((h, payload, _)) = m else { break };
-                if h.kind != crate::ipvs::wire::NLMSG_ERROR {
+                if h.kind != crate::wire::NLMSG_ERROR {
                     continue;
                 }
                 let Some(slot) = codes.get_mut(h.seq.wrapping_sub(first) as usize) else {
@@ -137,7 +142,7 @@ impl NlSocket {
                 if slot.is_some() {
                     continue;
                 }
-                let Ok(code) = crate::ipvs::wire::error_code(payload) else {
+                let Ok(code) = crate::wire::error_code(payload) else {
                     continue;
                 };
                 *slot = Some(code);

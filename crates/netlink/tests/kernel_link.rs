@@ -163,3 +163,22 @@ fn bad_names_and_missing_interfaces_are_clear_errors() {
         .expect_err("unspecified address");
     assert!(matches!(e, Error::Invalid { .. }), "{e:?}");
 }
+
+#[test]
+fn delete_link_removes_only_the_named_interface() {
+    let mut rt = Rtnl::new().expect("rtnetlink");
+    assert!(
+        !rt.delete_link(DEFAULT_DUMMY).expect("absent"),
+        "nothing to delete yet"
+    );
+    rt.ensure_dummy(DEFAULT_DUMMY).expect("create");
+    ip_cmd(&["link", "add", "kube-ipvs1", "type", "dummy"]);
+    assert!(rt.delete_link(DEFAULT_DUMMY).expect("delete"));
+    let links = ip_cmd(&["-o", "link", "show"]);
+    assert!(!links.contains(&format!(" {DEFAULT_DUMMY}:")), "{links}");
+    assert!(
+        links.contains(" kube-ipvs1:"),
+        "the other dummy stays: {links}"
+    );
+    assert_eq!(rt.link_index(DEFAULT_DUMMY).expect("lookup"), None);
+}

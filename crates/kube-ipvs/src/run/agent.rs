@@ -232,8 +232,10 @@ impl NodeKernel for RealKernel {
 
     fn flush_udp(&mut self, target: UdpFlush) -> Result<usize, String> {
         let r = match target {
-            UdpFlush::Endpoint(a, p) => crate::conntrack::flush_udp_endpoint(a, p),
-            UdpFlush::Service(a, p) => crate::conntrack::flush_udp_service(a, p),
+            UdpFlush::Endpoint(a, p) => {
+                kube_ipvs_netlink::nfnl::conntrack::flush_udp_endpoint(a, p)
+            }
+            UdpFlush::Service(a, p) => kube_ipvs_netlink::nfnl::conntrack::flush_udp_service(a, p),
         };
         r.map_err(|e| e.to_string())
     }

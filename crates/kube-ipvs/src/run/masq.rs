@@ -1,4 +1,4 @@
-//! The masquerade rules as the agent keeps them: what [`crate::masquerade`] needs beyond the
+//! The masquerade rules as the agent keeps them: what [`kube_ipvs_host::masquerade`] needs beyond the
 //! settings (NodePorts and external/load-balancer addresses of `externalTrafficPolicy: Local`
 //! Services, this node's endpoints for hairpin), tracked per Service from change sets so a
 //! change costs the changed Services only, and when to apply them.
@@ -11,7 +11,7 @@
 //! superset of hairpin), which then loses the client Pod's address. Without the flag the node's
 //! Pod CIDR is unknown (the Node object's `spec.podCIDRs` is not part of the desired state), so
 //! hairpin is exact: [`Hairpin::Set`], one rule per family matching an ipset whose members are
-//! this node's endpoint addresses ([`crate::ipset`]). The rules then do not depend on the
+//! this node's endpoint addresses ([`kube_ipvs_netlink::nfnl::ipset`]). The rules then do not depend on the
 //! endpoints at all; the members are kept over netlink from a reference count per address (an
 //! address can be an endpoint of several Services), maintained from the per-Service
 //! contributions, so a change to one Service's endpoints costs a few netlink messages on the
@@ -42,8 +42,10 @@ use std::net::IpAddr;
 
 use kube_ipvs_diff::{Cidr, Inputs, Protocol, ServiceKind, ServiceName, TrafficPolicy};
 
-use crate::ipset::{self, Entry};
-use crate::masquerade::{self, Backend, Family, Hairpin, LocalNodePort, LocalVirtualServer};
+use kube_ipvs_host::masquerade::{
+    self, Backend, Family, Hairpin, LocalNodePort, LocalVirtualServer,
+};
+use kube_ipvs_netlink::nfnl::ipset::{self, Entry};
 
 /// What one Service contributes to the rules.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -361,7 +363,7 @@ pub trait HairpinSets: Send {
     fn del(&mut self, family: Family, entries: &[Entry]) -> Result<(), String>;
 }
 
-/// The hairpin sets over netlink ([`crate::ipset`]); the socket is opened at first use and
+/// The hairpin sets over netlink ([`kube_ipvs_netlink::nfnl::ipset`]); the socket is opened at first use and
 /// again after an error.
 #[derive(Debug, Default)]
 pub struct KernelSets {
@@ -371,7 +373,7 @@ pub struct KernelSets {
 impl KernelSets {
     fn with<T>(
         &mut self,
-        f: impl FnOnce(&mut ipset::Ipset) -> ipset::Result<T>,
+        f: impl FnOnce(&mut ipset::Ipset) -> kube_ipvs_netlink::Result<T>,
     ) -> Result<T, String> {
         let mut h = match self.handle.take() {
             Some(h) => h,

@@ -15,7 +15,6 @@ pub mod hcport;
 pub mod health;
 pub mod masq;
 pub mod metrics;
-pub mod setup;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -99,13 +98,17 @@ pub fn main(args: &RunArgs) -> ExitCode {
 
 /// Modules, sysctls, the netlink handles and the IPVS timeouts.
 fn prepare_kernel(settings: &Settings) -> Result<RealKernel, String> {
-    let host = setup::Host::system();
-    host.ensure_modules(&setup::required_modules(&settings.node.default_scheduler))
-        .map_err(|e| e.to_string())?;
-    host.set_sysctls(&setup::required_sysctls(settings.strict_arp))
-        .map_err(|e| e.to_string())?;
+    let host = kube_ipvs_host::setup::Host::system();
+    host.ensure_modules(&kube_ipvs_host::setup::required_modules(
+        &settings.node.default_scheduler,
+    ))
+    .map_err(|e| e.to_string())?;
+    host.set_sysctls(&kube_ipvs_host::setup::required_sysctls(
+        settings.strict_arp,
+    ))
+    .map_err(|e| e.to_string())?;
     if settings.masquerade && settings.node_pod_cidrs.is_empty() {
-        for e in host.load_optional_modules(&setup::hairpin_set_modules()) {
+        for e in host.load_optional_modules(&kube_ipvs_host::setup::hairpin_set_modules()) {
             tracing::warn!("hairpin ipset: {e}");
         }
     }
@@ -131,12 +134,12 @@ fn prepare_kernel(settings: &Settings) -> Result<RealKernel, String> {
 
 /// The iptables backend, asked once; if `iptables --version` fails now it is asked again at each
 /// attempt to apply the rules, so a tool installed later is picked up.
-fn backend() -> crate::masquerade::Backend {
-    match crate::masquerade::detect_backend(None) {
+fn backend() -> kube_ipvs_host::masquerade::Backend {
+    match kube_ipvs_host::masquerade::detect_backend(None) {
         Ok(b) => b,
         Err(e) => {
             tracing::warn!("masquerade: {e}; asking again when the rules are applied");
-            crate::masquerade::Backend::Auto
+            kube_ipvs_host::masquerade::Backend::Auto
         }
     }
 }

@@ -22,13 +22,13 @@ use netlink_packet_generic::GenlMessage;
 use netlink_packet_generic::ctrl::nlas::GenlCtrlAttrs;
 use netlink_packet_generic::ctrl::{GenlCtrl, GenlCtrlCmd};
 
+pub use crate::wire::NlHeader;
 pub use message::IpvsMessage;
 pub use request::Request;
 pub use types::{
     Destination, Family, Flags, ForwardMethod, Info, Netmask, Protocol, Service, ServiceKey, Stats,
     Timeouts, Tunnel, TunnelType,
 };
-pub use wire::NlHeader;
 
 use crate::error::{Error, Result};
 use crate::socket::NlSocket;

@@ -26,7 +26,7 @@
 //! policy) and, with [`Hairpin::Endpoints`], one per local
 //! endpoint. "Source equals destination" is not an iptables match, so exact hairpin needs the
 //! local endpoints somewhere: [`Hairpin::Set`] is one rule per family matching the ipsets
-//! [`crate::ipset::SET_V4`] / [`crate::ipset::SET_V6`] (`src,dst` against `hash:net,net`
+//! [`ipset::SET_V4`] / [`ipset::SET_V6`] (`src,dst` against `hash:net,net`
 //! members `(a, a)`, kube-proxy's `KUBE-LOOP-BACK` idea), whose members the caller keeps over
 //! netlink; [`Hairpin::Endpoints`] is the fallback without ipset support and costs one rule per
 //! local endpoint. [`Hairpin::LocalPodCidrs`] is constant-size without any set and masquerades all
@@ -50,6 +50,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use kube_ipvs_diff::{Cidr, Protocol};
+use kube_ipvs_netlink::nfnl::ipset;
 
 /// Our chain jumped to from `POSTROUTING`: sends IPVS masquerade traffic to [`MASQ_CHAIN`], then
 /// masquerades what is marked.
@@ -97,30 +98,13 @@ pub enum MasqueradeError {
 /// The module's result type.
 pub type Result<T, E = MasqueradeError> = std::result::Result<T, E>;
 
-/// An IP family; each gets its own tools (`iptables*` or `ip6tables*`) and rules.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Family {
-    V4,
-    V6,
-}
+pub use kube_ipvs_netlink::Family;
 
-impl Family {
-    fn of(addr: IpAddr) -> Self {
-        if addr.is_ipv4() { Self::V4 } else { Self::V6 }
-    }
-
-    fn host_prefix(self) -> u8 {
-        match self {
-            Self::V4 => 32,
-            Self::V6 => 128,
-        }
-    }
-
-    fn tool_prefix(self) -> &'static str {
-        match self {
-            Self::V4 => "iptables",
-            Self::V6 => "ip6tables",
-        }
+/// The prefix of a family's tools: `iptables` or `ip6tables`.
+fn tool_prefix(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "iptables",
+        Family::V6 => "ip6tables",
     }
 }
 
@@ -178,7 +162,7 @@ pub enum Hairpin {
     /// [`Masquerade::ensure`] when local endpoints change.
     Endpoints(Vec<IpAddr>),
     /// Masquerade Service traffic whose (source, destination) is a member of the family's
-    /// hairpin set ([`crate::ipset::set_name`]). Exact and one rule per family; the caller
+    /// hairpin set ([`ipset::set_name`]). Exact and one rule per family; the caller
     /// creates the sets first and keeps their members (this node's endpoints) itself.
     Set,
 }
@@ -339,11 +323,11 @@ pub fn cleanup_everywhere(bin_dir: Option<&Path>) -> Result<Vec<Removed>> {
 /// Destroys the hairpin ipsets that exist; run after the rules referencing them are gone (the
 /// kernel refuses to destroy a referenced set). Returns the names destroyed. A kernel without
 /// ipset support has no sets, which is not an error.
-pub fn cleanup_hairpin_sets() -> std::result::Result<Vec<&'static str>, crate::ipset::IpsetError> {
+pub fn cleanup_hairpin_sets() -> std::result::Result<Vec<&'static str>, kube_ipvs_netlink::Error> {
     // EINVAL: nfnetlink has no ipset subsystem (ip_set not loaded and not loadable), as
     // `nfnetlink_rcv_msg` in net/netfilter/nfnetlink.c answers; our requests are well formed.
-    let no_ipset = |e: &crate::ipset::IpsetError| e.errno() == Some(22);
-    let mut sets = match crate::ipset::Ipset::new() {
+    let no_ipset = |e: &kube_ipvs_netlink::Error| e.errno() == Some(22);
+    let mut sets = match ipset::Ipset::new() {
         Ok(s) => s,
         Err(e) if no_ipset(&e) => return Ok(Vec::new()),
         Err(e) => return Err(e),
@@ -351,10 +335,10 @@ pub fn cleanup_hairpin_sets() -> std::result::Result<Vec<&'static str>, crate::i
     // With iptables-nft the kernel lets go of a set a moment after the rule that used it is
     // deleted, so a destroy right after the rules can find it busy: retried for up to 2 s.
     // Both sets are tried before an error is returned.
-    let busy = |e: &crate::ipset::IpsetError| e.errno() == Some(crate::ipset::IPSET_ERR_BUSY);
+    let busy = |e: &kube_ipvs_netlink::Error| e.errno() == Some(ipset::IPSET_ERR_BUSY);
     let mut removed = Vec::new();
     let mut first_error = None;
-    for name in [crate::ipset::SET_V4, crate::ipset::SET_V6] {
+    for name in [ipset::SET_V4, ipset::SET_V6] {
         let mut tries = 0;
         let outcome = loop {
             match sets.destroy(name) {
@@ -382,13 +366,44 @@ pub fn cleanup_hairpin_sets() -> std::result::Result<Vec<&'static str>, crate::i
 
 /// The hairpin ipsets that exist (for `cleanup --dry-run`); none without ipset support.
 pub fn hairpin_sets_present() -> Vec<&'static str> {
-    let Ok(mut sets) = crate::ipset::Ipset::new() else {
+    let Ok(mut sets) = ipset::Ipset::new() else {
         return Vec::new();
     };
-    [crate::ipset::SET_V4, crate::ipset::SET_V6]
+    [ipset::SET_V4, ipset::SET_V6]
         .into_iter()
         .filter(|name| matches!(sets.list(name), Ok(Some(_))))
         .collect()
+}
+
+/// Our chains as each installed `*-save` tool (found on `PATH`) shows them, for `kube-ipvs cleanup --dry-run`:
+/// (tool, chains) for each tool that shows any.
+pub fn saved_chains() -> Vec<(String, Vec<String>)> {
+    let mut out = Vec::new();
+    for tool in [
+        "iptables-legacy-save",
+        "iptables-nft-save",
+        "ip6tables-legacy-save",
+        "ip6tables-nft-save",
+    ] {
+        let Ok(o) = Command::new(tool)
+            .args(["-t", "nat"])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+        else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&o.stdout);
+        let found: Vec<String> = [POSTROUTING_CHAIN, MASQ_CHAIN]
+            .into_iter()
+            .filter(|c| text.lines().any(|l| l.starts_with(&format!(":{c} "))))
+            .map(str::to_owned)
+            .collect();
+        if !found.is_empty() {
+            out.push((tool.to_owned(), found));
+        }
+    }
+    out
 }
 
 fn cleanup_family(bin_dir: Option<&Path>, backend: Backend, family: Family) -> Result<Removed> {
@@ -568,7 +583,7 @@ pub fn restore_input(config: &Config, family: Family, add_jump: bool) -> Result<
             }
         }
         Hairpin::Set => {
-            let set = crate::ipset::set_name(family);
+            let set = ipset::set_name(family);
             let _ = writeln!(
                 r,
                 "-A {MASQ_CHAIN} -m set --match-set {set} src,dst -m comment --comment \"hairpin\" {mark_it}"
@@ -624,7 +639,7 @@ pub fn restore_input(config: &Config, family: Family, add_jump: bool) -> Result<
 }
 
 fn tool_path(bin_dir: Option<&Path>, backend: Backend, family: Family, what: &str) -> PathBuf {
-    let name = format!("{}{}{what}", family.tool_prefix(), backend.suffix());
+    let name = format!("{}{}{what}", tool_prefix(family), backend.suffix());
     match bin_dir {
         Some(d) => d.join(name),
         None => PathBuf::from(name),

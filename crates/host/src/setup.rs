@@ -1,4 +1,5 @@
-//! Kernel setup before the first sync: the modules IPVS needs, and the sysctls it depends on.
+//! Kernel setup before the first sync: the modules IPVS needs, the sysctls it depends on, and the
+//! node's hostname (kube-proxy's default node name).
 //!
 //! Modules are checked in `/proc/modules`, `/sys/module` and the kernel's `modules.builtin`;
 //! one that is missing is loaded with `modprobe` only if a `modprobe` binary exists, and the
@@ -146,6 +147,16 @@ impl Host {
     }
 }
 
+/// The kernel's hostname, as kube-proxy defaults the node name (lowercased, trimmed); `/etc/hostname`
+/// if `/proc` cannot tell.
+pub fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .ok()
+        .map(|h| h.trim().to_lowercase())
+        .filter(|h| !h.is_empty())
+}
+
 /// The modules IPVS mode needs with this default scheduler.
 pub fn required_modules(scheduler: &kube_ipvs_diff::Scheduler) -> Vec<String> {
     vec![
@@ -157,7 +168,7 @@ pub fn required_modules(scheduler: &kube_ipvs_diff::Scheduler) -> Vec<String> {
 
 /// The modules exact hairpin masquerade uses (the ipset core, the `hash:net,net` type and the
 /// iptables `set` match). They are loaded best-effort: without them hairpin falls back to one
-/// rule per local endpoint ([`super::masq`]), so a missing one is a warning, not a failure.
+/// rule per local endpoint (the agent's masquerade state), so a missing one is a warning, not a failure.
 pub fn hairpin_set_modules() -> Vec<String> {
     ["ip_set", "ip_set_hash_netnet", "xt_set"]
         .into_iter()

@@ -10,12 +10,9 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
-
-use crate::nfnl::{
-    self, Attr, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, align4, attrs,
-    done_code, error_code, finish, messages,
-};
+use super::{DumpEnd, NfSocket, begin, dump_step};
+use crate::error::{Error, Result};
+use crate::wire::{self, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, Writer, align4};
 
 /// IP protocol number of UDP.
 pub const IPPROTO_UDP: u8 = 17;
@@ -37,25 +34,9 @@ const CTA_PROTO_SRC_PORT: u16 = 2;
 const CTA_PROTO_DST_PORT: u16 = 3;
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
-const ENOENT: i32 = 2;
-
-/// Errors of the conntrack cleanup; each names what was being deleted.
-#[derive(Debug, thiserror::Error)]
-pub enum ConntrackError {
-    /// The netlink socket could not be opened or used.
-    #[error("conntrack {what}: netlink socket: {source}")]
-    Socket {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
-    /// The kernel refused a request.
-    #[error("conntrack {what}: kernel error {errno} ({})", std::io::Error::from_raw_os_error(*errno))]
-    Kernel { what: String, errno: i32 },
-}
-
-/// The module's result type.
-pub type Result<T, E = ConntrackError> = std::result::Result<T, E>;
+/// Deletes per `sendmsg`: their acknowledgements (one small skb each) must fit the socket's
+/// receive buffer, as for ipset members.
+const BATCH: usize = 128;
 
 /// One direction of a conntrack entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,96 +130,60 @@ pub fn flush_udp_service(addr: IpAddr, port: u16) -> Result<usize> {
 
 /// Every conntrack entry of one family (`ipv6` or IPv4) in this network namespace.
 pub fn entries(ipv6: bool) -> Result<Vec<Entry>> {
-    let what = "dump".to_owned();
-    let socket = open(&what)?;
-    dump_on(&socket, if ipv6 { AF_INET6 } else { AF_INET }, &what)
+    let what = "dump";
+    let mut socket = NfSocket::open(&format!("conntrack {what}"))?;
+    dump_on(&mut socket, if ipv6 { AF_INET6 } else { AF_INET }, what)
 }
 
-fn open(what: &str) -> Result<Socket> {
-    let sock_err = |source| ConntrackError::Socket {
-        what: what.to_owned(),
-        source,
-    };
-    let mut socket = Socket::new(NETLINK_NETFILTER).map_err(sock_err)?;
-    socket.bind_auto().map_err(sock_err)?;
-    socket.connect(&SocketAddr::new(0, 0)).map_err(sock_err)?;
-    Ok(socket)
-}
-
-fn dump_on(socket: &Socket, family: u8, what: &str) -> Result<Vec<Entry>> {
-    let sock_err = |source| ConntrackError::Socket {
-        what: what.to_owned(),
-        source,
-    };
-    socket.send(&dump_request(family, 1), 0).map_err(sock_err)?;
+fn dump_on(socket: &mut NfSocket, family: u8, what: &str) -> Result<Vec<Entry>> {
+    let seq = socket.next_seqs(1);
+    let op = || format!("conntrack {what}");
     let mut entries = Vec::new();
-    let mut buf = Vec::with_capacity(1 << 16);
-    loop {
-        buf.clear();
-        socket.recv(&mut buf, 0).map_err(sock_err)?;
-        for m in messages(&buf) {
-            let payload = m.payload;
-            match m.kind {
-                // A dump that failed part way ends with its errno in the DONE message.
-                NLMSG_DONE => match done_code(payload) {
-                    0 => return Ok(entries),
-                    errno => {
-                        return Err(ConntrackError::Kernel {
-                            what: format!("{what} (dump ended early)"),
-                            errno,
-                        });
-                    }
-                },
-                NLMSG_ERROR => match error_code(payload) {
-                    Some(0) | None => {}
-                    Some(errno) => {
-                        return Err(ConntrackError::Kernel {
-                            what: what.to_owned(),
-                            errno,
-                        });
-                    }
-                },
-                _ => entries.extend(parse_entry(payload)),
-            }
-        }
-    }
+    socket.dump(&dump_request(family, seq), &op(), |buf| {
+        // A dump that failed part way ends with its errno in the DONE message.
+        let end = dump_step(buf, Some(seq), &op, |payload| {
+            entries.extend(parse_entry(payload));
+            Ok(())
+        })?;
+        Ok((end == DumpEnd::Done).then_some(()))
+    })?;
+    Ok(entries)
 }
 
-/// Dumps the conntrack table of the filter's family and deletes each selected entry. An entry
-/// that disappears between the dump and its delete is not an error (and not counted).
+/// Dumps the conntrack table of the filter's family and deletes each selected entry, many per
+/// `sendmsg`. An entry that disappears between the dump and its delete is not an error (and not
+/// counted).
 pub fn flush(filter: &Filter) -> Result<usize> {
     let what = format!("delete {}", filter.describe());
-    let sock_err = |source| ConntrackError::Socket {
-        what: what.clone(),
-        source,
-    };
-    let socket = open(&what)?;
+    let mut socket = NfSocket::open(&format!("conntrack {what}"))?;
     let family = filter.family();
-    let entries = dump_on(&socket, family, &what)?;
-    let mut buf = Vec::with_capacity(1 << 16);
+    let entries = dump_on(&mut socket, family, &what)?;
+    let selected: Vec<&Entry> = entries.iter().filter(|e| filter.matches(e)).collect();
+    let batch = socket
+        .rcvbuf()
+        .map_or(BATCH, |b| (b / 1024).clamp(1, BATCH));
     let mut deleted = 0;
-    let mut seq = 1;
-    for e in entries.iter().filter(|e| filter.matches(e)) {
-        seq += 1;
-        socket
-            .send(&delete_request(family, seq, e), 0)
-            .map_err(sock_err)?;
+    let mut buf = Vec::new();
+    for chunk in selected.chunks(batch) {
         buf.clear();
-        socket.recv(&mut buf, 0).map_err(sock_err)?;
-        let code = messages(&buf)
-            .into_iter()
-            .find(|m| m.kind == NLMSG_ERROR)
-            .and_then(|m| error_code(m.payload));
-        match code {
-            Some(0) => deleted += 1,
-            Some(ENOENT) => {}
-            Some(errno) => {
-                return Err(ConntrackError::Kernel {
-                    what: format!("{what}: entry {:?}", e.orig),
-                    errno,
-                });
+        let first = socket.next_seqs(chunk.len());
+        for (seq, e) in (first..).zip(chunk) {
+            delete_request_into(&mut buf, family, seq, e);
+        }
+        let acks = socket.acked(&buf, first, chunk.len(), &format!("conntrack {what}"))?;
+        for (e, ack) in chunk.iter().zip(acks) {
+            match ack {
+                Some(0) => deleted += 1,
+                // Gone already (it expired, or another delete took it), or not answered (an
+                // overrun receive buffer): neither is counted, and neither stops the others.
+                Some(libc::ENOENT) | None => {}
+                Some(errno) => {
+                    return Err(Error::Netfilter {
+                        op: format!("conntrack {what}: entry {:?}", e.orig),
+                        errno,
+                    });
+                }
             }
-            None => {}
         }
     }
     Ok(deleted)
@@ -246,42 +191,52 @@ pub fn flush(filter: &Filter) -> Result<usize> {
 
 /// `IPCTNL_MSG_CT_GET` with `NLM_F_DUMP` for one family.
 fn dump_request(family: u8, seq: u32) -> Vec<u8> {
-    finish(nfnl::start(
+    let mut buf = Vec::with_capacity(20);
+    let mut w = Writer::new(&mut buf);
+    let msg = begin(
+        &mut w,
         NFNL_SUBSYS_CTNETLINK,
         IPCTNL_MSG_CT_GET,
         NLM_F_REQUEST | NLM_F_DUMP,
         seq,
         family,
-    ))
+    );
+    w.end_msg(msg);
+    buf
 }
 
 /// `IPCTNL_MSG_CT_DELETE` of one entry by its original tuple (and zone).
+#[cfg(test)]
 fn delete_request(family: u8, seq: u32, e: &Entry) -> Vec<u8> {
-    let mut buf = nfnl::start(
+    let mut buf = Vec::new();
+    delete_request_into(&mut buf, family, seq, e);
+    buf
+}
+
+/// Appends `IPCTNL_MSG_CT_DELETE` of one entry by its original tuple (and zone) to `buf`.
+fn delete_request_into(buf: &mut Vec<u8>, family: u8, seq: u32, e: &Entry) {
+    let mut w = Writer::new(buf);
+    let msg = begin(
+        &mut w,
         NFNL_SUBSYS_CTNETLINK,
         IPCTNL_MSG_CT_DELETE,
         NLM_F_REQUEST | NLM_F_ACK,
         seq,
         family,
     );
-    buf.extend_from_slice(&e.orig_attr);
+    w.buf.extend_from_slice(&e.orig_attr);
     if let Some(z) = &e.zone_attr {
-        buf.extend_from_slice(z);
+        w.buf.extend_from_slice(z);
     }
-    finish(buf)
+    w.end_msg(msg);
 }
 
 fn parse_tuple(buf: &[u8]) -> Option<Tuple> {
     let (mut src, mut dst, mut protocol, mut sport, mut dport) = (None, None, None, 0, 0);
-    for a in attrs(buf) {
-        match a.kind {
+    for a in wire::attrs(buf) {
+        match a.0 {
             CTA_TUPLE_IP => {
-                for Attr {
-                    kind: k,
-                    payload: p,
-                    ..
-                } in attrs(a.payload)
-                {
+                for (k, p, _) in wire::attrs(a.1) {
                     let addr = match (k, p.len()) {
                         (CTA_IP_V4_SRC | CTA_IP_V4_DST, 4) => {
                             IpAddr::V4(Ipv4Addr::new(p[0], p[1], p[2], p[3]))
@@ -300,12 +255,7 @@ fn parse_tuple(buf: &[u8]) -> Option<Tuple> {
                 }
             }
             CTA_TUPLE_PROTO => {
-                for Attr {
-                    kind: k,
-                    payload: p,
-                    ..
-                } in attrs(a.payload)
-                {
+                for (k, p, _) in wire::attrs(a.1) {
                     match (k, p) {
                         (CTA_PROTO_NUM, [n, ..]) => protocol = Some(*n),
                         (CTA_PROTO_SRC_PORT, [a, b, ..]) => sport = u16::from_be_bytes([*a, *b]),
@@ -331,12 +281,7 @@ fn parse_tuple(buf: &[u8]) -> Option<Tuple> {
 fn parse_entry(payload: &[u8]) -> Option<Entry> {
     let body = payload.get(4..)?;
     let (mut orig, mut reply, mut orig_attr, mut zone_attr) = (None, None, None, None);
-    for Attr {
-        kind,
-        payload: p,
-        whole,
-    } in attrs(body)
-    {
+    for (kind, p, whole) in wire::attrs(body) {
         match kind {
             CTA_TUPLE_ORIG => {
                 orig = parse_tuple(p);
@@ -367,6 +312,20 @@ mod tests {
     use super::*;
 
     const NLA_F_NESTED: u16 = 0x8000;
+
+    struct Message<'a> {
+        kind: u16,
+        payload: &'a [u8],
+    }
+    fn messages(buf: &[u8]) -> Vec<Message<'_>> {
+        wire::messages(buf)
+            .map_while(std::result::Result::ok)
+            .map(|(h, payload, _)| Message {
+                kind: h.kind,
+                payload,
+            })
+            .collect()
+    }
 
     fn attr(kind: u16, payload: &[u8]) -> Vec<u8> {
         let mut a = Vec::new();

@@ -1,0 +1,16 @@
+//! The node's kernel interfaces that are not netlink: the masquerade rules through the iptables tools
+//! ([`masquerade`]: rule text as data, backend choice, the `iptables-restore` runner), and kernel modules,
+//! sysctls and the hostname ([`setup`]).
+//!
+//! With `kube-ipvs-netlink` this is one of the two kernel-facing crates: nothing else in the workspace spawns a
+//! kernel tool, opens a socket or touches `/proc` (the tidy test, `xtask/tests/tidy.rs`, checks it). It is a
+//! crate of its own rather than a module of the netlink crate because its seam is different: processes and
+//! files rather than one socket and its byte-exact messages, so the netlink crate stays pure netlink with its
+//! fixtures, and this one can be read, reviewed and fenced as "everything we run on the node".
+//!
+//! Nothing from the API server reaches a command line here: tools are spawned with fixed arguments, rules are
+//! written to their standard input from parsed addresses, CIDRs and ports, and module and sysctl names come from
+//! our own lists.
+
+pub mod masquerade;
+pub mod setup;
