@@ -105,7 +105,7 @@ fn main() -> Result<()> {
 
     // Where our time goes, in process: the netlink read, then the rendering.
     let t = Instant::now();
-    let table = kube_ipvs::kernel::read_table(&mut ipvs).context("read the table")?;
+    let table = kube_ipvs::ipvsadm::view::read_table(&mut ipvs).context("read the table")?;
     let read = t.elapsed();
     let t = Instant::now();
     let text = kube_ipvs::ipvsadm::render_table(&table, kube_ipvs::ipvsadm::Format::default());

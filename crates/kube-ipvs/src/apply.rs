@@ -1,260 +1,20 @@
-//! The executor: the one place where the diff engine's [`Op`]s become kernel changes, and where
-//! the engine's table types are converted to and from the netlink crate's.
+//! The executor: the one place where the diff engine's [`Op`]s become kernel changes, through
+//! the one [`Kernel`] seam (conversions in [`crate::kernel::convert`]).
 //!
-//! IPVS ops become netlink [`Request`]s applied in one batch through the [`Ipvs`] handle;
-//! address ops go through the rtnetlink handle on `kube-ipvs0`. Every op gets its own result,
+//! IPVS ops become netlink [`Request`]s applied in batches; address ops bind and unbind
+//! addresses on `kube-ipvs0`. Every op gets its own result,
 //! and a failed op is reported with the Service it belongs to while the others still apply.
 //! This module decides nothing about what the table should hold (the engine does) and renders
 //! nothing for people beyond the failure messages.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
-use kube_ipvs_diff::{
-    DestKey, Forward, Inputs, Op, Protocol, RealServer, ServiceEntry, ServiceName, VirtualKey,
-    VirtualServer, service_table,
-};
-use kube_ipvs_netlink::ipvs::{
-    Destination, Family, Flags, ForwardMethod, Ipvs, Netmask, Request, Service, ServiceKey,
-};
-use kube_ipvs_netlink::link::Rtnl;
+use kube_ipvs_diff::{Inputs, Op, ServiceName, VirtualKey, service_table};
+use kube_ipvs_netlink::ipvs::Request;
 
-/// The netlink key of a virtual server.
-pub fn service_key(key: &VirtualKey) -> ServiceKey {
-    match *key {
-        VirtualKey::Inet {
-            protocol,
-            addr,
-            port,
-        } => ServiceKey::Addr {
-            protocol: netlink_protocol(protocol),
-            addr,
-            port,
-        },
-        VirtualKey::Fwmark { ipv6, mark } => ServiceKey::Fwmark {
-            family: if ipv6 { Family::Inet6 } else { Family::Inet },
-            mark,
-        },
-    }
-}
-
-fn netlink_protocol(p: Protocol) -> kube_ipvs_netlink::ipvs::Protocol {
-    use kube_ipvs_netlink::ipvs::Protocol as P;
-    match p {
-        Protocol::Tcp => P::Tcp,
-        Protocol::Udp => P::Udp,
-        Protocol::Sctp => P::Sctp,
-    }
-}
-
-/// The netlink service for a virtual server: its scheduler, exactly its flags (so an update
-/// also clears flags it no longer wants), the persistence timeout and the netmask (a mask for
-/// IPv4, a prefix length for IPv6).
-pub fn netlink_service(vs: &VirtualServer) -> Service {
-    let key = service_key(&vs.key);
-    let mut s = Service::new(key, vs.scheduler.name());
-    s.flags = Flags::exactly(vs.flags());
-    s.timeout = vs.timeout();
-    s.netmask = match key.family() {
-        Family::Inet => Netmask::V4(Ipv4Addr::from(
-            u32::MAX
-                .checked_shl(32 - u32::from(vs.netmask.min(32)))
-                .unwrap_or(0),
-        )),
-        Family::Inet6 => Netmask::V6(vs.netmask.min(128)),
-    };
-    s
-}
-
-fn netlink_forward(f: Forward) -> ForwardMethod {
-    match f {
-        Forward::Masq => ForwardMethod::Masq,
-        Forward::Local => ForwardMethod::Local,
-        Forward::Tunnel => ForwardMethod::Tunnel,
-        Forward::Route => ForwardMethod::Route,
-        Forward::Bypass => ForwardMethod::Bypass,
-    }
-}
-
-/// The netlink destination for a real server.
-pub fn netlink_dest(rs: &RealServer) -> Destination {
-    let mut d = Destination::new(rs.key.addr, rs.key.port, netlink_forward(rs.forward));
-    d.weight = rs.weight;
-    d
-}
-
-/// Why a kernel entry cannot be read into the engine's table; the entry is then foreign to us.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("virtual server {key}: {reason}")]
-pub struct ForeignEntry {
-    /// The kernel's key, as ipvsadm prints it.
-    pub key: String,
-    /// What the engine cannot represent.
-    pub reason: String,
-}
-
-/// A dumped service and its destinations as the engine's [`ServiceEntry`]. Fwmark services,
-/// protocols other than TCP/UDP/SCTP, schedulers the engine does not know and forwarding
-/// methods it cannot name are errors, so the caller can list them as foreign.
-pub fn entry_from_kernel(
-    svc: &Service,
-    dests: &[Destination],
-) -> Result<ServiceEntry, ForeignEntry> {
-    let foreign = |reason: String| ForeignEntry {
-        key: svc.key.to_string(),
-        reason,
-    };
-    let key = match svc.key {
-        ServiceKey::Fwmark { family, mark } => VirtualKey::Fwmark {
-            ipv6: family == Family::Inet6,
-            mark,
-        },
-        ServiceKey::Addr {
-            protocol,
-            addr,
-            port,
-        } => {
-            use kube_ipvs_netlink::ipvs::Protocol as P;
-            let protocol = match protocol {
-                P::Tcp => Protocol::Tcp,
-                P::Udp => Protocol::Udp,
-                P::Sctp => Protocol::Sctp,
-                P::Other(n) => return Err(foreign(format!("IP protocol {n}"))),
-            };
-            VirtualKey::inet(protocol, addr, port)
-        }
-    };
-    let netmask = match svc.netmask {
-        // A non-contiguous mask has no prefix length; its leading ones are the closest.
-        Netmask::V4(m) => u8::try_from(u32::from(m).leading_ones()).unwrap_or(32),
-        Netmask::V6(p) => p,
-    };
-    let server =
-        VirtualServer::from_kernel(key, &svc.scheduler, svc.flags.flags, svc.timeout, netmask)
-            .map_err(|e| foreign(e.to_string()))?;
-    let mut out = BTreeMap::new();
-    for d in dests {
-        let forward = match d.forward {
-            ForwardMethod::Masq => Forward::Masq,
-            ForwardMethod::Local => Forward::Local,
-            ForwardMethod::Tunnel => Forward::Tunnel,
-            ForwardMethod::Route => Forward::Route,
-            ForwardMethod::Bypass => Forward::Bypass,
-            ForwardMethod::Other(v) => {
-                return Err(foreign(format!(
-                    "real server {} uses forwarding method {v}",
-                    DestKey {
-                        addr: d.addr,
-                        port: d.port
-                    }
-                )));
-            }
-        };
-        let rs = RealServer {
-            key: DestKey {
-                addr: d.addr,
-                port: d.port,
-            },
-            weight: d.weight,
-            forward,
-        };
-        out.insert(rs.key, rs);
-    }
-    Ok(ServiceEntry { server, dests: out })
-}
-
-/// The netlink request for an IPVS op; `None` for address ops.
-pub fn request_for(op: &Op) -> Option<Request> {
-    Some(match op {
-        Op::AddService(vs) => Request::NewService(netlink_service(vs)),
-        Op::UpdateService(vs) => Request::SetService(netlink_service(vs)),
-        Op::DeleteService(k) => Request::DelService(service_key(k)),
-        Op::AddDest { service, dest } => Request::NewDest {
-            service: service_key(service),
-            dest: netlink_dest(dest),
-        },
-        Op::UpdateDest { service, dest } => Request::SetDest {
-            service: service_key(service),
-            dest: netlink_dest(dest),
-        },
-        Op::DeleteDest { service, dest } => Request::DelDest {
-            service: service_key(service),
-            addr: dest.addr,
-            port: dest.port,
-        },
-        Op::AddAddress(_) | Op::RemoveAddress(_) => return None,
-    })
-}
-
-/// The seam to the kernel the executor needs: a batch of IPVS requests, and address changes on
-/// the dummy interface. [`KernelHandles`] is the real one; tests use an in-memory one.
-pub trait Kernel {
-    /// Applies IPVS requests in order, one result per request; a failure does not stop the rest.
-    fn apply_requests(&mut self, requests: &[Request]) -> Vec<Result<(), String>>;
-    /// Makes sure the dummy interface exists.
-    fn ensure_interface(&mut self) -> Result<(), String>;
-    /// Binds an address to the dummy interface.
-    fn add_address(&mut self, addr: IpAddr) -> Result<(), String>;
-    /// Binds many addresses, one result per address in order. The real kernel sends them in
-    /// batches; the default binds one at a time.
-    fn add_addresses(&mut self, addrs: &[IpAddr]) -> Vec<Result<(), String>> {
-        addrs.iter().map(|a| self.add_address(*a)).collect()
-    }
-    /// Unbinds an address from the dummy interface.
-    fn remove_address(&mut self, addr: IpAddr) -> Result<(), String>;
-}
-
-/// The real kernel: the IPVS generic netlink handle and rtnetlink for the dummy interface.
-pub struct KernelHandles<'a> {
-    /// The IPVS handle.
-    pub ipvs: &'a mut Ipvs,
-    /// The rtnetlink handle.
-    pub rtnl: &'a mut Rtnl,
-    /// The dummy interface's name (`kube-ipvs0`).
-    pub ifname: &'a str,
-}
-
-impl Kernel for KernelHandles<'_> {
-    fn apply_requests(&mut self, requests: &[Request]) -> Vec<Result<(), String>> {
-        self.ipvs
-            .apply(requests)
-            .into_iter()
-            .map(|r| r.map_err(|e| e.to_string()))
-            .collect()
-    }
-
-    fn ensure_interface(&mut self) -> Result<(), String> {
-        self.rtnl
-            .ensure_dummy(self.ifname)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    }
-
-    fn add_address(&mut self, addr: IpAddr) -> Result<(), String> {
-        self.rtnl
-            .add_address(self.ifname, addr)
-            .map_err(|e| e.to_string())
-    }
-
-    fn add_addresses(&mut self, addrs: &[IpAddr]) -> Vec<Result<(), String>> {
-        match self.rtnl.add_addresses(self.ifname, addrs) {
-            Ok(results) => results
-                .into_iter()
-                .map(|r| r.map_err(|e| e.to_string()))
-                .collect(),
-            Err(e) => {
-                let e = e.to_string();
-                addrs.iter().map(|_| Err(e.clone())).collect()
-            }
-        }
-    }
-
-    fn remove_address(&mut self, addr: IpAddr) -> Result<(), String> {
-        self.rtnl
-            .del_address(self.ifname, addr)
-            .map_err(|e| e.to_string())
-    }
-}
+use crate::kernel::convert::request_for;
+use crate::kernel::{Kernel, KernelError};
 
 /// Which Services each virtual server and address belongs to, for naming them in failures and
 /// findings.
@@ -327,6 +87,8 @@ pub struct Failure {
     pub services: Vec<ServiceName>,
     /// The kernel's answer.
     pub error: String,
+    /// The kernel's errno, when it gave one.
+    pub errno: Option<i32>,
 }
 
 impl std::fmt::Display for Failure {
@@ -351,11 +113,15 @@ const REQUEST_CHUNK: usize = 8192;
 /// that failed, each with its Services; all others were applied.
 pub fn apply(kernel: &mut dyn Kernel, ops: &[Op], owners: &Owners) -> Vec<Failure> {
     let mut failures = Vec::new();
-    let mut fail = |op: &Op, error: String| {
+    let mut fail = |op: &Op, error: Option<&KernelError>| {
         failures.push(Failure {
             op: op.clone(),
             services: owners.of(op).to_vec(),
-            error,
+            error: error.map_or_else(
+                || "no result from the kernel".to_owned(),
+                ToString::to_string,
+            ),
+            errno: error.and_then(KernelError::errno),
         });
     };
     let started = std::time::Instant::now();
@@ -379,14 +145,14 @@ pub fn apply(kernel: &mut dyn Kernel, ops: &[Op], owners: &Owners) -> Vec<Failur
                 for (i, op) in adds.iter().enumerate() {
                     match results.get(i) {
                         Some(Ok(())) => {}
-                        Some(Err(e)) => fail(op, e.clone()),
-                        None => fail(op, "no result from the kernel".to_owned()),
+                        Some(Err(e)) => fail(op, Some(e)),
+                        None => fail(op, None),
                     }
                 }
             }
             Err(e) => {
                 for op in adds {
-                    fail(op, e.clone());
+                    fail(op, Some(&e));
                 }
             }
         }
@@ -413,8 +179,8 @@ pub fn apply(kernel: &mut dyn Kernel, ops: &[Op], owners: &Owners) -> Vec<Failur
         for (i, op) in chunk_ops.iter().enumerate() {
             match results.get(i) {
                 Some(Ok(())) => {}
-                Some(Err(e)) => fail(op, e.clone()),
-                None => fail(op, "no result from the kernel".to_owned()),
+                Some(Err(e)) => fail(op, Some(e)),
+                None => fail(op, None),
             }
         }
     }
@@ -423,7 +189,7 @@ pub fn apply(kernel: &mut dyn Kernel, ops: &[Op], owners: &Owners) -> Vec<Failur
         if let Op::RemoveAddress(a) = op
             && let Err(e) = kernel.remove_address(*a)
         {
-            fail(op, e);
+            fail(op, Some(&e));
         }
     }
     // Where a big apply (a startup, a large reconcile) spent its time; small ones only at debug.
@@ -447,7 +213,18 @@ pub fn apply(kernel: &mut dyn Kernel, ops: &[Op], owners: &Owners) -> Vec<Failur
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube_ipvs_diff::{Scheduler, Table};
+    use crate::kernel::Counts;
+    use crate::kernel::convert::{entry_from_kernel, netlink_dest, netlink_service};
+    use crate::kernel::observe::Observed;
+    use kube_ipvs_diff::Forward;
+    use kube_ipvs_diff::{
+        DestKey, Protocol, RealServer, Scheduler, ServiceEntry, Table, VirtualServer,
+    };
+    use kube_ipvs_netlink::ipvs::{
+        Destination, Flags, ForwardMethod, Netmask, Service, ServiceKey,
+    };
+    use std::collections::BTreeSet;
+    use std::net::Ipv4Addr;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().expect("literal")
@@ -520,7 +297,7 @@ mod tests {
     }
 
     impl Kernel for FakeKernel {
-        fn apply_requests(&mut self, requests: &[Request]) -> Vec<Result<(), String>> {
+        fn apply_requests(&mut self, requests: &[Request]) -> Vec<Result<(), KernelError>> {
             self.requests.extend_from_slice(requests);
             self.calls.push(requests.len());
             requests
@@ -529,25 +306,43 @@ mod tests {
                     if let Request::NewDest { dest, .. } = r
                         && Some(dest.port) == self.fail_dest_port
                     {
-                        return Err("injected failure".to_owned());
+                        return Err(KernelError::Refused("injected failure".to_owned()));
                     }
                     let op = self.op_of(r);
-                    self.table.apply(&op).map_err(|e| e.to_string())
+                    self.table
+                        .apply(&op)
+                        .map_err(|e| KernelError::Refused(e.to_string()))
                 })
                 .collect()
         }
-        fn ensure_interface(&mut self) -> Result<(), String> {
+        fn ensure_interface(&mut self) -> Result<(), KernelError> {
             Ok(())
         }
-        fn add_address(&mut self, addr: IpAddr) -> Result<(), String> {
+        fn add_address(&mut self, addr: IpAddr) -> Result<(), KernelError> {
             self.table
                 .apply(&Op::AddAddress(addr))
-                .map_err(|e| e.to_string())
+                .map_err(|e| KernelError::Refused(e.to_string()))
         }
-        fn remove_address(&mut self, addr: IpAddr) -> Result<(), String> {
+        fn remove_address(&mut self, addr: IpAddr) -> Result<(), KernelError> {
             self.table
                 .apply(&Op::RemoveAddress(addr))
-                .map_err(|e| e.to_string())
+                .map_err(|e| KernelError::Refused(e.to_string()))
+        }
+        fn observe(&mut self) -> Result<(Observed, Counts), KernelError> {
+            Ok((
+                Observed {
+                    table: self.table.clone(),
+                    foreign: Vec::new(),
+                    interface_exists: true,
+                },
+                Counts::new(),
+            ))
+        }
+        fn connection_counts(&mut self, _: &BTreeSet<VirtualKey>) -> Counts {
+            Counts::new()
+        }
+        fn node_addresses(&mut self) -> Result<Vec<IpAddr>, KernelError> {
+            Ok(Vec::new())
         }
     }
 

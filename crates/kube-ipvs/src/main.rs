@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use kube_ipvs::dump::DumpArgs;
+use kube_ipvs::cmd::dump::DumpArgs;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -21,25 +21,25 @@ enum Command {
     /// Print the kernel's IPVS table exactly as `ipvsadm -Ln` does (or as JSON).
     Dump(DumpArgs),
     /// Print the operations `run` would apply now (`--apply` applies them once).
-    Plan(kube_ipvs::plan::PlanArgs),
+    Plan(kube_ipvs::cmd::plan::PlanArgs),
     /// Compare the desired state with the kernel; exit 0 in sync, 1 not, 2 on error.
-    Check(kube_ipvs::check::CheckArgs),
+    Check(kube_ipvs::cmd::check::CheckArgs),
     /// Explain which Service IP:PORT[/PROTO] is and why each endpoint is or is not used here.
-    Explain(kube_ipvs::explain::ExplainArgs),
+    Explain(kube_ipvs::cmd::explain::ExplainArgs),
     /// Run the node agent: keep the kernel's IPVS table in sync with the cluster.
-    Run(Box<kube_ipvs::run::RunArgs>),
+    Run(Box<kube_ipvs::agent::RunArgs>),
     /// Remove what kube-ipvs created: its IPVS virtual servers, kube-ipvs0, its iptables chains.
-    Cleanup(kube_ipvs::cleanup::CleanupArgs),
+    Cleanup(kube_ipvs::cmd::cleanup::CleanupArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Dump(args) => kube_ipvs::dump::main(&args),
-        Command::Plan(args) => kube_ipvs::plan::main(&args),
-        Command::Check(args) => kube_ipvs::check::main(&args),
-        Command::Explain(args) => kube_ipvs::explain::main(&args),
-        Command::Run(args) => kube_ipvs::run::main(&args),
-        Command::Cleanup(args) => kube_ipvs::cleanup::main(&args),
+        Command::Dump(args) => kube_ipvs::cmd::dump::main(&args),
+        Command::Plan(args) => kube_ipvs::cmd::plan::main(&args),
+        Command::Check(args) => kube_ipvs::cmd::check::main(&args),
+        Command::Explain(args) => kube_ipvs::cmd::explain::main(&args),
+        Command::Run(args) => kube_ipvs::agent::main(&args),
+        Command::Cleanup(args) => kube_ipvs::cmd::cleanup::main(&args),
     }
 }

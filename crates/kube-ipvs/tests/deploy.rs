@@ -18,7 +18,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube_ipvs::run::{RunArgs, Settings};
+use kube_ipvs::agent::{RunArgs, Settings};
 use serde::Deserialize;
 use serde_json::Value;
 

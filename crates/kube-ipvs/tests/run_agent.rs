@@ -14,10 +14,11 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kube_ipvs::apply::{Kernel, entry_from_kernel};
-use kube_ipvs::observe::Observed;
-use kube_ipvs::run::agent::{Agent, AgentConfig, Counts, NodeKernel};
-use kube_ipvs::run::health::Shared;
+use kube_ipvs::agent::health::Shared;
+use kube_ipvs::agent::sync::{Agent, AgentConfig, Counts};
+use kube_ipvs::kernel::convert::entry_from_kernel;
+use kube_ipvs::kernel::observe::Observed;
+use kube_ipvs::kernel::{Kernel, KernelError};
 use kube_ipvs_diff::{DestKey, Inputs, NodeContext, ServiceEntry, Table, VirtualKey};
 use kube_ipvs_netlink::ipvs::{Request, Service, ServiceKey};
 use kube_ipvs_watch::{ChangeSet, Tracker, TranslateOptions};
@@ -128,35 +129,37 @@ fn apply_one(st: &mut State, r: &Request) -> Result<(), String> {
 }
 
 impl Kernel for MemKernel {
-    fn apply_requests(&mut self, requests: &[Request]) -> Vec<Result<(), String>> {
+    fn apply_requests(&mut self, requests: &[Request]) -> Vec<Result<(), KernelError>> {
         let mut st = self.state();
         st.requests += requests.len();
-        requests.iter().map(|r| apply_one(&mut st, r)).collect()
+        requests
+            .iter()
+            .map(|r| apply_one(&mut st, r).map_err(KernelError::Refused))
+            .collect()
     }
-    fn ensure_interface(&mut self) -> Result<(), String> {
+    fn ensure_interface(&mut self) -> Result<(), KernelError> {
         self.state().interface = true;
         Ok(())
     }
-    fn add_address(&mut self, addr: IpAddr) -> Result<(), String> {
+    fn add_address(&mut self, addr: IpAddr) -> Result<(), KernelError> {
         let mut st = self.state();
         if !st.table.addresses.insert(addr) {
-            return Err(format!("add address {addr}: File exists"));
+            return Err(KernelError::Refused(format!(
+                "add address {addr}: File exists"
+            )));
         }
         Ok(())
     }
-    fn remove_address(&mut self, addr: IpAddr) -> Result<(), String> {
+    fn remove_address(&mut self, addr: IpAddr) -> Result<(), KernelError> {
         let mut st = self.state();
         if !st.table.addresses.remove(&addr) {
-            return Err(format!(
+            return Err(KernelError::Refused(format!(
                 "remove address {addr}: Cannot assign requested address"
-            ));
+            )));
         }
         Ok(())
     }
-}
-
-impl NodeKernel for MemKernel {
-    fn observe(&mut self) -> Result<(Observed, Counts), String> {
+    fn observe(&mut self) -> Result<(Observed, Counts), KernelError> {
         let st = self.state();
         // No connections anywhere: stale real servers can go at once.
         let counts = st
@@ -177,7 +180,7 @@ impl NodeKernel for MemKernel {
     fn connection_counts(&mut self, _: &BTreeSet<VirtualKey>) -> Counts {
         HashMap::new()
     }
-    fn node_addresses(&mut self) -> Result<Vec<IpAddr>, String> {
+    fn node_addresses(&mut self) -> Result<Vec<IpAddr>, KernelError> {
         Ok(Vec::new())
     }
 }
@@ -217,7 +220,7 @@ struct Running {
     shared: Arc<Shared>,
     changes: mpsc::Sender<ChangeSet>,
     stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<(), kube_ipvs::run::agent::AgentError>>,
+    task: tokio::task::JoinHandle<Result<(), kube_ipvs::agent::sync::AgentError>>,
 }
 
 fn start(kernel: MemKernel) -> Running {
@@ -318,7 +321,10 @@ async fn startup_adopts_a_stale_table_with_only_the_needed_operations() {
     );
     assert_eq!(kernel.state().table, want);
     run.shared.with_metrics(|m| {
-        assert_eq!(m.operations(kube_ipvs::run::metrics::SyncKind::Startup), 2);
+        assert_eq!(
+            m.operations(kube_ipvs::agent::metrics::SyncKind::Startup),
+            2
+        );
         assert_eq!(m.services, want.services.len() as u64);
         assert_eq!(m.real_servers, want.dest_count() as u64);
     });
@@ -474,7 +480,7 @@ async fn health_check_node_ports_follow_local_endpoints() {
         kube_ipvs_watch::manifest::parse_manifest(Path::new("lb.yaml"), &LB.replace("READY", ready))
             .expect("parses")
     };
-    let (hc, checks) = kube_ipvs::run::hcport::HealthChecks::new();
+    let (hc, checks) = kube_ipvs::agent::hcport::HealthChecks::new();
     let shared = Arc::new(Shared::new(SYNC_PERIOD));
     let cfg = AgentConfig {
         sync_period: SYNC_PERIOD,
@@ -503,7 +509,7 @@ async fn health_check_node_ports_follow_local_endpoints() {
         .expect("send");
     let mut syncs = shared.syncs();
     syncs.wait_for(|n| *n >= 1).await.expect("sync");
-    let local = |c: &kube_ipvs::run::hcport::Checks| c.get(&32100).map(|c| c.local_endpoints);
+    let local = |c: &kube_ipvs::agent::hcport::Checks| c.get(&32100).map(|c| c.local_endpoints);
     assert_eq!(local(&checks.borrow()), Some(1));
     t.relist_slices(&parse("false").slices);
     tx.send(t.take_change_set().expect("a change"))
@@ -580,7 +586,7 @@ async fn a_drained_real_server_deleted_by_the_reconcile_is_not_drift() {
 #[derive(Clone, Default)]
 struct RulesLog(Arc<Mutex<Vec<kube_ipvs_host::masquerade::Config>>>);
 
-impl kube_ipvs::run::masq::Rules for RulesLog {
+impl kube_ipvs::agent::masq::Rules for RulesLog {
     fn ensure(&mut self, config: &kube_ipvs_host::masquerade::Config) -> Result<(), String> {
         self.0.lock().expect("lock").push(config.clone());
         Ok(())
@@ -606,7 +612,7 @@ impl SetsLog {
     }
 }
 
-impl kube_ipvs::run::masq::HairpinSets for SetsLog {
+impl kube_ipvs::agent::masq::HairpinSets for SetsLog {
     fn create(&mut self, _: kube_ipvs_host::masquerade::Family) -> Result<(), String> {
         Ok(())
     }
@@ -645,7 +651,7 @@ impl kube_ipvs::run::masq::HairpinSets for SetsLog {
 
 #[tokio::test(start_paused = true)]
 async fn an_endpoint_change_on_this_node_is_a_hairpin_set_delta_without_rules() {
-    use kube_ipvs::run::masq::{Fixed, Masq};
+    use kube_ipvs::agent::masq::{Fixed, Masq};
     use kube_ipvs_host::masquerade::{Backend, Hairpin};
 
     let rules = RulesLog::default();

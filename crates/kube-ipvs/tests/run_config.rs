@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use kube_ipvs::run::{RunArgs, Settings};
+use kube_ipvs::agent::{RunArgs, Settings};
 
 /// `config.conf` of the `kube-proxy` ConfigMap as kubeadm (v1.31) writes it, with `mode: ipvs`
 /// and the ipvs section filled in as an operator would.

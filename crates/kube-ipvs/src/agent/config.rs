@@ -15,7 +15,7 @@ use kube_ipvs_diff::{Cidr, NodeContext};
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
-use crate::source::SourceArgs;
+use crate::cmd::source::SourceArgs;
 
 /// The only `apiVersion` of `KubeProxyConfiguration` there is.
 pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
@@ -634,7 +634,7 @@ impl Settings {
             .parse::<kube_ipvs_diff::Scheduler>()
             .map_err(|e| ConfigError::setting(&scheduler.1, &scheduler.0, e.to_string()))?;
         let node = source.node_context().map_err(|e| match e {
-            crate::source::SourceError::Flag {
+            crate::cmd::source::SourceError::Flag {
                 flag,
                 value,
                 reason,

@@ -26,8 +26,8 @@ use kube_ipvs_netlink::ipvs::Ipvs;
 use kube_ipvs_netlink::link::{DEFAULT_DUMMY, Rtnl};
 
 use crate::apply::Owners;
-use crate::observe::{self, Observed};
-use crate::source::SourceArgs;
+use crate::cmd::source::SourceArgs;
+use crate::kernel::observe::{self, Observed};
 
 /// The options of `kube-ipvs check`.
 #[derive(Debug, Clone, clap::Args)]
@@ -527,7 +527,7 @@ mod tests {
     /// A kernel that matches the inputs exactly, built with the engine's own ops.
     fn synced_kernel() -> Observed {
         let mut table = Table::default();
-        let ops = crate::plan::compute(&mut inputs(), &Table::default());
+        let ops = crate::cmd::plan::compute(&mut inputs(), &Table::default());
         table
             .apply_all(&ops)
             .expect("the kernel model accepts the plan");

@@ -16,11 +16,11 @@ use std::net::IpAddr;
 use std::process::ExitCode;
 
 use kube_ipvs_diff::{Cidr, Op, Table, full_diff};
-use kube_ipvs_netlink::ipvs::Ipvs;
-use kube_ipvs_netlink::link::{DEFAULT_DUMMY, Rtnl};
+use kube_ipvs_netlink::link::DEFAULT_DUMMY;
 
-use crate::apply::{self, KernelHandles, Owners};
-use crate::observe::{self, Observed};
+use crate::apply::{self, Owners};
+use crate::kernel::RealKernel;
+use crate::kernel::observe::Observed;
 use kube_ipvs_host::masquerade;
 
 /// `kube-ipvs cleanup`'s flags.
@@ -151,20 +151,16 @@ fn ipvs_part(
     verb: &str,
     failed: &mut Vec<String>,
 ) -> Result<(usize, usize, bool), String> {
-    let mut ipvs = Ipvs::new().map_err(|e| format!("opening IPVS netlink: {e}"))?;
-    let mut rtnl = Rtnl::new().map_err(|e| format!("opening rtnetlink: {e}"))?;
-    let observed = observe::read(&mut ipvs, &mut rtnl, DEFAULT_DUMMY)
+    let mut kernel =
+        RealKernel::open(DEFAULT_DUMMY).map_err(|e| format!("opening netlink: {e}"))?;
+    let observed = kernel
+        .read()
         .map_err(|e| format!("reading the IPVS table and {DEFAULT_DUMMY}: {e}"))?;
     let ops = removal_ops(&observed.table, exclude);
     let failures = if dry_run {
         Vec::new()
     } else {
-        let mut handles = KernelHandles {
-            ipvs: &mut ipvs,
-            rtnl: &mut rtnl,
-            ifname: DEFAULT_DUMMY,
-        };
-        apply::apply(&mut handles, &ops, &Owners::default())
+        apply::apply(&mut kernel, &ops, &Owners::default())
     };
     let (mut servers, mut removed_addrs) = (0, Vec::new());
     for op in &ops {
@@ -194,7 +190,7 @@ fn ipvs_part(
         if dry_run {
             link = true;
         } else {
-            match rtnl.delete_link(DEFAULT_DUMMY) {
+            match kernel.rtnl.delete_link(DEFAULT_DUMMY) {
                 Ok(_) => link = true,
                 Err(e) => failed.push(format!("deleting link {DEFAULT_DUMMY}: {e}")),
             }
@@ -230,7 +226,7 @@ mod tests {
         );
         let odd = Service::new(ServiceKey::udp(ip("10.96.0.11"), 53), "none");
         let d = Destination::new(ip("10.244.1.5"), 8080, ForwardMethod::Masq);
-        let observed = observe::from_dump(
+        let observed = crate::kernel::observe::from_dump(
             &[
                 (ours, vec![d.clone()]),
                 (excluded, vec![d]),

@@ -729,3 +729,4 @@ fn msort_with<T: Copy>(v: &mut [T], scratch: &mut Vec<T>, cmp: impl Fn(&T, &T) -
 
 #[cfg(test)]
 mod tests;
+pub mod view;

@@ -4,19 +4,18 @@
 //!
 //! The ops come from the engine's own `resync` against the observed table, so what is printed
 //! is exactly what the daemon would do at startup. This module owns the command line and the
-//! text; the engine decides, [`crate::apply`] executes, [`crate::observe`] reads.
+//! text; the engine decides, [`crate::apply`] executes, [`crate::kernel::observe`] reads.
 
 use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use kube_ipvs_diff::{Engine, Inputs, Op, Table, UnknownCounts};
-use kube_ipvs_netlink::ipvs::Ipvs;
-use kube_ipvs_netlink::link::{DEFAULT_DUMMY, Rtnl};
+use kube_ipvs_netlink::link::DEFAULT_DUMMY;
 
-use crate::apply::{self, KernelHandles, Owners};
-use crate::observe;
-use crate::source::SourceArgs;
+use crate::apply::{self, Owners};
+use crate::cmd::source::SourceArgs;
+use crate::kernel::RealKernel;
 
 /// The options of `kube-ipvs plan`.
 #[derive(Debug, Clone, clap::Args)]
@@ -97,15 +96,11 @@ pub fn main(args: &PlanArgs) -> ExitCode {
         print(&render(&ops));
         return ExitCode::SUCCESS;
     }
-    let mut ipvs = match Ipvs::new() {
-        Ok(h) => h,
+    let mut kernel = match RealKernel::open(DEFAULT_DUMMY) {
+        Ok(k) => k,
         Err(e) => return fail(e.to_string()),
     };
-    let mut rtnl = match Rtnl::new() {
-        Ok(h) => h,
-        Err(e) => return fail(e.to_string()),
-    };
-    let observed = match observe::read(&mut ipvs, &mut rtnl, DEFAULT_DUMMY) {
+    let observed = match kernel.read() {
         Ok(o) => o,
         Err(e) => return fail(e.to_string()),
     };
@@ -118,11 +113,6 @@ pub fn main(args: &PlanArgs) -> ExitCode {
     if !args.apply {
         return ExitCode::SUCCESS;
     }
-    let mut kernel = KernelHandles {
-        ipvs: &mut ipvs,
-        rtnl: &mut rtnl,
-        ifname: DEFAULT_DUMMY,
-    };
     let failures = apply::apply(&mut kernel, &ops, &owners);
     for f in &failures {
         eprintln!("kube-ipvs plan: failed: {f}");

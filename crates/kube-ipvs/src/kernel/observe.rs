@@ -11,7 +11,7 @@ use kube_ipvs_diff::Table;
 use kube_ipvs_netlink::ipvs::Ipvs;
 use kube_ipvs_netlink::link::Rtnl;
 
-use crate::apply::{ForeignEntry, entry_from_kernel};
+use super::convert::{ForeignEntry, entry_from_kernel};
 
 /// What the kernel holds, in the engine's terms.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -9,12 +9,12 @@
 //! kept applied by the loop ([`masq`]) unless `--no-masquerade`; trouble with them is logged
 //! and counted, never fatal.
 
-pub mod agent;
 pub mod config;
 pub mod hcport;
 pub mod health;
 pub mod masq;
 pub mod metrics;
+pub mod sync;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -27,8 +27,9 @@ use kube_ipvs_watch::TranslateOptions;
 
 pub use config::{RunArgs, Settings};
 
-use agent::{Agent, AgentConfig, RealKernel};
+use crate::kernel::RealKernel;
 use health::{Routes, Shared};
+use sync::{Agent, AgentConfig};
 
 /// Exit codes of `kube-ipvs run`.
 pub mod exit {
@@ -229,7 +230,7 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
     ));
     // Subscribed before the startup sync reads the addresses, so no change falls in between.
     let address_changes = if cfg.node_ips.is_empty() && !cfg.nodeport_cidrs.is_empty() {
-        agent::watch_addresses(cfg.nodeport_cidrs.clone())
+        sync::watch_addresses(cfg.nodeport_cidrs.clone())
     } else {
         None
     };

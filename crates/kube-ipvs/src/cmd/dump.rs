@@ -471,7 +471,7 @@ pub fn main(args: &DumpArgs) -> ExitCode {
             .map(|t| ipvsadm::render_timeouts(t.tcp, t.tcp_fin, t.udp))
             .map_err(|e| e.to_string())
     } else {
-        match crate::kernel::read_table(&mut ipvs) {
+        match crate::ipvsadm::view::read_table(&mut ipvs) {
             Ok(table) => render(&table, args).map_err(|e| match e {
                 DumpError::NoSuchService => e.to_string(),
                 other => format!("kube-ipvs dump: {other}"),

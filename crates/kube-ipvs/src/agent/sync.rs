@@ -9,7 +9,7 @@
 //! exponential backoff per Service; the other operations of the same batch still apply, so one
 //! broken Service never blocks the others. Stopping leaves the kernel as it is.
 //!
-//! The kernel is reached through [`NodeKernel`] (the executor's [`Kernel`] plus reading), so the
+//! The kernel is reached through [`Kernel`] (the executor's [`Kernel`] plus reading), so the
 //! loop runs against an in-memory kernel in tests, and time is tokio's, so tests pause it. This
 //! module decides nothing about the table itself: the engine does.
 //!
@@ -27,68 +27,23 @@
 //! change really reached the kernel. Wall-clock time is injected ([`WallClock`]), apart from
 //! the engine's monotonic clock.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use kube_ipvs_diff::{Cidr, DestKey, Engine, Inputs, Op, Protocol, ServiceName, VirtualKey};
-use kube_ipvs_netlink::ipvs::Ipvs;
-use kube_ipvs_netlink::link::Rtnl;
 use kube_ipvs_watch::ChangeSet;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::health::Shared;
 use super::metrics::SyncKind;
-use crate::apply::{self, Kernel, KernelHandles, Owners, names_label};
-use crate::observe::{self, Observed};
+use crate::apply::{self, Owners, names_label};
+pub use crate::kernel::{Counts, Kernel, KernelError, UdpFlush};
 
 /// How often the connections of draining real servers are re-read (see the sync loop).
 const DRAIN_POLL: Duration = Duration::from_secs(1);
-
-/// Connection counts (active + inactive) by virtual server and real server.
-pub type Counts = HashMap<(VirtualKey, DestKey), u64>;
-
-/// What the agent needs from the kernel beyond the executor's seam.
-pub trait NodeKernel: Kernel {
-    /// Dumps the IPVS table and `kube-ipvs0`'s addresses, with each real server's connections.
-    fn observe(&mut self) -> Result<(Observed, Counts), String>;
-    /// The connections of the real servers of these virtual servers (for draining).
-    fn connection_counts(&mut self, services: &BTreeSet<VirtualKey>) -> Counts;
-    /// The node's own addresses (not `kube-ipvs0`'s, not loopback, not link-local).
-    fn node_addresses(&mut self) -> Result<Vec<IpAddr>, String>;
-    /// Deletes the UDP conntrack entries a deleted real or virtual server leaves behind, so
-    /// datagrams of those flows are scheduled afresh instead of going to a gone endpoint; says
-    /// how many it deleted. The default does nothing: a kernel without conntrack (the
-    /// in-memory one of the loop tests) has none to delete.
-    fn flush_udp(&mut self, target: UdpFlush) -> Result<usize, String> {
-        let _ = target;
-        Ok(0)
-    }
-}
-
-/// Which UDP conntrack entries to delete after an operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum UdpFlush {
-    /// Flows answered by this endpoint (a deleted UDP real server).
-    Endpoint(IpAddr, u16),
-    /// Flows sent to this virtual server (a deleted UDP virtual server).
-    Service(IpAddr, u16),
-}
-
-impl std::fmt::Display for UdpFlush {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Endpoint(a, p) => write!(f, "UDP endpoint {}", std::net::SocketAddr::new(*a, *p)),
-            Self::Service(a, p) => write!(
-                f,
-                "UDP virtual server {}",
-                std::net::SocketAddr::new(*a, *p)
-            ),
-        }
-    }
-}
 
 /// The conntrack cleanups the applied (not failed) ops call for: one per deleted UDP real
 /// server and one per deleted UDP virtual server, in order, without repeats.
@@ -119,133 +74,6 @@ pub fn udp_flushes(ops: &[Op], failures: &[apply::Failure]) -> Vec<UdpFlush> {
         }
     }
     out
-}
-
-/// The real kernel: the IPVS handle and rtnetlink.
-pub struct RealKernel {
-    /// The IPVS generic netlink handle.
-    pub ipvs: Ipvs,
-    /// rtnetlink.
-    pub rtnl: Rtnl,
-    /// The dummy interface (`kube-ipvs0`).
-    pub ifname: String,
-}
-
-impl RealKernel {
-    fn handles(&mut self) -> KernelHandles<'_> {
-        KernelHandles {
-            ipvs: &mut self.ipvs,
-            rtnl: &mut self.rtnl,
-            ifname: &self.ifname,
-        }
-    }
-}
-
-impl Kernel for RealKernel {
-    fn apply_requests(
-        &mut self,
-        requests: &[kube_ipvs_netlink::ipvs::Request],
-    ) -> Vec<Result<(), String>> {
-        self.handles().apply_requests(requests)
-    }
-    fn ensure_interface(&mut self) -> Result<(), String> {
-        self.handles().ensure_interface()
-    }
-    fn add_address(&mut self, addr: IpAddr) -> Result<(), String> {
-        self.handles().add_address(addr)
-    }
-    fn add_addresses(&mut self, addrs: &[IpAddr]) -> Vec<Result<(), String>> {
-        self.handles().add_addresses(addrs)
-    }
-    fn remove_address(&mut self, addr: IpAddr) -> Result<(), String> {
-        self.handles().remove_address(addr)
-    }
-}
-
-fn dest_counts(
-    counts: &mut Counts,
-    key: VirtualKey,
-    dests: &[kube_ipvs_netlink::ipvs::Destination],
-) {
-    for d in dests {
-        let dk = DestKey {
-            addr: d.addr,
-            port: d.port,
-        };
-        counts.insert(
-            (key, dk),
-            u64::from(d.active_conns) + u64::from(d.inactive_conns),
-        );
-    }
-}
-
-impl NodeKernel for RealKernel {
-    fn observe(&mut self) -> Result<(Observed, Counts), String> {
-        let dump = self.ipvs.table().map_err(|e| e.to_string())?;
-        let addresses = match self
-            .rtnl
-            .link_index(&self.ifname)
-            .map_err(|e| e.to_string())?
-        {
-            Some(_) => Some(
-                self.rtnl
-                    .addresses(&self.ifname)
-                    .map_err(|e| e.to_string())?,
-            ),
-            None => None,
-        };
-        let observed = observe::from_dump(&dump, addresses);
-        let mut counts = Counts::new();
-        for (svc, dests) in &dump {
-            if let Ok(entry) = apply::entry_from_kernel(svc, &[]) {
-                dest_counts(&mut counts, entry.server.key, dests);
-            }
-        }
-        Ok((observed, counts))
-    }
-
-    fn connection_counts(&mut self, services: &BTreeSet<VirtualKey>) -> Counts {
-        let mut counts = Counts::new();
-        for key in services {
-            // An unreadable virtual server leaves its counts unknown, which the engine treats
-            // as "may have connections": the safe side.
-            if let Ok(dests) = self.ipvs.destinations(&apply::service_key(key)) {
-                dest_counts(&mut counts, *key, &dests);
-            }
-        }
-        counts
-    }
-
-    fn node_addresses(&mut self) -> Result<Vec<IpAddr>, String> {
-        let ours = self
-            .rtnl
-            .link_index(&self.ifname)
-            .map_err(|e| e.to_string())?;
-        let all = self.rtnl.local_addresses().map_err(|e| e.to_string())?;
-        Ok(all
-            .into_iter()
-            .filter(|a| Some(a.ifindex) != ours)
-            .map(|a| a.addr)
-            .filter(|a| !a.is_loopback() && !is_link_local(a))
-            .collect())
-    }
-
-    fn flush_udp(&mut self, target: UdpFlush) -> Result<usize, String> {
-        let r = match target {
-            UdpFlush::Endpoint(a, p) => {
-                kube_ipvs_netlink::nfnl::conntrack::flush_udp_endpoint(a, p)
-            }
-            UdpFlush::Service(a, p) => kube_ipvs_netlink::nfnl::conntrack::flush_udp_service(a, p),
-        };
-        r.map_err(|e| e.to_string())
-    }
-}
-
-fn is_link_local(a: &IpAddr) -> bool {
-    match a {
-        IpAddr::V4(v4) => v4.is_link_local(),
-        IpAddr::V6(v6) => v6.segments()[0] & 0xffc0 == 0xfe80,
-    }
 }
 
 /// How the loop behaves.
@@ -330,7 +158,7 @@ pub struct Agent<K> {
     unprogrammed_unknown: bool,
 }
 
-impl<K: NodeKernel> Agent<K> {
+impl<K: Kernel> Agent<K> {
     /// An agent with an empty engine: its first sync adopts whatever the kernel holds.
     pub fn new(kernel: K, inputs: Inputs, cfg: AgentConfig, shared: Arc<Shared>) -> Self {
         let node_ips = (!cfg.node_ips.is_empty()).then(|| split(&cfg.node_ips));
@@ -876,6 +704,7 @@ async fn sleep_until(at: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::observe::Observed;
     use kube_ipvs_netlink::ipvs::{Request, ServiceKey};
     use std::sync::Mutex;
 
@@ -903,7 +732,7 @@ mod tests {
     }
 
     impl Kernel for FakeKernel {
-        fn apply_requests(&mut self, requests: &[Request]) -> Vec<Result<(), String>> {
+        fn apply_requests(&mut self, requests: &[Request]) -> Vec<Result<(), KernelError>> {
             let fail = *self.fail.lock().expect("lock");
             let mut st = self.state.lock().expect("lock");
             requests
@@ -919,24 +748,23 @@ mod tests {
                         st.1.push((false, *addr, *port));
                         Ok(())
                     }
-                    Request::NewDest { .. } if fail => Err("Cannot allocate memory".to_owned()),
+                    Request::NewDest { .. } if fail => {
+                        Err(KernelError::Refused("Cannot allocate memory".to_owned()))
+                    }
                     _ => Ok(()),
                 })
                 .collect()
         }
-        fn ensure_interface(&mut self) -> Result<(), String> {
+        fn ensure_interface(&mut self) -> Result<(), KernelError> {
             Ok(())
         }
-        fn add_address(&mut self, _: IpAddr) -> Result<(), String> {
+        fn add_address(&mut self, _: IpAddr) -> Result<(), KernelError> {
             Ok(())
         }
-        fn remove_address(&mut self, _: IpAddr) -> Result<(), String> {
+        fn remove_address(&mut self, _: IpAddr) -> Result<(), KernelError> {
             Ok(())
         }
-    }
-
-    impl NodeKernel for FakeKernel {
-        fn observe(&mut self) -> Result<(Observed, Counts), String> {
+        fn observe(&mut self) -> Result<(Observed, Counts), KernelError> {
             Ok((
                 Observed {
                     table: kube_ipvs_diff::Table::default(),
@@ -949,7 +777,7 @@ mod tests {
         fn connection_counts(&mut self, _: &BTreeSet<VirtualKey>) -> Counts {
             Counts::new()
         }
-        fn node_addresses(&mut self) -> Result<Vec<IpAddr>, String> {
+        fn node_addresses(&mut self) -> Result<Vec<IpAddr>, KernelError> {
             Ok(self.state.lock().expect("lock").0.clone())
         }
     }
@@ -1273,6 +1101,7 @@ mod tests {
             op: failed,
             services: Vec::new(),
             error: "EBUSY".into(),
+            errno: None,
         }];
         assert_eq!(
             udp_flushes(&ops, &failures),

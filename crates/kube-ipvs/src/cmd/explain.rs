@@ -22,7 +22,7 @@ use kube_ipvs_diff::{
     VirtualKey, service_table,
 };
 
-use crate::source::SourceArgs;
+use crate::cmd::source::SourceArgs;
 
 /// The options of `kube-ipvs explain`.
 #[derive(Debug, Clone, clap::Args)]

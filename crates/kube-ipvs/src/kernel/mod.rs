@@ -1,0 +1,249 @@
+//! The binary's one seam to the kernel: the [`Kernel`] trait, its one real implementation
+//! [`RealKernel`] (the netlink crate's IPVS, rtnetlink and conntrack handles), and the typed
+//! [`KernelError`] that keeps the kernel's errno.
+//!
+//! The executor ([`crate::apply`]) and the agent's sync loop ([`crate::agent::sync`]) reach the
+//! kernel only through [`Kernel`], so both run against an in-memory kernel in the host tests.
+//! [`convert`] holds every conversion between the engine's table types and the netlink crate's;
+//! [`observe`] reads the kernel back as the engine's table. Nothing here decides what the table
+//! should hold, and nothing outside the kernel-facing crates opens a socket: this module only
+//! calls `kube-ipvs-netlink`.
+
+pub mod convert;
+pub mod observe;
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
+
+use kube_ipvs_diff::{DestKey, VirtualKey};
+use kube_ipvs_netlink::ipvs::{Destination, Ipvs, Request};
+use kube_ipvs_netlink::link::Rtnl;
+use kube_ipvs_netlink::nfnl::conntrack;
+
+use observe::Observed;
+
+/// Connection counts (active + inactive) by virtual server and real server.
+pub type Counts = HashMap<(VirtualKey, DestKey), u64>;
+
+/// Why a kernel operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// The netlink crate's error: it names the operation and object and keeps the errno.
+    #[error(transparent)]
+    Netlink(#[from] kube_ipvs_netlink::Error),
+    /// A refusal without an errno: an in-memory kernel's in the host tests, or an answer that
+    /// never came.
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl KernelError {
+    /// The positive errno behind the error, when the kernel gave one.
+    #[must_use]
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Self::Netlink(e) => e.errno(),
+            Self::Refused(_) => None,
+        }
+    }
+}
+
+/// Which UDP conntrack entries to delete after an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum UdpFlush {
+    /// Flows answered by this endpoint (a deleted UDP real server).
+    Endpoint(IpAddr, u16),
+    /// Flows sent to this virtual server (a deleted UDP virtual server).
+    Service(IpAddr, u16),
+}
+
+impl std::fmt::Display for UdpFlush {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Endpoint(a, p) => write!(f, "UDP endpoint {}", std::net::SocketAddr::new(*a, *p)),
+            Self::Service(a, p) => write!(
+                f,
+                "UDP virtual server {}",
+                std::net::SocketAddr::new(*a, *p)
+            ),
+        }
+    }
+}
+
+/// Everything the executor and the agent do to the kernel's IPVS table, the dummy interface,
+/// the node's addresses and conntrack. [`RealKernel`] is the real one; the host tests use
+/// in-memory ones.
+pub trait Kernel {
+    /// Applies IPVS requests in order, one result per request; a failure does not stop the rest.
+    fn apply_requests(&mut self, requests: &[Request]) -> Vec<Result<(), KernelError>>;
+    /// Makes sure the dummy interface exists.
+    fn ensure_interface(&mut self) -> Result<(), KernelError>;
+    /// Binds an address to the dummy interface.
+    fn add_address(&mut self, addr: IpAddr) -> Result<(), KernelError>;
+    /// Binds many addresses, one result per address in order. The real kernel sends them in
+    /// batches; the default binds one at a time.
+    fn add_addresses(&mut self, addrs: &[IpAddr]) -> Vec<Result<(), KernelError>> {
+        addrs.iter().map(|a| self.add_address(*a)).collect()
+    }
+    /// Unbinds an address from the dummy interface.
+    fn remove_address(&mut self, addr: IpAddr) -> Result<(), KernelError>;
+    /// Dumps the IPVS table and `kube-ipvs0`'s addresses, with each real server's connections.
+    fn observe(&mut self) -> Result<(Observed, Counts), KernelError>;
+    /// The connections of the real servers of these virtual servers (for draining).
+    fn connection_counts(&mut self, services: &BTreeSet<VirtualKey>) -> Counts;
+    /// The node's own addresses (not `kube-ipvs0`'s, not loopback, not link-local).
+    fn node_addresses(&mut self) -> Result<Vec<IpAddr>, KernelError>;
+    /// Deletes the UDP conntrack entries a deleted real or virtual server leaves behind, so
+    /// datagrams of those flows are scheduled afresh instead of going to a gone endpoint; says
+    /// how many it deleted. The default does nothing: a kernel without conntrack (the
+    /// in-memory one of the loop tests) has none to delete.
+    fn flush_udp(&mut self, target: UdpFlush) -> Result<usize, KernelError> {
+        let _ = target;
+        Ok(0)
+    }
+}
+
+/// The real kernel: the IPVS handle and rtnetlink (conntrack opens its socket per flush).
+pub struct RealKernel {
+    /// The IPVS generic netlink handle.
+    pub ipvs: Ipvs,
+    /// rtnetlink.
+    pub rtnl: Rtnl,
+    /// The dummy interface (`kube-ipvs0`).
+    pub ifname: String,
+}
+
+impl RealKernel {
+    /// Opens the IPVS and rtnetlink handles for the dummy interface `ifname`.
+    pub fn open(ifname: &str) -> Result<Self, KernelError> {
+        Ok(Self {
+            ipvs: Ipvs::new()?,
+            rtnl: Rtnl::new()?,
+            ifname: ifname.to_owned(),
+        })
+    }
+
+    /// The IPVS table and the dummy interface's addresses as the engine's table.
+    pub fn read(&mut self) -> Result<Observed, KernelError> {
+        Ok(observe::read(&mut self.ipvs, &mut self.rtnl, &self.ifname)?)
+    }
+}
+
+impl Kernel for RealKernel {
+    fn apply_requests(&mut self, requests: &[Request]) -> Vec<Result<(), KernelError>> {
+        self.ipvs
+            .apply(requests)
+            .into_iter()
+            .map(|r| r.map_err(KernelError::from))
+            .collect()
+    }
+
+    fn ensure_interface(&mut self) -> Result<(), KernelError> {
+        self.rtnl.ensure_dummy(&self.ifname)?;
+        Ok(())
+    }
+
+    fn add_address(&mut self, addr: IpAddr) -> Result<(), KernelError> {
+        Ok(self.rtnl.add_address(&self.ifname, addr)?)
+    }
+
+    fn add_addresses(&mut self, addrs: &[IpAddr]) -> Vec<Result<(), KernelError>> {
+        match self.rtnl.add_addresses(&self.ifname, addrs) {
+            Ok(results) => results
+                .into_iter()
+                .map(|r| r.map_err(KernelError::from))
+                .collect(),
+            Err(e) => {
+                // One error for the whole batch (the link lookup failed): each address gets it,
+                // with the errno kept.
+                let text = e.to_string();
+                let errno = e.errno();
+                std::iter::once(Err(KernelError::Netlink(e)))
+                    .chain(addrs.iter().skip(1).map(|_| {
+                        Err(match errno {
+                            Some(errno) => KernelError::Netlink(kube_ipvs_netlink::Error::Kernel {
+                                op: text.clone(),
+                                errno,
+                            }),
+                            None => KernelError::Refused(text.clone()),
+                        })
+                    }))
+                    .take(addrs.len())
+                    .collect()
+            }
+        }
+    }
+
+    fn remove_address(&mut self, addr: IpAddr) -> Result<(), KernelError> {
+        Ok(self.rtnl.del_address(&self.ifname, addr)?)
+    }
+
+    fn observe(&mut self) -> Result<(Observed, Counts), KernelError> {
+        let dump = self.ipvs.table()?;
+        let addresses = match self.rtnl.link_index(&self.ifname)? {
+            Some(_) => Some(self.rtnl.addresses(&self.ifname)?),
+            None => None,
+        };
+        let observed = observe::from_dump(&dump, addresses);
+        let mut counts = Counts::new();
+        for (svc, dests) in &dump {
+            if let Ok(entry) = convert::entry_from_kernel(svc, &[]) {
+                dest_counts(&mut counts, entry.server.key, dests);
+            }
+        }
+        Ok((observed, counts))
+    }
+
+    fn connection_counts(&mut self, services: &BTreeSet<VirtualKey>) -> Counts {
+        let mut counts = Counts::new();
+        for key in services {
+            // An unreadable virtual server leaves its counts unknown, which the engine treats
+            // as "may have connections": the safe side.
+            if let Ok(dests) = self.ipvs.destinations(&convert::service_key(key)) {
+                dest_counts(&mut counts, *key, &dests);
+            }
+        }
+        counts
+    }
+
+    fn node_addresses(&mut self) -> Result<Vec<IpAddr>, KernelError> {
+        let ours = self.rtnl.link_index(&self.ifname)?;
+        let all = self.rtnl.local_addresses()?;
+        Ok(all
+            .into_iter()
+            .filter(|a| Some(a.ifindex) != ours)
+            .map(|a| a.addr)
+            .filter(|a| !a.is_loopback() && !is_link_local(a))
+            .collect())
+    }
+
+    fn flush_udp(&mut self, target: UdpFlush) -> Result<usize, KernelError> {
+        Ok(match target {
+            UdpFlush::Endpoint(a, p) => conntrack::flush_udp_endpoint(a, p)?,
+            UdpFlush::Service(a, p) => conntrack::flush_udp_service(a, p)?,
+        })
+    }
+}
+
+fn dest_counts(counts: &mut Counts, key: VirtualKey, dests: &[Destination]) {
+    for d in dests {
+        let dk = DestKey {
+            addr: d.addr,
+            port: d.port,
+        };
+        counts.insert(
+            (key, dk),
+            u64::from(d.active_conns) + u64::from(d.inactive_conns),
+        );
+    }
+}
+
+/// Whether an address is link-local (`169.254.0.0/16`, `fe80::/10`): such addresses are never
+/// NodePort addresses or Service addresses of ours.
+#[must_use]
+pub fn is_link_local(a: &IpAddr) -> bool {
+    match a {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => v6.segments()[0] & 0xffc0 == 0xfe80,
+    }
+}
