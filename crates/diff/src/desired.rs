@@ -35,12 +35,18 @@
 //!
 //! `loadBalancerSourceRanges` and `healthCheckNodePort` are not IPVS state: they are carried by
 //! the model for the firewall and health-check parts of the daemon.
+//!
+//! [`endpoint_decisions`] tells, for one Service port under one traffic policy, whether each
+//! endpoint is a real server and which rule decided it ([`EndpointReason`]), for tools such as
+//! `kube-ipvs explain`. It runs the selection [`service_table`] runs, not a copy of its rules,
+//! so the two cannot disagree; on the sync path that selection computes the same reasons,
+//! which are plain values, and allocates nothing for them.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use crate::model::{
-    Endpoint, NodeContext, Protocol, ServiceInfo, ServiceKind, SessionAffinity,
+    Endpoint, NodeContext, Protocol, ServiceInfo, ServiceKind, ServicePort, SessionAffinity,
     TrafficDistribution, TrafficPolicy,
 };
 use crate::table::{DestKey, RealServer, VirtualKey, VirtualServer};
@@ -73,7 +79,7 @@ enum Topology {
     Zone,
 }
 
-/// The endpoints of one Service port that passed every filter, with their target ports.
+/// Endpoints of one Service port, with their target ports.
 type Backends<'a> = Vec<(&'a Endpoint, u16)>;
 
 /// Computes what one Service needs on this node. `info` is `None` for a removed Service.
@@ -123,25 +129,21 @@ pub fn service_table(
     addresses.sort_unstable();
     addresses.dedup();
 
-    let topology_zone_hints = derived_hints(info, endpoints);
+    let derive = derived_hints(info, endpoints);
     let mut servers: Vec<(VirtualServer, Vec<RealServer>)> = Vec::new();
     for port in &info.ports {
-        let backends: Backends<'_> = endpoints
-            .iter()
-            .filter_map(|e| e.port_for(&port.name, port.protocol).map(|p| (e, p)))
-            .collect();
+        let backends = port_backends(endpoints, port);
         // Each list is only built if a policy uses it; Cluster/Cluster is the common case.
         let uses = |p| info.internal_traffic_policy == p || info.external_traffic_policy == p;
-        let cluster = if uses(TrafficPolicy::Cluster) {
-            cluster_backends(&backends, node, &topology_zone_hints)
-        } else {
-            Vec::new()
+        let select = |policy| {
+            if uses(policy) {
+                Selection::new(&backends, policy, node, derive).pick(&backends)
+            } else {
+                Vec::new()
+            }
         };
-        let local = if uses(TrafficPolicy::Local) {
-            local_backends(&backends, node)
-        } else {
-            Vec::new()
-        };
+        let cluster = select(TrafficPolicy::Cluster);
+        let local = select(TrafficPolicy::Local);
         let internal = match info.internal_traffic_policy {
             TrafficPolicy::Cluster => &cluster,
             TrafficPolicy::Local => &local,
@@ -159,7 +161,7 @@ pub fn service_table(
             };
             let dests = backends
                 .iter()
-                .filter(|(e, _)| e.addr.is_ipv4() == addr.is_ipv4())
+                .filter(|(e, _)| same_family(e.addr, addr))
                 .map(|(e, p)| RealServer::masq(e.addr, *p, WEIGHT))
                 .collect();
             servers.push((server, dests));
@@ -186,6 +188,102 @@ pub fn service_table(
         dests.dedup_by_key(|d| d.key);
     }
     ServiceTable { servers, addresses }
+}
+
+/// Why an endpoint is or is not a real server of a virtual server, as [`endpoint_decisions`]
+/// gives it: the first rule of [`service_table`]'s selection that decides it.
+///
+/// The variants carry no data; the endpoint, its Service and the node hold the details (its
+/// node, zone and hints).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EndpointReason {
+    /// A real server: ready, and the policy's filter admits it.
+    Ready,
+    /// A real server: serving and terminating, used because no ready endpoint is admitted
+    /// (rule 2, KEP-1669).
+    TerminatingFallback,
+    /// Not one: it has no port with the Service port's name and protocol (rule 10).
+    NoMatchingPort,
+    /// Not one: its address family differs from the virtual address's (rule 6).
+    OtherFamily,
+    /// Not one: not ready, and not serving-and-terminating (rule 2).
+    NotReady,
+    /// Not one: terminating and no longer serving (rule 2).
+    TerminatingNotServing,
+    /// Not one: serving and terminating, but a ready endpoint is admitted, so the fallback is
+    /// not taken (rule 2).
+    TerminatingWhileReady,
+    /// Not one: on another node (or on none) while the policy is Local (rules 3 and 4).
+    OtherNodeUnderLocal,
+    /// Not one: the node hints (`hints.forNodes`) are in use and do not name this node (rule 5).
+    NodeHints,
+    /// Not one: the zone hints (`hints.forZones`) are in use and do not name this node's zone
+    /// (rule 5).
+    ZoneHints,
+    /// Not one: `trafficDistribution: PreferSameNode` is in use, no endpoint has hints, and
+    /// the endpoint is on another node (rule 5).
+    OtherNodeByDistribution,
+    /// Not one: `trafficDistribution` prefers this node's zone, no endpoint has hints, and the
+    /// endpoint is in another zone (or in none) (rule 5).
+    OtherZoneByDistribution,
+}
+
+impl EndpointReason {
+    /// Whether an endpoint with this reason is a real server.
+    pub fn is_real_server(self) -> bool {
+        matches!(
+            self,
+            EndpointReason::Ready | EndpointReason::TerminatingFallback
+        )
+    }
+}
+
+/// What the engine makes of one endpoint for one virtual server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EndpointDecision {
+    /// Its port for the Service port (the real server's port), if it has one.
+    pub target_port: Option<u16>,
+    /// Whether it is a real server; the same as `reason.is_real_server()`.
+    pub real_server: bool,
+    /// Why.
+    pub reason: EndpointReason,
+}
+
+/// For each of `endpoints` (in their order), whether it is a real server of a virtual server
+/// of `port` in `virtual_addr`'s family under `policy`, and why.
+///
+/// `policy` is the one for the way the virtual server is reached: `internalTrafficPolicy`
+/// for a ClusterIP, `externalTrafficPolicy` for an externalIP, a LoadBalancer IP or a
+/// NodePort. Only `virtual_addr`'s family is used. Whether [`service_table`] builds such a
+/// virtual server at all is its own business (rules 1 and 6); when it does, the endpoints
+/// marked here as real servers are exactly its real servers, since both take them from the
+/// same selection.
+pub fn endpoint_decisions(
+    info: &ServiceInfo,
+    port: &ServicePort,
+    policy: TrafficPolicy,
+    virtual_addr: IpAddr,
+    endpoints: &[Endpoint],
+    node: &NodeContext,
+) -> Vec<EndpointDecision> {
+    let backends = port_backends(endpoints, port);
+    let selection = Selection::new(&backends, policy, node, derived_hints(info, endpoints));
+    endpoints
+        .iter()
+        .map(|e| {
+            let target_port = e.port_for(&port.name, port.protocol);
+            let reason = match target_port {
+                None => EndpointReason::NoMatchingPort,
+                Some(_) if !same_family(e.addr, virtual_addr) => EndpointReason::OtherFamily,
+                Some(_) => selection.decide(e),
+            };
+            EndpointDecision {
+                target_port,
+                real_server: reason.is_real_server(),
+                reason,
+            }
+        })
+        .collect()
 }
 
 /// Hints derived from `trafficDistribution` when no endpoint carries any (rule 5).
@@ -260,53 +358,123 @@ fn topology(backends: &Backends<'_>, node: &NodeContext, derive: Derive) -> Topo
     }
 }
 
-/// Endpoints for a Cluster policy (rules 2 and 5).
-fn cluster_backends<'a>(
-    backends: &Backends<'a>,
-    node: &NodeContext,
-    derive: &Derive,
-) -> Backends<'a> {
-    let mode = topology(backends, node, *derive);
-    let fits = |e: &Endpoint| match mode {
-        Topology::None => true,
-        Topology::Node => node_hinted(e, *derive, &node.node_name) == Some(true),
-        Topology::Zone => node
-            .zone
-            .as_deref()
-            .is_some_and(|z| zone_hinted(e, *derive, z) == Some(true)),
-    };
-    let ready: Backends<'a> = backends
-        .iter()
-        .filter(|(e, _)| e.ready && fits(e))
-        .copied()
-        .collect();
-    if !ready.is_empty() {
-        return ready;
+/// How the endpoints of one Service port are chosen under one traffic policy (rules 2 to 5).
+///
+/// [`service_table`] and [`endpoint_decisions`] both go through [`Selection::decide`], so the
+/// real servers the engine programs and the reasons it gives for them cannot disagree.
+#[derive(Debug, Clone, Copy)]
+struct Selection<'n> {
+    policy: TrafficPolicy,
+    node: &'n NodeContext,
+    derive: Derive,
+    /// The topology filter; always [`Topology::None`] under a Local policy, which ignores hints.
+    mode: Topology,
+    /// Whether some ready endpoint passes the policy's filter; if none does, serving and
+    /// terminating endpoints are used instead (KEP-1669).
+    any_ready: bool,
+}
+
+impl<'n> Selection<'n> {
+    fn new(
+        backends: &Backends<'_>,
+        policy: TrafficPolicy,
+        node: &'n NodeContext,
+        derive: Derive,
+    ) -> Self {
+        let mode = match policy {
+            TrafficPolicy::Cluster => topology(backends, node, derive),
+            TrafficPolicy::Local => Topology::None,
+        };
+        let mut selection = Selection {
+            policy,
+            node,
+            derive,
+            mode,
+            any_ready: false,
+        };
+        selection.any_ready = backends
+            .iter()
+            .any(|(e, _)| e.ready && selection.admits(e).is_ok());
+        selection
     }
-    backends
+
+    /// The policy's filter: this node's endpoints under Local (rules 3 and 4), the topology
+    /// filter under Cluster (rule 5).
+    fn admits(&self, e: &Endpoint) -> Result<(), EndpointReason> {
+        let node_name = self.node.node_name.as_str();
+        match (self.policy, self.mode) {
+            (TrafficPolicy::Local, _) if e.node_name.as_deref() == Some(node_name) => Ok(()),
+            (TrafficPolicy::Local, _) => Err(EndpointReason::OtherNodeUnderLocal),
+            (TrafficPolicy::Cluster, Topology::None) => Ok(()),
+            (TrafficPolicy::Cluster, Topology::Node) => {
+                if node_hinted(e, self.derive, node_name) == Some(true) {
+                    Ok(())
+                } else if self.derive == Derive::Node {
+                    Err(EndpointReason::OtherNodeByDistribution)
+                } else {
+                    Err(EndpointReason::NodeHints)
+                }
+            }
+            (TrafficPolicy::Cluster, Topology::Zone) => {
+                let zone = self.node.zone.as_deref();
+                if zone.is_some_and(|z| zone_hinted(e, self.derive, z) == Some(true)) {
+                    Ok(())
+                } else if self.derive == Derive::Given {
+                    Err(EndpointReason::ZoneHints)
+                } else {
+                    Err(EndpointReason::OtherZoneByDistribution)
+                }
+            }
+        }
+    }
+
+    /// What becomes of one endpoint that has the port. The reason is the first test of the
+    /// selection that it fails: its conditions, then (for a serving-terminating endpoint)
+    /// whether the fallback is taken at all, then the policy's filter.
+    fn decide(&self, e: &Endpoint) -> EndpointReason {
+        if e.ready {
+            return match self.admits(e) {
+                Ok(()) => EndpointReason::Ready,
+                Err(why) => why,
+            };
+        }
+        if !(e.serving && e.terminating) {
+            return if e.terminating {
+                EndpointReason::TerminatingNotServing
+            } else {
+                EndpointReason::NotReady
+            };
+        }
+        if self.any_ready {
+            return EndpointReason::TerminatingWhileReady;
+        }
+        match self.admits(e) {
+            Ok(()) => EndpointReason::TerminatingFallback,
+            Err(why) => why,
+        }
+    }
+
+    /// The endpoints that are real servers, in the order given.
+    fn pick<'a>(&self, backends: &Backends<'a>) -> Backends<'a> {
+        backends
+            .iter()
+            .filter(|(e, _)| self.decide(e).is_real_server())
+            .copied()
+            .collect()
+    }
+}
+
+/// The endpoints that have a port of the Service port's name and protocol (rule 10).
+fn port_backends<'a>(endpoints: &'a [Endpoint], port: &ServicePort) -> Backends<'a> {
+    endpoints
         .iter()
-        .filter(|(e, _)| e.serving && e.terminating && fits(e))
-        .copied()
+        .filter_map(|e| e.port_for(&port.name, port.protocol).map(|p| (e, p)))
         .collect()
 }
 
-/// Endpoints for a Local policy (rules 2, 3 and 4): local ready ones, else local
-/// serving-terminating ones.
-fn local_backends<'a>(backends: &Backends<'a>, node: &NodeContext) -> Backends<'a> {
-    let is_local = |e: &Endpoint| e.node_name.as_deref() == Some(node.node_name.as_str());
-    let ready: Backends<'a> = backends
-        .iter()
-        .filter(|(e, _)| e.ready && is_local(e))
-        .copied()
-        .collect();
-    if !ready.is_empty() {
-        return ready;
-    }
-    backends
-        .iter()
-        .filter(|(e, _)| e.serving && e.terminating && is_local(e))
-        .copied()
-        .collect()
+/// Whether a real server address can back a virtual address (rule 6).
+fn same_family(real: IpAddr, virtual_addr: IpAddr) -> bool {
+    real.is_ipv4() == virtual_addr.is_ipv4()
 }
 
 /// The keys of one Service's real servers, for tests and tools.

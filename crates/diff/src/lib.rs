@@ -48,7 +48,9 @@ pub mod error;
 pub mod model;
 pub mod table;
 
-pub use desired::{ServiceTable, service_table};
+pub use desired::{
+    EndpointDecision, EndpointReason, ServiceTable, endpoint_decisions, service_table,
+};
 pub use engine::{ConnectionCounts, Draining, Engine, UnknownCounts};
 pub use error::{Error, Result};
 pub use model::{

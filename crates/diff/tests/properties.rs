@@ -4,6 +4,9 @@
 //! 3. no op touches a Service whose inputs did not change;
 //! 4. the number of ops equals the number of entries that differ (minimal).
 //!
+//! And one promise of `endpoint_decisions`: the endpoints it calls real servers are exactly
+//! those `service_table` programs, for every virtual server and the policy that reaches it.
+//!
 //! Tables are drawn from small pools of addresses and ports so that overlaps (same key, other
 //! attributes) are common. The engine properties drive random input changes through
 //! [`Engine::sync`] and check the result against a kernel model and a from-scratch recompute.
@@ -14,10 +17,12 @@ use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
+use kube_ipvs_diff::desired::dest_keys;
 use kube_ipvs_diff::{
     ConnectionCounts, DestKey, Endpoint, EndpointPort, Engine, Inputs, Op, Protocol, RealServer,
     Scheduler, ServiceEntry, ServiceInfo, ServiceName, ServicePort, SessionAffinity, Table,
-    TrafficPolicy, VirtualKey, VirtualServer, full_diff, service_table,
+    TrafficDistribution, TrafficPolicy, VirtualKey, VirtualServer, endpoint_decisions, full_diff,
+    service_table,
 };
 use proptest::prelude::*;
 
@@ -537,5 +542,126 @@ proptest! {
         let all = Engine::new().resync(&mut inputs.clone(), &Table::default(), now, &Idle);
         scratch.apply_all(&all).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(&kernel, &scratch);
+    }
+}
+
+/// A Service from [`arb_svc_input`] with more of what the selection reads: an
+/// internalTrafficPolicy, a trafficDistribution, endpoint nodes and zones, hints on none, some
+/// or all endpoints (all is what turns a hint mode on), endpoints that are only not ready, and
+/// endpoints without the first port.
+fn arb_topology_svc(i: u8) -> impl Strategy<Value = SvcInput> {
+    let per_endpoint = prop::collection::vec((0u8..3, 0u8..3, 0u8..3, 0u8..4, 0u8..8), 8);
+    (
+        arb_svc_input(i, false),
+        any::<bool>(),
+        0u8..5,
+        0u8..5,
+        per_endpoint,
+    )
+        .prop_map(|(mut s, itp_local, distribution, hint_mode, extra)| {
+            if let Some(info) = &mut s.info {
+                info.internal_traffic_policy = if itp_local {
+                    TrafficPolicy::Local
+                } else {
+                    TrafficPolicy::Cluster
+                };
+                info.traffic_distribution = match distribution {
+                    0 => None,
+                    1 => Some(TrafficDistribution::PreferClose),
+                    2 => Some(TrafficDistribution::PreferSameZone),
+                    3 => Some(TrafficDistribution::PreferSameNode),
+                    _ => Some(TrafficDistribution::Other("Elsewhere".into())),
+                };
+            }
+            let zone = |z: u8| ["zone-a", "zone-b", "zone-c"][usize::from(z)];
+            for (e, (z, hz, hn, node, twist)) in s.endpoints.iter_mut().zip(extra) {
+                // Half on this node (node-a of `common::node`), a quarter elsewhere or on none.
+                e.node_name = ["node-a", "node-b", "node-a"]
+                    .get(usize::from(node))
+                    .map(|n| (*n).into());
+                e.zone = (z != 2).then(|| zone(z).into());
+                // 0 and 4: no hints; 1: zone hints on some; 2: zone hints on all; 3: node and
+                // zone hints on all.
+                let zones: Vec<String> = match (hint_mode, hz) {
+                    (0 | 4, _) | (1, 2) => vec![],
+                    (_, 2) => vec![zone(0).into(), zone(1).into()],
+                    (_, z) => vec![zone(z).into()],
+                };
+                e.hints_for_zones = zones.into();
+                if hint_mode == 3 {
+                    let node = ["node-a", "node-b", "node-c"][usize::from(hn)];
+                    e.hints_for_nodes = vec![node.to_owned()].into();
+                }
+                match twist {
+                    0 => (e.ready, e.serving, e.terminating) = (false, false, false),
+                    1 => e.ports = e.ports.iter().filter(|p| p.name != "p0").cloned().collect(),
+                    _ => {}
+                }
+            }
+            s
+        })
+}
+
+/// The node IPs of the test node, in both families.
+fn node_ips(node: &kube_ipvs_diff::NodeContext) -> Vec<IpAddr> {
+    node.node_ips_v4
+        .iter()
+        .map(|a| IpAddr::V4(*a))
+        .chain(node.node_ips_v6.iter().map(|a| IpAddr::V6(*a)))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(config(1024))]
+
+    /// `endpoint_decisions` and `service_table` agree: for every virtual server the table has,
+    /// reached through the port and policy the rules give it (a ClusterIP by
+    /// internalTrafficPolicy; an externalIP, LB IP or node IP with a nodePort, in a family the
+    /// Service has, by externalTrafficPolicy; the first of a repeated key wins), the endpoints
+    /// marked as real servers are exactly its real servers.
+    #[test]
+    fn endpoint_decisions_name_the_real_servers_service_table_programs(
+        s in arb_topology_svc(0),
+    ) {
+        let node = common::node();
+        let Some(info) = &s.info else {
+            return Ok(());
+        };
+        let table = service_table(Some(info), &s.endpoints, &node);
+        let family_ok = |ip: &&IpAddr| info.cluster_ips.iter().any(|c| c.is_ipv4() == ip.is_ipv4());
+        let node_ips = node_ips(&node);
+        let mut reached: Vec<(VirtualKey, &ServicePort, TrafficPolicy, IpAddr)> = Vec::new();
+        for port in &info.ports {
+            let key = |ip: IpAddr, p: u16| VirtualKey::inet(port.protocol, ip, p);
+            for ip in &info.cluster_ips {
+                reached.push((key(*ip, port.port), port, info.internal_traffic_policy, *ip));
+            }
+            for ip in info.external_ips.iter().chain(&info.load_balancer_ips).filter(family_ok) {
+                reached.push((key(*ip, port.port), port, info.external_traffic_policy, *ip));
+            }
+            if let Some(np) = port.node_port {
+                for ip in node_ips.iter().filter(family_ok) {
+                    reached.push((key(*ip, np), port, info.external_traffic_policy, *ip));
+                }
+            }
+        }
+        let mut keys = BTreeSet::new();
+        reached.retain(|(k, ..)| keys.insert(*k));
+        let table_keys: BTreeSet<VirtualKey> = table.servers.iter().map(|(v, _)| v.key).collect();
+        prop_assert_eq!(&keys, &table_keys);
+        for (key, port, policy, vip) in reached {
+            let decisions = endpoint_decisions(info, port, policy, vip, &s.endpoints, &node);
+            prop_assert_eq!(decisions.len(), s.endpoints.len());
+            let mut decided = BTreeSet::new();
+            for (d, e) in decisions.iter().zip(&s.endpoints) {
+                prop_assert_eq!(d.real_server, d.reason.is_real_server());
+                if d.real_server {
+                    let port = d.target_port.ok_or_else(|| TestCaseError::fail("no port"))?;
+                    decided.insert(DestKey { addr: e.addr, port });
+                }
+            }
+            let programmed: BTreeSet<DestKey> = dest_keys(&table, &key).into_iter().collect();
+            prop_assert_eq!(decided, programmed, "{}", key);
+        }
     }
 }

@@ -2,10 +2,12 @@
 //! that Service (all slices merged) with its conditions, and why each is or is not a real
 //! server on this node.
 //!
-//! **The verdict is the engine's**: whether an endpoint is a real server is read from
-//! [`service_table`], the same function the daemon programs the kernel from. The *reason* is
-//! worked out here from the endpoint's conditions, node, zone and hints by the rules the diff
-//! crate documents (its per-endpoint predicates are private); if the two ever disagree the
+//! **The verdict and the reason are the engine's**: whether an endpoint is a real server is
+//! read from [`service_table`], the same function the daemon programs the kernel from, and why
+//! from [`endpoint_decisions`], which runs the same selection. This module adds the details a
+//! reason names (the endpoint's node, zone and hints, this node's zone, the policy's field) and
+//! words it; it holds no rules of its own. Where the two can differ (the engine builds no
+//! virtual server for the address, or another port of the Service holds the same one) the
 //! reason says so instead of guessing. This module never touches the kernel.
 
 use std::fmt;
@@ -17,9 +19,9 @@ use std::time::Duration;
 
 use kube_ipvs_diff::desired::dest_keys;
 use kube_ipvs_diff::{
-    DestKey, Endpoint, Engine, Inputs, NodeContext, Protocol, ServiceInfo, ServiceKind,
-    ServiceName, ServicePort, SessionAffinity, TrafficDistribution, TrafficPolicy, UnknownCounts,
-    VirtualKey, service_table,
+    DestKey, Endpoint, EndpointDecision, EndpointReason, Engine, Inputs, NodeContext, Protocol,
+    ServiceInfo, ServiceKind, ServiceName, ServicePort, SessionAffinity, TrafficDistribution,
+    TrafficPolicy, UnknownCounts, VirtualKey, endpoint_decisions, service_table,
 };
 
 use crate::cmd::source::SourceArgs;
@@ -115,7 +117,8 @@ impl fmt::Display for Via {
     }
 }
 
-/// Why an endpoint is or is not a real server.
+/// Why an endpoint is or is not a real server: the engine's [`EndpointReason`] with the
+/// details it names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reason {
     /// Ready, and every filter passed.
@@ -163,11 +166,54 @@ pub enum Reason {
         /// The endpoint's node.
         node: Option<String>,
     },
-    /// The engine's verdict and the rules here disagree; shown rather than guessed.
+    /// The virtual server the engine built and its decision for this port disagree: it builds
+    /// none for the address (an ExternalName Service, or a family the Service has no ClusterIP
+    /// in), or another port of the Service asked for the same one first. Shown rather than
+    /// guessed.
     Unexplained {
         /// Whether the engine made it a real server.
         real_server: bool,
     },
+}
+
+impl Reason {
+    /// The engine's reason with what it refers to: the endpoint's node, zone or hints, this
+    /// node's zone, and the name of the `policy` field in force.
+    fn from_engine(
+        reason: EndpointReason,
+        e: &Endpoint,
+        node: &NodeContext,
+        policy: &'static str,
+    ) -> Reason {
+        let node_name = || e.node_name.as_deref().map(str::to_owned);
+        match reason {
+            EndpointReason::Ready => Reason::Ready,
+            EndpointReason::TerminatingFallback => Reason::TerminatingFallback,
+            EndpointReason::NoMatchingPort => Reason::NoMatchingPort,
+            EndpointReason::OtherFamily => Reason::OtherFamily,
+            EndpointReason::NotReady => Reason::NotReady,
+            EndpointReason::TerminatingNotServing => Reason::TerminatingNotServing,
+            EndpointReason::TerminatingWhileReady => Reason::TerminatingWhileReady,
+            EndpointReason::OtherNodeUnderLocal => Reason::OtherNodeUnderLocal {
+                policy,
+                node: node_name(),
+            },
+            EndpointReason::NodeHints => Reason::NodeHints {
+                hints: e.hints_for_nodes.to_vec(),
+            },
+            EndpointReason::ZoneHints => Reason::ZoneHints {
+                hints: e.hints_for_zones.to_vec(),
+                ours: node.zone.clone(),
+            },
+            EndpointReason::OtherNodeByDistribution => {
+                Reason::OtherNodeByDistribution { node: node_name() }
+            }
+            EndpointReason::OtherZoneByDistribution => Reason::OtherZoneByDistribution {
+                zone: e.zone.as_deref().map(str::to_owned),
+                ours: node.zone.clone(),
+            },
+        }
+    }
 }
 
 fn opt<S: std::ops::Deref<Target = str>>(s: &Option<S>) -> &str {
@@ -304,9 +350,12 @@ pub fn explain(inputs: &Inputs, target: &Target) -> Vec<Match> {
                 .find(|(s, _)| s.key == key)
                 .map(|(s, _)| *s);
             let chosen: Vec<DestKey> = dest_keys(&table, &key);
+            let (policy_name, policy) = via.policy(info);
+            let decisions = endpoint_decisions(info, port, policy, target.addr, endpoints, node);
             let verdicts = endpoints
                 .iter()
-                .map(|e| verdict(e, info, port, via, target, endpoints, node, &chosen))
+                .zip(decisions)
+                .map(|(e, d)| verdict(e, d, node, policy_name, &chosen))
                 .collect();
             let taken_by = conflicts
                 .iter()
@@ -326,150 +375,32 @@ pub fn explain(inputs: &Inputs, target: &Target) -> Vec<Match> {
     out
 }
 
-/// The engine's verdict for one endpoint, with the reason by the documented rules.
-#[allow(clippy::too_many_arguments)]
+/// One endpoint's verdict: whether the virtual server the engine built has it as a real
+/// server, and the engine's reason, which agree unless that virtual server is not this port's.
 fn verdict(
     e: &Endpoint,
-    info: &ServiceInfo,
-    port: &ServicePort,
-    via: Via,
-    target: &Target,
-    all: &[Endpoint],
+    decision: EndpointDecision,
     node: &NodeContext,
+    policy: &'static str,
     chosen: &[DestKey],
 ) -> Verdict {
-    let target_port = e.port_for(&port.name, port.protocol);
-    let real_server = target_port.is_some_and(|p| {
+    let real_server = decision.target_port.is_some_and(|p| {
         chosen.contains(&DestKey {
             addr: e.addr,
             port: p,
         })
     });
-    let reason = reason(
-        e,
-        info,
-        port,
-        via,
-        target,
-        all,
-        node,
-        target_port,
-        real_server,
-    );
+    let reason = if real_server == decision.real_server {
+        Reason::from_engine(decision.reason, e, node, policy)
+    } else {
+        Reason::Unexplained { real_server }
+    };
     Verdict {
         endpoint: e.clone(),
-        target_port,
+        target_port: decision.target_port,
         real_server,
         reason,
     }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn reason(
-    e: &Endpoint,
-    info: &ServiceInfo,
-    port: &ServicePort,
-    via: Via,
-    target: &Target,
-    all: &[Endpoint],
-    node: &NodeContext,
-    target_port: Option<u16>,
-    real_server: bool,
-) -> Reason {
-    if target_port.is_none() {
-        return Reason::NoMatchingPort;
-    }
-    if e.addr.is_ipv4() != target.addr.is_ipv4() {
-        return Reason::OtherFamily;
-    }
-    let (policy_name, policy) = via.policy(info);
-    let local = policy == TrafficPolicy::Local;
-    let is_ours = e.node_name.as_deref() == Some(node.node_name.as_str());
-    if real_server {
-        return if e.ready {
-            Reason::Ready
-        } else if e.serving && e.terminating {
-            Reason::TerminatingFallback
-        } else {
-            Reason::Unexplained { real_server }
-        };
-    }
-    if !e.ready && !e.serving && e.terminating {
-        return Reason::TerminatingNotServing;
-    }
-    if !(e.ready || e.serving && e.terminating) {
-        return Reason::NotReady;
-    }
-    if local && !is_ours {
-        return Reason::OtherNodeUnderLocal {
-            policy: policy_name,
-            node: e.node_name.as_deref().map(str::to_owned),
-        };
-    }
-    if !e.ready {
-        // Serving and terminating: left out only because some endpoint (in the pool this
-        // policy draws from) is ready.
-        let pool_has_ready = all.iter().any(|o| {
-            o.ready
-                && o.port_for(&port.name, port.protocol).is_some()
-                && (!local || o.node_name.as_deref() == Some(node.node_name.as_str()))
-        });
-        if pool_has_ready {
-            return Reason::TerminatingWhileReady;
-        }
-    }
-    if !local && let Some(r) = topology_reason(e, info, all, node) {
-        return r;
-    }
-    Reason::Unexplained { real_server }
-}
-
-/// Which topology rule, if any, keeps a ready endpoint out under a Cluster policy.
-fn topology_reason(
-    e: &Endpoint,
-    info: &ServiceInfo,
-    all: &[Endpoint],
-    node: &NodeContext,
-) -> Option<Reason> {
-    let any_hints = all
-        .iter()
-        .any(|o| !o.hints_for_zones.is_empty() || !o.hints_for_nodes.is_empty());
-    if !any_hints {
-        return match info.traffic_distribution {
-            Some(TrafficDistribution::PreferClose | TrafficDistribution::PreferSameZone)
-                if e.zone.as_deref() != node.zone.as_deref() =>
-            {
-                Some(Reason::OtherZoneByDistribution {
-                    zone: e.zone.as_deref().map(str::to_owned),
-                    ours: node.zone.clone(),
-                })
-            }
-            Some(TrafficDistribution::PreferSameNode)
-                if e.node_name.as_deref() != Some(node.node_name.as_str()) =>
-            {
-                Some(Reason::OtherNodeByDistribution {
-                    node: e.node_name.as_deref().map(str::to_owned),
-                })
-            }
-            _ => None,
-        };
-    }
-    if !e.hints_for_nodes.is_empty() && !e.hints_for_nodes.contains(&node.node_name) {
-        return Some(Reason::NodeHints {
-            hints: e.hints_for_nodes.to_vec(),
-        });
-    }
-    let in_zone = node
-        .zone
-        .as_ref()
-        .is_some_and(|z| e.hints_for_zones.contains(z));
-    if !e.hints_for_zones.is_empty() && !in_zone {
-        return Some(Reason::ZoneHints {
-            hints: e.hints_for_zones.to_vec(),
-            ours: node.zone.clone(),
-        });
-    }
-    None
 }
 
 fn policy_name(p: TrafficPolicy) -> &'static str {
@@ -844,6 +775,31 @@ mod tests {
             "{holders:?}"
         );
         assert!(render(&target, &m, i.node()).contains("contested: "));
+    }
+
+    #[test]
+    fn an_address_without_a_virtual_server_says_so_instead_of_guessing() {
+        // An IPv6 externalIP of an IPv4-only Service gets no virtual server (rule 6), so even
+        // the endpoint the engine's selection would take is not a real server.
+        let mut info = service();
+        info.external_ips = vec![ip("fd00:99::1")];
+        let v6 = Endpoint::ready(ip("fd00:244::1"), http());
+        let i = inputs(info, vec![ep("10.244.1.1", "node-1"), v6]);
+        let target: Target = "[fd00:99::1]:80".parse().expect("valid");
+        let m = explain(&i, &target);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].server, None);
+        assert_eq!(
+            verdicts(&i, "[fd00:99::1]:80"),
+            vec![
+                ("10.244.1.1".into(), false, Reason::OtherFamily),
+                (
+                    "fd00:244::1".into(),
+                    false,
+                    Reason::Unexplained { real_server: false }
+                ),
+            ]
+        );
     }
 
     #[test]
