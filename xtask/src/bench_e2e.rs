@@ -381,7 +381,10 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one run's settings, passed as the driver takes them"
+)]
 fn run_agent(
     opts: &Options,
     plane: &ControlPlane,

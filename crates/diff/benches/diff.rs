@@ -13,8 +13,12 @@
 //!
 //! The counting allocator is the one piece of `unsafe` outside socket code: `GlobalAlloc` is an
 //! unsafe trait. It only forwards to the system allocator and adds to an atomic counter.
-#![allow(unsafe_code)]
-#![allow(missing_docs, clippy::unwrap_used)]
+#![allow(unsafe_code, reason = "the counting allocator implements GlobalAlloc")]
+#![allow(
+    missing_docs,
+    clippy::unwrap_used,
+    reason = "a benchmark: its inputs are our own"
+)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::net::{IpAddr, Ipv4Addr};

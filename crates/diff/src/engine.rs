@@ -238,7 +238,10 @@ impl Engine {
     }
 
     /// Replaces what one Service has with `new`, emitting the ops in between.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the sync state is passed piecewise so the borrows stay disjoint"
+    )]
     fn replace(
         &mut self,
         name: &ServiceName,

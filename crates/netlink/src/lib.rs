@@ -18,6 +18,14 @@
 //! * `examples/ipvs-bench.rs` (`cargo xtask bench netlink`) compares batched programming and table reads with
 //!   `ipvsadm -R` and `ipvsadm -Ln`.
 
+// The socket and framing code turns lengths and counts into the kernel's fixed-width fields: a
+// silent truncation there is a malformed message, so every narrowing cast must be a checked one.
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
+
 pub mod error;
 mod family;
 pub mod ipvs;

@@ -526,12 +526,14 @@ impl Rtnl {
         let batch = (rcvbuf / ACK_COST).clamp(1, ADDRESS_BATCH);
         for chunk in todo.chunks(batch) {
             let first = self.seq;
-            self.seq = self.seq.wrapping_add(chunk.len() as u32);
+            self.seq = self
+                .seq
+                .wrapping_add(u32::try_from(chunk.len()).unwrap_or(u32::MAX));
             let mut out = Vec::with_capacity(chunk.len() * 64);
             for (k, &i) in chunk.iter().enumerate() {
                 let mut header = NetlinkHeader::default();
                 header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
-                header.sequence_number = first.wrapping_add(k as u32);
+                header.sequence_number = first.wrapping_add(u32::try_from(k).unwrap_or(u32::MAX));
                 let payload =
                     RouteNetlinkMessage::NewAddress(Self::address_message(index, addrs[i]));
                 let mut msg = NetlinkMessage::new(header, NetlinkPayload::from(payload));

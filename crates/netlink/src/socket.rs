@@ -1,12 +1,31 @@
 //! The blocking netlink socket both protocols use: the only code in the crate that makes system calls, and the
 //! only place `unsafe` is allowed (for the two socket options `netlink-sys` does not offer).
 
-#![allow(unsafe_code)]
+#![allow(unsafe_code, reason = "socket options netlink-sys does not offer")]
 
 use std::io;
 use std::os::fd::AsRawFd;
 
 use netlink_sys::{Socket, SocketAddr};
+
+/// The size of a `c_int` socket option (4 bytes: the conversion cannot truncate).
+const INT_LEN: libc::socklen_t = socklen_of::<libc::c_int>();
+/// The size of a `timeval` socket option (16 bytes).
+const TIMEVAL_LEN: libc::socklen_t = socklen_of::<libc::timeval>();
+
+const fn socklen_of<T>() -> libc::socklen_t {
+    let n = std::mem::size_of::<T>();
+    assert!(
+        n <= u32::MAX as usize,
+        "a socket option larger than socklen_t"
+    );
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "checked just above, in a const context where try_from is not available"
+    )]
+    let len = n as libc::socklen_t;
+    len
+}
 
 /// A netlink socket bound to an automatic port id and connected to the kernel.
 pub(crate) struct NlSocket {
@@ -55,7 +74,7 @@ impl NlSocket {
                 libc::SOL_SOCKET,
                 libc::SO_RCVTIMEO,
                 (&raw const tv).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+                TIMEVAL_LEN,
             )
         };
         if rc < 0 {
@@ -178,7 +197,7 @@ fn setsockopt_int(sock: &Socket, opt: libc::c_int, value: usize) -> io::Result<(
             libc::SOL_SOCKET,
             opt,
             (&raw const v).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            INT_LEN,
         )
     };
     if rc < 0 {
@@ -189,7 +208,7 @@ fn setsockopt_int(sock: &Socket, opt: libc::c_int, value: usize) -> io::Result<(
 
 fn getsockopt_int(sock: &Socket, opt: libc::c_int) -> io::Result<usize> {
     let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    let mut len = INT_LEN;
     // SAFETY: the fd is owned by `sock`; `v` and `len` are live locals and `len` holds the size of `v`.
     let rc = unsafe {
         libc::getsockopt(

@@ -60,13 +60,15 @@ impl<'a> Writer<'a> {
     }
 
     pub(crate) fn end_msg(&mut self, start: usize) {
-        let len = (self.buf.len() - start) as u32;
+        let len = u32::try_from(self.buf.len() - start).unwrap_or(u32::MAX);
         self.buf[start..start + 4].copy_from_slice(&len.to_ne_bytes());
     }
 
     /// Appends one attribute with `value`, padded to 4 bytes.
     pub(crate) fn put(&mut self, kind: u16, value: &[u8]) {
-        let len = (NLA_HEADER_SIZE + value.len()) as u16;
+        // Attributes hold validated, bounded fields; saturating keeps a bug visible as a kernel
+        // EINVAL rather than a silently wrapped length.
+        let len = u16::try_from(NLA_HEADER_SIZE + value.len()).unwrap_or(u16::MAX);
         self.buf.extend_from_slice(&len.to_ne_bytes());
         self.buf.extend_from_slice(&kind.to_ne_bytes());
         self.buf.extend_from_slice(value);
@@ -98,7 +100,7 @@ impl<'a> Writer<'a> {
 
     /// Appends a NUL-terminated string attribute, as the kernel's `nla_put_string` does.
     pub(crate) fn put_str(&mut self, kind: u16, s: &str) {
-        let len = (NLA_HEADER_SIZE + s.len() + 1) as u16;
+        let len = u16::try_from(NLA_HEADER_SIZE + s.len() + 1).unwrap_or(u16::MAX);
         self.buf.extend_from_slice(&len.to_ne_bytes());
         self.buf.extend_from_slice(&kind.to_ne_bytes());
         self.buf.extend_from_slice(s.as_bytes());

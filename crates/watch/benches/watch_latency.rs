@@ -6,7 +6,11 @@
 //! Run with `cargo bench -p kube-ipvs-watch` (or `cargo xtask bench watch`). Environment:
 //! `WATCH_BENCH_SERVICES` (default 10000) and `WATCH_BENCH_SAMPLES` (default 1000 per kind).
 
-#![allow(clippy::unwrap_used, clippy::print_stdout)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::print_stdout,
+    reason = "a benchmark: its inputs are our own and it reports on stdout"
+)]
 
 use std::time::{Duration, Instant};
 

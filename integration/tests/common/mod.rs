@@ -1,7 +1,11 @@
 //! Shared builders for the API-server tests: realistic Service, EndpointSlice and Node objects,
 //! a kube client for a test server, and a receive helper with a failure deadline.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(
+    dead_code,
+    unreachable_pub,
+    reason = "shared by several test targets, each using a part"
+)]
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,5 +1,9 @@
 //! Builders shared by the integration tests.
-#![allow(dead_code, unreachable_pub)]
+#![allow(
+    dead_code,
+    unreachable_pub,
+    reason = "shared by several test targets, each using a part"
+)]
 
 use std::net::IpAddr;
 

@@ -263,7 +263,9 @@ impl Ipvs {
                 continue;
             }
             let mut off = buf.len();
-            let seq = self.seq.wrapping_add(chunk.len() as u32);
+            let seq = self
+                .seq
+                .wrapping_add(u32::try_from(chunk.len()).unwrap_or(u32::MAX));
             req.encode(&mut Writer::new(&mut buf), self.family, flags, seq);
             if buf.len() > self.max_batch_bytes && !chunk.is_empty() {
                 // This request does not fit: send the batch without it, then start the next batch with it.
@@ -307,7 +309,9 @@ impl Ipvs {
         results: &mut [Option<Result<()>>],
     ) {
         let first = self.seq;
-        self.seq = self.seq.wrapping_add(chunk.len() as u32);
+        self.seq = self
+            .seq
+            .wrapping_add(u32::try_from(chunk.len()).unwrap_or(u32::MAX));
         let errors_only = self.ack_mode == AckMode::ErrorsOnly;
         if errors_only {
             let at = last_off + 6;

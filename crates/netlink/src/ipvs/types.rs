@@ -8,6 +8,11 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+/// `AF_INET` from `sys/socket.h`, as the `u16` IPVS attributes carry it.
+const AF_INET: u16 = 2;
+/// `AF_INET6` on Linux.
+const AF_INET6: u16 = 10;
+
 use netlink_packet_core::{DefaultNla, Emitable};
 
 use super::wire::{self, Raw, Writer};
@@ -27,8 +32,8 @@ impl Family {
     #[must_use]
     pub fn raw(self) -> u16 {
         match self {
-            Family::Inet => libc::AF_INET as u16,
-            Family::Inet6 => libc::AF_INET6 as u16,
+            Family::Inet => AF_INET,
+            Family::Inet6 => AF_INET6,
         }
     }
 
@@ -353,7 +358,7 @@ impl Stats {
             if wide || k == 4 || k == 5 {
                 w.put_u64(k, v);
             } else {
-                w.put_u32(k, v as u32);
+                w.put_u32(k, u32::try_from(v).unwrap_or(u32::MAX));
             }
         }
         w.end_nest(nest);

@@ -1,7 +1,11 @@
 //! Helpers shared by the kernel tests: the scenario of services and destinations "of every kind", and parsers for
 //! `ipvsadm -S -n` output.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(
+    dead_code,
+    unreachable_pub,
+    reason = "shared by several test targets, each using a part"
+)]
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::Command;
