@@ -213,17 +213,13 @@ pub fn apply(kernel: &mut dyn Kernel, ops: &[Op], owners: &Owners) -> Vec<Failur
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::Counts;
-    use crate::kernel::convert::{entry_from_kernel, netlink_dest, netlink_service};
-    use crate::kernel::observe::Observed;
+    use crate::kernel::convert::{entry_from_kernel, netlink_dest, netlink_service, op_for};
+    use crate::kernel::mem::MemKernel;
     use kube_ipvs_diff::Forward;
-    use kube_ipvs_diff::{
-        DestKey, Protocol, RealServer, Scheduler, ServiceEntry, Table, VirtualServer,
-    };
+    use kube_ipvs_diff::{Protocol, RealServer, Scheduler, ServiceEntry, Table, VirtualServer};
     use kube_ipvs_netlink::ipvs::{
         Destination, Flags, ForwardMethod, Netmask, Service, ServiceKey,
     };
-    use std::collections::BTreeSet;
     use std::net::Ipv4Addr;
 
     fn ip(s: &str) -> IpAddr {
@@ -236,113 +232,6 @@ mod tests {
             scheduler: Scheduler::RR,
             persistence: None,
             netmask: if ip(addr).is_ipv4() { 32 } else { 128 },
-        }
-    }
-
-    /// An in-memory kernel: the diff crate's kernel model, reached through netlink requests
-    /// converted back, with a way to make chosen requests fail.
-    #[derive(Default)]
-    struct FakeKernel {
-        table: Table,
-        fail_dest_port: Option<u16>,
-        requests: Vec<Request>,
-        /// The size of each `apply_requests` call, in order.
-        calls: Vec<usize>,
-    }
-
-    impl FakeKernel {
-        fn op_of(&self, r: &Request) -> Op {
-            let key = |k: &ServiceKey| {
-                entry_from_kernel(&Service::new(*k, "rr"), &[])
-                    .expect("our own key")
-                    .server
-                    .key
-            };
-            let server = |s: &Service| entry_from_kernel(s, &[]).expect("our own service").server;
-            let dest = |d: &Destination| {
-                let s = Service::new(ServiceKey::tcp(ip("10.0.0.1"), 1), "rr");
-                *entry_from_kernel(&s, std::slice::from_ref(d))
-                    .expect("our own dest")
-                    .dests
-                    .values()
-                    .next()
-                    .expect("one dest")
-            };
-            match r {
-                Request::NewService(s) => Op::AddService(server(s)),
-                Request::SetService(s) => Op::UpdateService(server(s)),
-                Request::DelService(k) => Op::DeleteService(key(k)),
-                Request::NewDest { service, dest: d } => Op::AddDest {
-                    service: key(service),
-                    dest: dest(d),
-                },
-                Request::SetDest { service, dest: d } => Op::UpdateDest {
-                    service: key(service),
-                    dest: dest(d),
-                },
-                Request::DelDest {
-                    service,
-                    addr,
-                    port,
-                } => Op::DeleteDest {
-                    service: key(service),
-                    dest: DestKey {
-                        addr: *addr,
-                        port: *port,
-                    },
-                },
-                other => panic!("the executor never sends {other}"),
-            }
-        }
-    }
-
-    impl Kernel for FakeKernel {
-        fn apply_requests(&mut self, requests: &[Request]) -> Vec<Result<(), KernelError>> {
-            self.requests.extend_from_slice(requests);
-            self.calls.push(requests.len());
-            requests
-                .iter()
-                .map(|r| {
-                    if let Request::NewDest { dest, .. } = r
-                        && Some(dest.port) == self.fail_dest_port
-                    {
-                        return Err(KernelError::Refused("injected failure".to_owned()));
-                    }
-                    let op = self.op_of(r);
-                    self.table
-                        .apply(&op)
-                        .map_err(|e| KernelError::Refused(e.to_string()))
-                })
-                .collect()
-        }
-        fn ensure_interface(&mut self) -> Result<(), KernelError> {
-            Ok(())
-        }
-        fn add_address(&mut self, addr: IpAddr) -> Result<(), KernelError> {
-            self.table
-                .apply(&Op::AddAddress(addr))
-                .map_err(|e| KernelError::Refused(e.to_string()))
-        }
-        fn remove_address(&mut self, addr: IpAddr) -> Result<(), KernelError> {
-            self.table
-                .apply(&Op::RemoveAddress(addr))
-                .map_err(|e| KernelError::Refused(e.to_string()))
-        }
-        fn observe(&mut self) -> Result<(Observed, Counts), KernelError> {
-            Ok((
-                Observed {
-                    table: self.table.clone(),
-                    foreign: Vec::new(),
-                    interface_exists: true,
-                },
-                Counts::new(),
-            ))
-        }
-        fn connection_counts(&mut self, _: &BTreeSet<VirtualKey>) -> Counts {
-            Counts::new()
-        }
-        fn node_addresses(&mut self) -> Result<Vec<IpAddr>, KernelError> {
-            Ok(Vec::new())
         }
     }
 
@@ -408,12 +297,12 @@ mod tests {
         );
         desired.addresses.insert(ip("10.96.0.10"));
         let ops = kube_ipvs_diff::full_diff(&desired, &Table::default(), &[]);
-        let mut k = FakeKernel::default();
+        let mut k = MemKernel::default();
         let failures = apply(&mut k, &ops, &Owners::default());
         assert_eq!(failures, vec![]);
-        assert_eq!(k.table, desired);
+        assert_eq!(k.state().table, desired);
         // One batch: a service and two destinations.
-        assert_eq!(k.requests.len(), 3);
+        assert_eq!(k.state().requests.len(), 3);
     }
 
     #[test]
@@ -439,10 +328,8 @@ mod tests {
             .servers
             .insert(db.key, vec![ServiceName::new("prod", "db")]);
         let ops = kube_ipvs_diff::full_diff(&desired, &Table::default(), &[]);
-        let mut k = FakeKernel {
-            fail_dest_port: Some(8080),
-            ..FakeKernel::default()
-        };
+        let mut k = MemKernel::default();
+        k.state().fail_dest_port = Some(8080);
         let failures = apply(&mut k, &ops, &owners);
         assert_eq!(failures.len(), 1, "{failures:?}");
         assert_eq!(
@@ -450,8 +337,12 @@ mod tests {
             "service default/web: add dest TCP 10.96.0.10:80 -> 10.244.1.5:8080 masq weight 1: \
              injected failure"
         );
-        assert_eq!(k.table.dest_count(), 1, "the db destination still applied");
-        assert!(k.table.services[&db.key].dests.len() == 1);
+        assert_eq!(
+            k.state().table.dest_count(),
+            1,
+            "the db destination still applied"
+        );
+        assert!(k.state().table.services[&db.key].dests.len() == 1);
     }
 
     #[test]
@@ -473,13 +364,11 @@ mod tests {
             );
         }
         let ops = kube_ipvs_diff::full_diff(&desired, &Table::default(), &[]);
-        let mut k = FakeKernel {
-            fail_dest_port: Some(9999),
-            ..FakeKernel::default()
-        };
+        let mut k = MemKernel::default();
+        k.state().fail_dest_port = Some(9999);
         let failures = apply(&mut k, &ops, &Owners::default());
         assert_eq!(
-            k.calls,
+            k.state().batches,
             vec![REQUEST_CHUNK, REQUEST_CHUNK, 19_000 - 2 * REQUEST_CHUNK]
         );
         assert_eq!(failures.len(), 9, "the nine real servers of 10.96.7.8 only");
@@ -491,8 +380,8 @@ mod tests {
             "{failures:?}"
         );
         // Everything else arrived, in the executor's order.
-        assert_eq!(k.table.dest_count(), 1900 * 9 - 9);
-        let sent: Vec<Op> = k.requests.iter().map(|r| k.op_of(r)).collect();
+        assert_eq!(k.state().table.dest_count(), 1900 * 9 - 9);
+        let sent: Vec<Op> = k.state().requests.iter().filter_map(op_for).collect();
         let wanted: Vec<Op> = ops
             .iter()
             .filter(|op| request_for(op).is_some())

@@ -4,186 +4,23 @@
 //! retried with doubling delays while the other Services apply, shutdown leaves the table, and
 //! with masquerade an endpoint change on this node is a hairpin ipset delta with no rules apply.
 //!
-//! The in-memory kernel answers the executor's netlink requests the way IPVS does (adding what
-//! exists or deleting what does not is an error), so the agent cannot pass by issuing blind
-//! requests. Waiting is on the agent's own sync counter, never on a sleep.
+//! The in-memory kernel (`kube_ipvs::kernel::mem`) answers the executor's netlink requests the
+//! way IPVS does (adding what exists or deleting what does not is an error), so the agent cannot
+//! pass by issuing blind requests. Waiting is on the agent's own sync counter, never on a sleep.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kube_ipvs::agent::health::Shared;
-use kube_ipvs::agent::sync::{Agent, AgentConfig, Counts};
-use kube_ipvs::kernel::convert::entry_from_kernel;
-use kube_ipvs::kernel::observe::Observed;
-use kube_ipvs::kernel::{Kernel, KernelError};
-use kube_ipvs_diff::{DestKey, Inputs, NodeContext, ServiceEntry, Table, VirtualKey};
-use kube_ipvs_netlink::ipvs::{Request, Service, ServiceKey};
+use kube_ipvs::agent::sync::{Agent, AgentConfig};
+use kube_ipvs::kernel::mem::MemKernel;
+use kube_ipvs_diff::{Inputs, NodeContext, ServiceEntry, Table, VirtualKey};
 use kube_ipvs_watch::{ChangeSet, Tracker, TranslateOptions};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-
-/// The kernel's state, shared between the agent (through [`MemKernel`]) and the test.
-#[derive(Debug, Default)]
-struct State {
-    table: Table,
-    interface: bool,
-    /// IPVS requests received.
-    requests: usize,
-    /// Requests for destinations on this port fail.
-    fail_dest_port: Option<u16>,
-}
-
-#[derive(Clone, Default)]
-struct MemKernel(Arc<Mutex<State>>);
-
-impl MemKernel {
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.0.lock().expect("state lock")
-    }
-}
-
-fn key_of(k: &ServiceKey) -> VirtualKey {
-    entry_from_kernel(&Service::new(*k, "rr"), &[])
-        .expect("our own key")
-        .server
-        .key
-}
-
-fn apply_one(st: &mut State, r: &Request) -> Result<(), String> {
-    let exists = |e: bool, what: &str| {
-        if e {
-            Err(format!("{what}: File exists"))
-        } else {
-            Ok(())
-        }
-    };
-    match r {
-        Request::NewService(s) | Request::SetService(s) => {
-            let entry = entry_from_kernel(s, &[]).map_err(|e| e.to_string())?;
-            let key = entry.server.key;
-            match (r, st.table.services.get_mut(&key)) {
-                (Request::NewService(_), Some(_)) => exists(true, "new service"),
-                (Request::NewService(_), None) => {
-                    st.table.services.insert(key, entry);
-                    Ok(())
-                }
-                (_, Some(e)) => {
-                    e.server = entry.server;
-                    Ok(())
-                }
-                (_, None) => Err("set service: No such process".into()),
-            }
-        }
-        Request::DelService(k) => st
-            .table
-            .services
-            .remove(&key_of(k))
-            .map(|_| ())
-            .ok_or_else(|| "del service: No such process".into()),
-        Request::NewDest { service, dest } | Request::SetDest { service, dest } => {
-            if st.fail_dest_port == Some(dest.port) {
-                return Err("injected failure".into());
-            }
-            let rs = *entry_from_kernel(&Service::new(*service, "rr"), std::slice::from_ref(dest))
-                .map_err(|e| e.to_string())?
-                .dests
-                .values()
-                .next()
-                .expect("one dest");
-            let entry: &mut ServiceEntry = st
-                .table
-                .services
-                .get_mut(&key_of(service))
-                .ok_or("dest: No such process")?;
-            let new = matches!(r, Request::NewDest { .. });
-            match (new, entry.dests.contains_key(&rs.key)) {
-                (true, true) => exists(true, "new dest"),
-                (false, false) => Err("set dest: No such file or directory".into()),
-                _ => {
-                    entry.dests.insert(rs.key, rs);
-                    Ok(())
-                }
-            }
-        }
-        Request::DelDest {
-            service,
-            addr,
-            port,
-        } => st
-            .table
-            .services
-            .get_mut(&key_of(service))
-            .and_then(|e| {
-                e.dests.remove(&DestKey {
-                    addr: *addr,
-                    port: *port,
-                })
-            })
-            .map(|_| ())
-            .ok_or_else(|| "del dest: No such file or directory".into()),
-        other => Err(format!("unexpected request {other:?}")),
-    }
-}
-
-impl Kernel for MemKernel {
-    fn apply_requests(&mut self, requests: &[Request]) -> Vec<Result<(), KernelError>> {
-        let mut st = self.state();
-        st.requests += requests.len();
-        requests
-            .iter()
-            .map(|r| apply_one(&mut st, r).map_err(KernelError::Refused))
-            .collect()
-    }
-    fn ensure_interface(&mut self) -> Result<(), KernelError> {
-        self.state().interface = true;
-        Ok(())
-    }
-    fn add_address(&mut self, addr: IpAddr) -> Result<(), KernelError> {
-        let mut st = self.state();
-        if !st.table.addresses.insert(addr) {
-            return Err(KernelError::Refused(format!(
-                "add address {addr}: File exists"
-            )));
-        }
-        Ok(())
-    }
-    fn remove_address(&mut self, addr: IpAddr) -> Result<(), KernelError> {
-        let mut st = self.state();
-        if !st.table.addresses.remove(&addr) {
-            return Err(KernelError::Refused(format!(
-                "remove address {addr}: Cannot assign requested address"
-            )));
-        }
-        Ok(())
-    }
-    fn observe(&mut self) -> Result<(Observed, Counts), KernelError> {
-        let st = self.state();
-        // No connections anywhere: stale real servers can go at once.
-        let counts = st
-            .table
-            .services
-            .iter()
-            .flat_map(|(k, e)| e.dests.keys().map(move |d| ((*k, *d), 0)))
-            .collect();
-        Ok((
-            Observed {
-                table: st.table.clone(),
-                foreign: Vec::new(),
-                interface_exists: st.interface,
-            },
-            counts,
-        ))
-    }
-    fn connection_counts(&mut self, _: &BTreeSet<VirtualKey>) -> Counts {
-        HashMap::new()
-    }
-    fn node_addresses(&mut self) -> Result<Vec<IpAddr>, KernelError> {
-        Ok(Vec::new())
-    }
-}
 
 fn examples() -> kube_ipvs_watch::manifest::Manifests {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster");
@@ -315,7 +152,7 @@ async fn startup_adopts_a_stale_table_with_only_the_needed_operations() {
     run.changes.send(cs).await.expect("send");
     run.syncs(1).await;
     assert_eq!(
-        kernel.state().requests,
+        kernel.state().requests.len(),
         2,
         "add the dest, delete the stale service"
     );
@@ -369,7 +206,7 @@ async fn a_change_set_is_an_incremental_sync_of_that_service() {
     let (mut tracker, cs) = tracker_with_examples();
     run.changes.send(cs).await.expect("send");
     run.syncs(1).await;
-    let before = kernel.state().requests;
+    let before = kernel.state().requests.len();
     let t0 = Instant::now();
     // The web endpoint 10.244.2.10 moves to 10.244.2.99.
     let mut m = examples();
@@ -388,7 +225,7 @@ async fn a_change_set_is_an_incremental_sync_of_that_service() {
     {
         let st = kernel.state();
         // Add the new real server; the old one has unknown connections, so it drains at weight 0.
-        assert_eq!(st.requests - before, 2);
+        assert_eq!(st.requests.len() - before, 2);
         let web = st
             .table
             .services
@@ -582,95 +419,27 @@ async fn a_drained_real_server_deleted_by_the_reconcile_is_not_drift() {
     run.stop().await;
 }
 
-/// The masquerade rules as applied, recorded.
-#[derive(Clone, Default)]
-struct RulesLog(Arc<Mutex<Vec<kube_ipvs_host::masquerade::Config>>>);
-
-impl kube_ipvs::agent::masq::Rules for RulesLog {
-    fn ensure(&mut self, config: &kube_ipvs_host::masquerade::Config) -> Result<(), String> {
-        self.0.lock().expect("lock").push(config.clone());
-        Ok(())
-    }
-}
-
-/// The hairpin sets in memory with a log of the member changes.
-#[derive(Clone, Default)]
-struct SetsLog(Arc<Mutex<(BTreeSet<IpAddr>, Vec<String>)>>);
-
-impl SetsLog {
-    /// Applies and logs one change per member: `add` inserts, `del` removes.
-    fn record(&self, verb: &str, entries: &[kube_ipvs_netlink::nfnl::ipset::Entry]) {
-        let mut st = self.0.lock().expect("lock");
-        for e in entries {
-            if verb == "add" {
-                st.0.insert(e.src);
-            } else {
-                st.0.remove(&e.src);
-            }
-            st.1.push(format!("{verb} {}", e.src));
-        }
-    }
-}
-
-impl kube_ipvs::agent::masq::HairpinSets for SetsLog {
-    fn create(&mut self, _: kube_ipvs_host::masquerade::Family) -> Result<(), String> {
-        Ok(())
-    }
-    fn list(
-        &mut self,
-        family: kube_ipvs_host::masquerade::Family,
-    ) -> Result<Vec<kube_ipvs_netlink::nfnl::ipset::Entry>, String> {
-        let v6 = family == kube_ipvs_host::masquerade::Family::V6;
-        Ok(self
-            .0
-            .lock()
-            .expect("lock")
-            .0
-            .iter()
-            .filter(|a| a.is_ipv6() == v6)
-            .map(|a| kube_ipvs_netlink::nfnl::ipset::Entry::hairpin(*a))
-            .collect())
-    }
-    fn add(
-        &mut self,
-        _: kube_ipvs_host::masquerade::Family,
-        entries: &[kube_ipvs_netlink::nfnl::ipset::Entry],
-    ) -> Result<(), String> {
-        self.record("add", entries);
-        Ok(())
-    }
-    fn del(
-        &mut self,
-        _: kube_ipvs_host::masquerade::Family,
-        entries: &[kube_ipvs_netlink::nfnl::ipset::Entry],
-    ) -> Result<(), String> {
-        self.record("del", entries);
-        Ok(())
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn an_endpoint_change_on_this_node_is_a_hairpin_set_delta_without_rules() {
     use kube_ipvs::agent::masq::{Fixed, Masq};
     use kube_ipvs_host::masquerade::{Backend, Hairpin};
 
-    let rules = RulesLog::default();
-    let sets = SetsLog::default();
-    let masq = Masq::new(
-        Fixed {
-            cluster_cidrs: Vec::new(),
-            masquerade_all: false,
-            node_pod_cidrs: Vec::new(),
-            backend: Backend::Legacy,
-        },
-        Box::new(rules.clone()),
-    )
-    .with_hairpin_sets(Box::new(sets.clone()));
-    let run = start_with(MemKernel::default(), |a| a.with_masquerade(masq));
+    let kernel = MemKernel::default();
+    let masq = Masq::new(Fixed {
+        cluster_cidrs: Vec::new(),
+        masquerade_all: false,
+        node_pod_cidrs: Vec::new(),
+        backend: Backend::Legacy,
+    })
+    .with_hairpin_sets(&mut kernel.clone());
+    let run = start_with(kernel.clone(), |a| a.with_masquerade(masq));
     let (mut tracker, cs) = tracker_with_examples();
     run.changes.send(cs).await.expect("send");
     run.syncs(1).await;
-    let members = || sets.0.lock().expect("lock").0.clone();
+    let members = || -> BTreeSet<IpAddr> {
+        let st = kernel.state();
+        st.sets.values().flatten().map(|e| e.src).collect()
+    };
     let node1: BTreeSet<IpAddr> = [
         "10.244.1.10",
         "10.244.1.20",
@@ -682,9 +451,9 @@ async fn an_endpoint_change_on_this_node_is_a_hairpin_set_delta_without_rules() 
     .map(|a| a.parse().expect("literal"))
     .collect();
     assert_eq!(members(), node1, "node-1's endpoints, after startup");
-    assert_eq!(rules.0.lock().expect("lock").len(), 1);
-    assert_eq!(rules.0.lock().expect("lock")[0].hairpin, Hairpin::Set);
-    sets.0.lock().expect("lock").1.clear();
+    assert_eq!(kernel.state().rules.len(), 1);
+    assert_eq!(kernel.state().rules[0].hairpin, Hairpin::Set);
+    kernel.state().set_log.clear();
 
     // web's endpoint on node-1 moves from 10.244.1.10 to 10.244.1.99.
     let mut m = examples();
@@ -694,11 +463,11 @@ async fn an_endpoint_change_on_this_node_is_a_hairpin_set_delta_without_rules() 
     let cs = tracker.take_change_set().expect("a change");
     run.changes.send(cs).await.expect("send");
     run.syncs(2).await;
-    let mut log = sets.0.lock().expect("lock").1.clone();
+    let mut log = kernel.state().set_log.clone();
     log.sort();
     assert_eq!(log, ["add 10.244.1.99", "del 10.244.1.10"]);
     assert_eq!(
-        rules.0.lock().expect("lock").len(),
+        kernel.state().rules.len(),
         1,
         "no iptables-restore for an endpoint change"
     );
@@ -709,7 +478,7 @@ async fn an_endpoint_change_on_this_node_is_a_hairpin_set_delta_without_rules() 
     let cs = tracker.take_change_set().expect("a change");
     run.changes.send(cs).await.expect("send");
     run.syncs(3).await;
-    assert_eq!(sets.0.lock().expect("lock").1.len(), 2);
-    assert_eq!(rules.0.lock().expect("lock").len(), 1);
+    assert_eq!(kernel.state().set_log.len(), 2);
+    assert_eq!(kernel.state().rules.len(), 1);
     run.stop().await;
 }

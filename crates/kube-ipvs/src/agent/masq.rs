@@ -45,7 +45,9 @@ use kube_ipvs_diff::{Cidr, Inputs, Protocol, ServiceKind, ServiceName, TrafficPo
 use kube_ipvs_host::masquerade::{
     self, Backend, Family, Hairpin, LocalNodePort, LocalVirtualServer,
 };
-use kube_ipvs_netlink::nfnl::ipset::{self, Entry};
+use kube_ipvs_netlink::nfnl::ipset::Entry;
+
+use crate::kernel::{Kernel, KernelError};
 
 /// What one Service contributes to the rules.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -333,81 +335,10 @@ pub fn config(fixed: &Fixed, wanted: &Wanted) -> masquerade::Config {
     }
 }
 
-/// Applies a config to the kernel: the real one runs the iptables tools; tests record.
-pub trait Rules: Send {
-    /// Makes the kernel hold exactly these rules.
-    fn ensure(&mut self, config: &masquerade::Config) -> Result<(), String>;
-}
-
-/// The iptables tools.
-#[derive(Debug, Default)]
-pub struct Iptables;
-
-impl Rules for Iptables {
-    fn ensure(&mut self, config: &masquerade::Config) -> Result<(), String> {
-        masquerade::Masquerade::new(config.clone())
-            .and_then(|m| m.ensure())
-            .map_err(|e| e.to_string())
-    }
-}
-
-/// The hairpin ipsets' kernel side: the real one is netlink ([`KernelSets`]); tests record.
-pub trait HairpinSets: Send {
-    /// Creates the family's set if it is absent.
-    fn create(&mut self, family: Family) -> Result<(), String>;
-    /// The family's set's members.
-    fn list(&mut self, family: Family) -> Result<Vec<Entry>, String>;
-    /// Adds members (present ones are fine).
-    fn add(&mut self, family: Family, entries: &[Entry]) -> Result<(), String>;
-    /// Deletes members (absent ones are fine).
-    fn del(&mut self, family: Family, entries: &[Entry]) -> Result<(), String>;
-}
-
-/// The hairpin sets over netlink ([`kube_ipvs_netlink::nfnl::ipset`]); the socket is opened at first use and
-/// again after an error.
-#[derive(Debug, Default)]
-pub struct KernelSets {
-    handle: Option<ipset::Ipset>,
-}
-
-impl KernelSets {
-    fn with<T>(
-        &mut self,
-        f: impl FnOnce(&mut ipset::Ipset) -> kube_ipvs_netlink::Result<T>,
-    ) -> Result<T, String> {
-        let mut h = match self.handle.take() {
-            Some(h) => h,
-            None => ipset::Ipset::new().map_err(|e| e.to_string())?,
-        };
-        let result = f(&mut h).map_err(|e| e.to_string());
-        // A socket that failed may hold unread replies; a fresh one is opened next time.
-        if result.is_ok() {
-            self.handle = Some(h);
-        }
-        result
-    }
-}
-
-impl HairpinSets for KernelSets {
-    fn create(&mut self, family: Family) -> Result<(), String> {
-        self.with(|h| h.create(ipset::set_name(family), family))
-    }
-    fn list(&mut self, family: Family) -> Result<Vec<Entry>, String> {
-        let name = ipset::set_name(family);
-        self.with(|h| h.list(name))?
-            .ok_or_else(|| format!("ipset {name}: the set is gone"))
-    }
-    fn add(&mut self, family: Family, entries: &[Entry]) -> Result<(), String> {
-        self.with(|h| h.add(ipset::set_name(family), entries))
-    }
-    fn del(&mut self, family: Family, entries: &[Entry]) -> Result<(), String> {
-        self.with(|h| h.del(ipset::set_name(family), entries))
-    }
-}
-
-/// Where the rules go: applied in the caller's thread, or handed to a worker.
+/// Where the rules go: applied in the caller's thread (through the kernel the caller passes), or
+/// handed to a worker with a kernel handle of its own.
 enum Applier {
-    Inline(Box<dyn Rules>),
+    Inline,
     Worker(Worker),
 }
 
@@ -431,7 +362,7 @@ struct Worker {
 }
 
 impl Worker {
-    fn start(mut rules: Box<dyn Rules>) -> Result<Worker, String> {
+    fn start(mut kernel: Box<dyn Kernel>) -> Result<Worker, String> {
         let shared = std::sync::Arc::new((
             std::sync::Mutex::new(WorkerState::default()),
             std::sync::Condvar::new(),
@@ -457,7 +388,7 @@ impl Worker {
                             };
                         }
                     };
-                    let result = rules.ensure(&cfg);
+                    let result = kernel.ensure_rules(&cfg).map_err(|e| e.to_string());
                     let Ok(mut st) = lock.lock() else { return };
                     if let Err(e) = result {
                         st.errors.push((seq, e));
@@ -526,22 +457,23 @@ pub struct Masq {
     pub applied: Option<Wanted>,
     /// Where the rules go.
     rules: Applier,
-    /// The hairpin sets, in set mode.
-    sets: Option<Box<dyn HairpinSets>>,
+    /// Whether hairpin goes through the sets (set mode).
+    sets: bool,
     /// Whether the sets were made exact by the last forced sync and every delta since applied;
     /// after a failure, deltas wait for the next forced sync, which repairs the whole set.
     sets_synced: bool,
 }
 
 impl Masq {
-    /// Masquerade state for these settings, applying through `rules` in the caller's thread.
-    pub fn new(fixed: Fixed, rules: Box<dyn Rules>) -> Self {
+    /// Masquerade state for these settings, applying rules in the caller's thread through the
+    /// kernel each call is given.
+    pub fn new(fixed: Fixed) -> Self {
         Self {
             fixed,
             locals: LocalSets::default(),
             applied: None,
-            rules: Applier::Inline(rules),
-            sets: None,
+            rules: Applier::Inline,
+            sets: false,
             sets_synced: false,
         }
     }
@@ -549,16 +481,16 @@ impl Masq {
     /// Hairpin through `sets` ([`Hairpin::Set`]) unless `--node-pod-cidr` is given. Creates the
     /// sets now; if that fails (no ipset support in the kernel), warns and keeps one rule per
     /// local endpoint. Call before the first [`LocalSets::update`].
-    pub fn with_hairpin_sets(mut self, mut sets: Box<dyn HairpinSets>) -> Self {
+    pub fn with_hairpin_sets(mut self, kernel: &mut dyn Kernel) -> Self {
         if !self.fixed.node_pod_cidrs.is_empty() {
             return self;
         }
         match [Family::V4, Family::V6]
             .into_iter()
-            .try_for_each(|f| sets.create(f))
+            .try_for_each(|f| kernel.create_set(f))
         {
             Ok(()) => {
-                self.sets = Some(sets);
+                self.sets = true;
                 self.locals.in_set = true;
             }
             Err(e) => tracing::warn!(
@@ -571,16 +503,16 @@ impl Masq {
 
     /// Whether hairpin goes through the sets.
     pub fn hairpin_in_set(&self) -> bool {
-        self.sets.is_some()
+        self.sets
     }
 
     /// Brings the sets up to date: when forced, creates them if absent and makes each exactly
     /// the wanted members; otherwise applies the delta since the last change. Returns whether a
     /// member was added or deleted.
-    fn sync_sets(&mut self, force: bool) -> Result<bool, String> {
-        let Some(sets) = &mut self.sets else {
+    fn sync_sets(&mut self, kernel: &mut dyn Kernel, force: bool) -> Result<bool, String> {
+        if !self.sets {
             return Ok(false);
-        };
+        }
         let locals = &mut self.locals;
         if !force && (!self.sets_synced || locals.dirty.is_empty()) {
             // A failed delta waits for the forced sync, which does the whole set.
@@ -594,8 +526,8 @@ impl Masq {
             for family in [Family::V4, Family::V6] {
                 let is_family = |a: &IpAddr| a.is_ipv6() == (family == Family::V6);
                 let (add, del): (Vec<Entry>, Vec<Entry>) = if force {
-                    sets.create(family)?;
-                    let have: HashSet<Entry> = sets.list(family)?.into_iter().collect();
+                    kernel.create_set(family)?;
+                    let have: HashSet<Entry> = kernel.list_set(family)?.into_iter().collect();
                     let want: HashSet<Entry> = locals
                         .hairpin_members()
                         .filter(is_family)
@@ -618,27 +550,28 @@ impl Masq {
                     (add, del)
                 };
                 if !del.is_empty() {
-                    sets.del(family, &del)?;
+                    kernel.del_from_set(family, &del)?;
                     changed = true;
                 }
                 if !add.is_empty() {
-                    sets.add(family, &add)?;
+                    kernel.add_to_set(family, &add)?;
                     changed = true;
                 }
             }
-            Ok::<(), String>(())
-        })();
+            Ok::<(), KernelError>(())
+        })()
+        .map_err(|e| e.to_string());
         locals.dirty.clear();
         self.sets_synced = result.is_ok();
         result.map(|()| changed)
     }
 
-    /// The same, applying changes on a worker thread (see the module docs). An error if the
-    /// thread cannot be started.
-    pub fn in_background(self) -> Result<Self, String> {
+    /// The same, applying rules on a worker thread (see the module docs) through `worker`, a
+    /// kernel handle of its own. An error if the thread cannot be started.
+    pub fn in_background(self, worker: Box<dyn Kernel>) -> Result<Self, String> {
         let rules = match self.rules {
-            Applier::Inline(rules) => Applier::Worker(Worker::start(rules)?),
-            worker @ Applier::Worker(_) => worker,
+            Applier::Inline => Applier::Worker(Worker::start(worker)?),
+            running @ Applier::Worker(_) => running,
         };
         Ok(Self { rules, ..self })
     }
@@ -646,11 +579,16 @@ impl Masq {
     /// Applies the rules if `force` or what they are built from changed since the last success.
     /// Returns the error, if any, for the caller to count: in the background, a change's own
     /// error comes with a later call.
-    pub fn sync(&mut self, inputs: &Inputs, force: bool) -> Result<bool, String> {
+    pub fn sync(
+        &mut self,
+        kernel: &mut dyn Kernel,
+        inputs: &Inputs,
+        force: bool,
+    ) -> Result<bool, String> {
         // The sets first: the rules reference them, and a set failure must not keep the other
         // rules from being repaired.
-        let sets = self.sync_sets(force);
-        let rules = self.sync_rules(inputs, force);
+        let sets = self.sync_sets(kernel, force);
+        let rules = self.sync_rules(kernel, inputs, force);
         match (sets, rules) {
             (Ok(a), Ok(b)) => Ok(a || b),
             (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
@@ -658,7 +596,12 @@ impl Masq {
         }
     }
 
-    fn sync_rules(&mut self, inputs: &Inputs, force: bool) -> Result<bool, String> {
+    fn sync_rules(
+        &mut self,
+        kernel: &mut dyn Kernel,
+        inputs: &Inputs,
+        force: bool,
+    ) -> Result<bool, String> {
         // A background apply that failed since the last call: the rules are not in place.
         if let Applier::Worker(w) = &self.rules
             && let Some((_, e)) = w.take_errors().pop()
@@ -688,7 +631,7 @@ impl Masq {
         }
         let cfg = config(&self.fixed, &wanted);
         let result = match &mut self.rules {
-            Applier::Inline(rules) => rules.ensure(&cfg),
+            Applier::Inline => kernel.ensure_rules(&cfg).map_err(|e| e.to_string()),
             Applier::Worker(w) => {
                 let seq = w.submit(cfg);
                 if force {
@@ -707,7 +650,7 @@ impl Masq {
                 self.applied = Some(wanted);
                 Ok(true)
             }
-            Err(e) if force && wanted.hairpin_set => self.without_sets(inputs, e),
+            Err(e) if force && wanted.hairpin_set => self.without_sets(kernel, inputs, e),
             Err(e) => {
                 self.applied = None;
                 Err(e)
@@ -720,12 +663,17 @@ impl Masq {
     /// local endpoint; if those apply, hairpin stays that way (warned once) so the rest of the
     /// rules (cluster CIDR, NodePorts) are not lost with it. Otherwise set mode is kept and
     /// the first error returned.
-    fn without_sets(&mut self, inputs: &Inputs, first: String) -> Result<bool, String> {
+    fn without_sets(
+        &mut self,
+        kernel: &mut dyn Kernel,
+        inputs: &Inputs,
+        first: String,
+    ) -> Result<bool, String> {
         self.locals.in_set = false;
         let wanted = self.locals.wanted(inputs, &self.fixed);
         let cfg = config(&self.fixed, &wanted);
         let retry = match &mut self.rules {
-            Applier::Inline(rules) => rules.ensure(&cfg),
+            Applier::Inline => kernel.ensure_rules(&cfg).map_err(|e| e.to_string()),
             Applier::Worker(w) => {
                 let seq = w.submit(cfg);
                 match w.wait(seq).into_iter().find(|(s, _)| *s == seq) {
@@ -740,7 +688,7 @@ impl Masq {
                     "hairpin: the rule matching the ipsets was refused ({first}); is the xt_set \
                      module available? Falling back to one iptables rule per local endpoint"
                 );
-                self.sets = None;
+                self.sets = false;
                 self.locals.dirty.clear();
                 self.applied = Some(wanted);
                 Ok(true)
@@ -770,8 +718,8 @@ impl Masq {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::mem::MemKernel;
     use kube_ipvs_diff::{Endpoint, NodeContext, ServiceInfo, ServicePort};
-    use std::sync::{Arc, Mutex};
 
     fn ip(s: &str) -> IpAddr {
         s.parse().expect("literal")
@@ -874,81 +822,69 @@ mod tests {
         assert!(w.node_ports.is_empty() && w.virtual_servers.is_empty());
     }
 
-    #[derive(Clone, Default)]
-    struct Recorder {
-        calls: Arc<Mutex<Vec<masquerade::Config>>>,
-        fail: Arc<Mutex<bool>>,
-        /// Refuse rules that match the hairpin sets (iptables without `xt_set`).
-        refuse_sets: Arc<Mutex<bool>>,
-    }
-
-    impl Rules for Recorder {
-        fn ensure(&mut self, config: &masquerade::Config) -> Result<(), String> {
-            self.calls.lock().expect("lock").push(config.clone());
-            if *self.fail.lock().expect("lock")
-                || (*self.refuse_sets.lock().expect("lock") && config.hairpin == Hairpin::Set)
-            {
-                Err("iptables-restore: no".into())
-            } else {
-                Ok(())
-            }
-        }
-    }
-
     #[test]
     fn rules_are_applied_when_forced_or_changed_and_a_failure_waits_for_a_forced_sync() {
-        let rec = Recorder::default();
-        let mut m = Masq::new(fixed(&[]), Box::new(rec.clone()));
+        let rec = MemKernel::default();
+        let mut m = Masq::new(fixed(&[]));
         let mut inputs = inputs();
-        let calls = || rec.calls.lock().expect("lock").len();
-        assert_eq!(m.sync(&inputs, true), Ok(true));
-        assert_eq!(m.sync(&inputs, false), Ok(false), "nothing changed");
+        let calls = || rec.state().rules.len();
+        assert_eq!(m.sync(&mut rec.clone(), &inputs, true), Ok(true));
+        assert_eq!(
+            m.sync(&mut rec.clone(), &inputs, false),
+            Ok(false),
+            "nothing changed"
+        );
         assert_eq!(calls(), 1);
         let local = ServiceName::new("default", "local");
         inputs
             .upsert_service(local.clone(), lb(TrafficPolicy::Local))
             .expect("service");
         m.locals.update([&local], &inputs);
-        assert_eq!(m.sync(&inputs, false), Ok(true), "the Local set changed");
+        assert_eq!(
+            m.sync(&mut rec.clone(), &inputs, false),
+            Ok(true),
+            "the Local set changed"
+        );
         assert_eq!(calls(), 2);
         assert_eq!(
-            rec.calls.lock().expect("lock")[1].local_node_ports,
+            rec.state().rules[1].local_node_ports,
             vec![LocalNodePort {
                 protocol: Protocol::Tcp,
                 port: 30080
             }]
         );
-        *rec.fail.lock().expect("lock") = true;
-        assert!(m.sync(&inputs, true).is_err());
+        rec.state().fail_rules = true;
+        assert!(m.sync(&mut rec.clone(), &inputs, true).is_err());
         inputs.remove_service(&local);
         m.locals.update([&local], &inputs);
-        assert_eq!(m.sync(&inputs, false), Ok(false), "a failure waits");
-        *rec.fail.lock().expect("lock") = false;
-        assert_eq!(m.sync(&inputs, true), Ok(true), "the reconcile retries");
+        assert_eq!(
+            m.sync(&mut rec.clone(), &inputs, false),
+            Ok(false),
+            "a failure waits"
+        );
+        rec.state().fail_rules = false;
+        assert_eq!(
+            m.sync(&mut rec.clone(), &inputs, true),
+            Ok(true),
+            "the reconcile retries"
+        );
         assert_eq!(calls(), 4);
     }
 
     #[test]
     fn in_the_background_changes_do_not_wait_forced_syncs_do_and_errors_surface() {
-        let rec = Recorder::default();
-        let gate = Arc::new(Mutex::new(()));
-        let mut m = Masq::new(
-            fixed(&[]),
-            Box::new(Gated {
-                inner: rec.clone(),
-                gate: Arc::clone(&gate),
-            }),
-        )
-        .in_background()
-        .expect("worker");
+        let rec = MemKernel::default();
+        let mut m = Masq::new(fixed(&[]))
+            .in_background(Box::new(rec.clone()))
+            .expect("worker");
         let mut inputs = inputs();
-        let calls = || rec.calls.lock().expect("lock").len();
-        assert_eq!(m.sync(&inputs, true), Ok(true));
+        let calls = || rec.state().rules.len();
+        assert_eq!(m.sync(&mut rec.clone(), &inputs, true), Ok(true));
         assert_eq!(calls(), 1, "a forced sync waits for its apply");
 
         // While the worker is held inside `ensure`, changes return at once, and of three
         // changes handed over meanwhile only the newest is applied after the held one.
-        let held = gate.lock().expect("lock");
+        let held = rec.hold_rules();
         let names: Vec<ServiceName> = (0..4)
             .map(|i| ServiceName::new("default", format!("local{i}")))
             .collect();
@@ -960,14 +896,14 @@ mod tests {
             inputs.upsert_service(name.clone(), svc).expect("service");
             m.locals.update([name], &inputs);
             assert_eq!(
-                m.sync(&inputs, false),
+                m.sync(&mut rec.clone(), &inputs, false),
                 Ok(true),
                 "handed over without waiting"
             );
         }
         drop(held);
         assert_eq!(m.settle(), Ok(()));
-        let applied = rec.calls.lock().expect("lock").clone();
+        let applied = rec.state().rules.clone();
         assert!(
             applied.len() <= 3,
             "at most the first change (taken before the gate closed) and the newest: {}",
@@ -981,102 +917,32 @@ mod tests {
 
         // A background failure is reported (here by `settle`; in the agent by the next
         // `sync`) and then waits for a forced sync.
-        *rec.fail.lock().expect("lock") = true;
+        rec.state().fail_rules = true;
         inputs.remove_service(&names[0]);
         m.locals.update([&names[0]], &inputs);
-        assert_eq!(m.sync(&inputs, false), Ok(true), "handed over");
+        assert_eq!(
+            m.sync(&mut rec.clone(), &inputs, false),
+            Ok(true),
+            "handed over"
+        );
         assert!(m.settle().is_err(), "the background apply failed");
         let n = calls();
         inputs.remove_service(&names[1]);
         m.locals.update([&names[1]], &inputs);
-        assert_eq!(m.sync(&inputs, false), Ok(false), "a failure waits");
+        assert_eq!(
+            m.sync(&mut rec.clone(), &inputs, false),
+            Ok(false),
+            "a failure waits"
+        );
         assert_eq!(m.settle(), Ok(()));
         assert_eq!(calls(), n, "nothing applied after the failure");
-        *rec.fail.lock().expect("lock") = false;
-        assert_eq!(m.sync(&inputs, true), Ok(true), "the reconcile retries");
+        rec.state().fail_rules = false;
+        assert_eq!(
+            m.sync(&mut rec.clone(), &inputs, true),
+            Ok(true),
+            "the reconcile retries"
+        );
         assert_eq!(calls(), n + 1);
-    }
-
-    /// The hairpin sets in memory, answering as the kernel does (present adds and absent
-    /// deletes are fine), with a log of the requests.
-    #[derive(Clone, Default)]
-    struct MemSets(Arc<Mutex<SetState>>);
-
-    #[derive(Default)]
-    struct SetState {
-        sets: BTreeMap<u8, std::collections::BTreeSet<Entry>>,
-        log: Vec<String>,
-        fail_create: bool,
-        fail: bool,
-    }
-
-    fn fam(f: Family) -> u8 {
-        if f == Family::V4 { 4 } else { 6 }
-    }
-
-    impl MemSets {
-        fn st(&self) -> std::sync::MutexGuard<'_, SetState> {
-            self.0.lock().expect("lock")
-        }
-        /// The log since the last call.
-        fn take_log(&self) -> Vec<String> {
-            std::mem::take(&mut self.st().log)
-        }
-        /// Logs `verb` with the sorted addresses, then applies `each` unless failing.
-        fn change(
-            &self,
-            verb: &str,
-            family: Family,
-            entries: &[Entry],
-            each: impl Fn(&mut std::collections::BTreeSet<Entry>, &Entry),
-        ) -> Result<(), String> {
-            let mut st = self.st();
-            let mut names: Vec<String> = entries.iter().map(|e| e.src.to_string()).collect();
-            names.sort();
-            st.log.push(format!("{verb} {}", names.join(" ")));
-            if st.fail {
-                return Err(format!("ipset: {verb} refused"));
-            }
-            let set = st.sets.get_mut(&fam(family)).ok_or("no set")?;
-            for e in entries {
-                each(set, e);
-            }
-            Ok(())
-        }
-        fn members(&self, f: Family) -> Vec<IpAddr> {
-            self.st()
-                .sets
-                .get(&fam(f))
-                .map(|s| s.iter().map(|e| e.src).collect())
-                .unwrap_or_default()
-        }
-    }
-
-    impl HairpinSets for MemSets {
-        fn create(&mut self, family: Family) -> Result<(), String> {
-            let mut st = self.st();
-            if st.fail_create {
-                return Err("ipset: protocol not supported".into());
-            }
-            st.sets.entry(fam(family)).or_default();
-            Ok(())
-        }
-        fn list(&mut self, family: Family) -> Result<Vec<Entry>, String> {
-            let mut st = self.st();
-            st.log.push(format!("list {}", fam(family)));
-            let set = st.sets.get(&fam(family)).ok_or("no set")?;
-            Ok(set.iter().copied().collect())
-        }
-        fn add(&mut self, family: Family, entries: &[Entry]) -> Result<(), String> {
-            self.change("add", family, entries, |set, e| {
-                set.insert(*e);
-            })
-        }
-        fn del(&mut self, family: Family, entries: &[Entry]) -> Result<(), String> {
-            self.change("del", family, entries, |set, e| {
-                set.remove(e);
-            })
-        }
     }
 
     fn cluster_ip(addr: &str) -> ServiceInfo {
@@ -1106,11 +972,10 @@ mod tests {
         m.locals.update([name], inputs);
     }
 
-    fn set_mode() -> (Masq, Recorder, MemSets, Inputs, ServiceName) {
-        let rec = Recorder::default();
-        let sets = MemSets::default();
-        let mut m =
-            Masq::new(fixed(&[]), Box::new(rec.clone())).with_hairpin_sets(Box::new(sets.clone()));
+    fn set_mode() -> (Masq, MemKernel, MemKernel, Inputs, ServiceName) {
+        let rec = MemKernel::default();
+        let sets = rec.clone();
+        let mut m = Masq::new(fixed(&[])).with_hairpin_sets(&mut sets.clone());
         assert!(m.hairpin_in_set());
         let mut inputs = inputs();
         let a = ServiceName::new("default", "a");
@@ -1123,46 +988,38 @@ mod tests {
             &a,
             &[("10.244.1.5", "node-1"), ("10.244.2.5", "node-2")],
         );
-        assert_eq!(m.sync(&inputs, true), Ok(true));
+        assert_eq!(m.sync(&mut sets.clone(), &inputs, true), Ok(true));
         (m, rec, sets, inputs, a)
     }
 
     #[test]
     fn rules_refused_with_the_set_fall_back_to_endpoint_rules_and_other_failures_do_not() {
-        let (mut m, rec, _sets, inputs, _a) = set_mode();
-        let last = || {
-            rec.calls
-                .lock()
-                .expect("lock")
-                .last()
-                .cloned()
-                .expect("a call")
-        };
-        *rec.refuse_sets.lock().expect("lock") = true;
-        assert_eq!(m.sync(&inputs, true), Ok(true), "the fallback applied");
+        let (mut m, rec, sets, inputs, _a) = set_mode();
+        let last = || rec.state().rules.last().cloned().expect("a call");
+        rec.state().refuse_set_rules = true;
+        assert_eq!(
+            m.sync(&mut sets.clone(), &inputs, true),
+            Ok(true),
+            "the fallback applied"
+        );
         assert!(!m.hairpin_in_set());
         assert_eq!(
             last().hairpin,
             Hairpin::Endpoints(vec![ip("10.244.1.5")]),
             "node-1's endpoint as its own rule, with the other rules"
         );
-        assert_eq!(m.sync(&inputs, true), Ok(true));
+        assert_eq!(m.sync(&mut sets.clone(), &inputs, true), Ok(true));
         assert_eq!(last().hairpin, Hairpin::Endpoints(vec![ip("10.244.1.5")]));
 
         // iptables itself failing is not a reason to leave the sets.
-        let (mut m, rec, _sets, inputs, _a) = set_mode();
-        *rec.fail.lock().expect("lock") = true;
-        assert!(m.sync(&inputs, true).is_err());
+        let (mut m, rec, sets, inputs, _a) = set_mode();
+        rec.state().fail_rules = true;
+        assert!(m.sync(&mut sets.clone(), &inputs, true).is_err());
         assert!(m.hairpin_in_set());
-        *rec.fail.lock().expect("lock") = false;
-        assert_eq!(m.sync(&inputs, true), Ok(true));
+        rec.state().fail_rules = false;
+        assert_eq!(m.sync(&mut sets.clone(), &inputs, true), Ok(true));
         assert_eq!(
-            rec.calls
-                .lock()
-                .expect("lock")
-                .last()
-                .expect("a call")
-                .hairpin,
+            rec.state().rules.last().expect("a call").hairpin,
             Hairpin::Set
         );
     }
@@ -1170,10 +1027,13 @@ mod tests {
     #[test]
     fn in_set_mode_an_endpoint_change_is_a_set_delta_and_no_rules_apply() {
         let (mut m, rec, sets, mut inputs, a) = set_mode();
-        let calls = || rec.calls.lock().expect("lock").clone();
+        let calls = || rec.state().rules.clone();
         // Startup: both sets made exact, then one rule per family matching the set.
-        assert_eq!(sets.take_log(), ["list 4", "add 10.244.1.5", "list 6"]);
-        assert_eq!(sets.members(Family::V4), [ip("10.244.1.5")]);
+        assert_eq!(
+            std::mem::take(&mut sets.state().set_log),
+            ["list 4", "add 10.244.1.5", "list 6"]
+        );
+        assert_eq!(sets.state().set_members(Family::V4), [ip("10.244.1.5")]);
         assert_eq!(calls().len(), 1);
         assert_eq!(calls()[0].hairpin, Hairpin::Set);
 
@@ -1188,8 +1048,11 @@ mod tests {
                 ("10.244.2.5", "node-2"),
             ],
         );
-        assert_eq!(m.sync(&inputs, false), Ok(true));
-        assert_eq!(sets.take_log(), ["add 10.244.1.6"]);
+        assert_eq!(m.sync(&mut sets.clone(), &inputs, false), Ok(true));
+        assert_eq!(
+            std::mem::take(&mut sets.state().set_log),
+            ["add 10.244.1.6"]
+        );
         assert_eq!(
             calls().len(),
             1,
@@ -1203,11 +1066,17 @@ mod tests {
             &a,
             &[("10.244.1.6", "node-1"), ("10.244.2.6", "node-2")],
         );
-        assert_eq!(m.sync(&inputs, false), Ok(true));
-        assert_eq!(sets.take_log(), ["del 10.244.1.5"]);
-        assert_eq!(sets.members(Family::V4), [ip("10.244.1.6")]);
-        assert_eq!(m.sync(&inputs, false), Ok(false));
-        assert_eq!(sets.take_log(), Vec::<String>::new());
+        assert_eq!(m.sync(&mut sets.clone(), &inputs, false), Ok(true));
+        assert_eq!(
+            std::mem::take(&mut sets.state().set_log),
+            ["del 10.244.1.5"]
+        );
+        assert_eq!(sets.state().set_members(Family::V4), [ip("10.244.1.6")]);
+        assert_eq!(m.sync(&mut sets.clone(), &inputs, false), Ok(false));
+        assert_eq!(
+            std::mem::take(&mut sets.state().set_log),
+            Vec::<String>::new()
+        );
         assert_eq!(calls().len(), 1);
 
         // The first IPv6 endpoint needs the IPv6 rules: the one rules change, then deltas.
@@ -1217,8 +1086,11 @@ mod tests {
             &a,
             &[("10.244.1.6", "node-1"), ("fd00:10:244:1::6", "node-1")],
         );
-        assert_eq!(m.sync(&inputs, false), Ok(true));
-        assert_eq!(sets.take_log(), ["add fd00:10:244:1::6"]);
+        assert_eq!(m.sync(&mut sets.clone(), &inputs, false), Ok(true));
+        assert_eq!(
+            std::mem::take(&mut sets.state().set_log),
+            ["add fd00:10:244:1::6"]
+        );
         assert_eq!(calls().len(), 2);
         assert_eq!(calls()[1].families, [Family::V4, Family::V6]);
         assert_eq!(calls()[1].hairpin, Hairpin::Set);
@@ -1232,18 +1104,29 @@ mod tests {
             .upsert_service(b.clone(), cluster_ip("10.96.0.2"))
             .expect("service");
         set_local(&mut m, &mut inputs, &b, &[("10.244.1.5", "node-1")]);
-        assert_eq!(m.sync(&inputs, false), Ok(false), "already a member");
-        sets.take_log();
+        assert_eq!(
+            m.sync(&mut sets.clone(), &inputs, false),
+            Ok(false),
+            "already a member"
+        );
+        std::mem::take(&mut sets.state().set_log);
 
         set_local(&mut m, &mut inputs, &a, &[]);
-        assert_eq!(m.sync(&inputs, false), Ok(false), "b still has it");
-        assert_eq!(sets.members(Family::V4), [ip("10.244.1.5")]);
+        assert_eq!(
+            m.sync(&mut sets.clone(), &inputs, false),
+            Ok(false),
+            "b still has it"
+        );
+        assert_eq!(sets.state().set_members(Family::V4), [ip("10.244.1.5")]);
 
         inputs.remove_service(&b);
         m.locals.update([&b], &inputs);
-        assert_eq!(m.sync(&inputs, false), Ok(true));
-        assert_eq!(sets.take_log(), ["del 10.244.1.5"]);
-        assert!(sets.members(Family::V4).is_empty());
+        assert_eq!(m.sync(&mut sets.clone(), &inputs, false), Ok(true));
+        assert_eq!(
+            std::mem::take(&mut sets.state().set_log),
+            ["del 10.244.1.5"]
+        );
+        assert!(sets.state().set_members(Family::V4).is_empty());
 
         // A Node change recomputes everything and keeps the counts right.
         inputs
@@ -1256,12 +1139,12 @@ mod tests {
             )
             .expect("endpoints");
         m.locals.update_all(&inputs);
-        assert_eq!(m.sync(&inputs, false), Ok(true));
-        assert_eq!(sets.members(Family::V4), [ip("10.244.1.7")]);
+        assert_eq!(m.sync(&mut sets.clone(), &inputs, false), Ok(true));
+        assert_eq!(sets.state().set_members(Family::V4), [ip("10.244.1.7")]);
         set_local(&mut m, &mut inputs, &a, &[]);
-        assert_eq!(m.sync(&inputs, false), Ok(true));
+        assert_eq!(m.sync(&mut sets.clone(), &inputs, false), Ok(true));
         assert!(
-            sets.members(Family::V4).is_empty(),
+            sets.state().set_members(Family::V4).is_empty(),
             "counted once per Service"
         );
     }
@@ -1271,40 +1154,43 @@ mod tests {
         let (mut m, rec, sets, mut inputs, a) = set_mode();
         // Someone flushes the set and adds a stranger.
         {
-            let mut st = sets.st();
-            let set = st.sets.entry(4).or_default();
+            let mut st = sets.state();
+            let set = st.sets.entry(Family::V4).or_default();
             set.clear();
             set.insert(Entry::hairpin(ip("192.0.2.99")));
         }
-        sets.take_log();
-        assert_eq!(m.sync(&inputs, true), Ok(true));
-        assert_eq!(sets.members(Family::V4), [ip("10.244.1.5")]);
-        let log = sets.take_log();
+        std::mem::take(&mut sets.state().set_log);
+        assert_eq!(m.sync(&mut sets.clone(), &inputs, true), Ok(true));
+        assert_eq!(sets.state().set_members(Family::V4), [ip("10.244.1.5")]);
+        let log = std::mem::take(&mut sets.state().set_log);
         assert!(log.contains(&"del 192.0.2.99".to_owned()), "{log:?}");
         assert!(log.contains(&"add 10.244.1.5".to_owned()), "{log:?}");
 
         // A delta that fails is reported, the next deltas wait, the forced sync repairs.
-        sets.st().fail = true;
+        sets.state().fail_set_changes = true;
         set_local(&mut m, &mut inputs, &a, &[("10.244.1.8", "node-1")]);
-        assert!(m.sync(&inputs, false).is_err());
-        sets.st().fail = false;
+        assert!(m.sync(&mut sets.clone(), &inputs, false).is_err());
+        sets.state().fail_set_changes = false;
         set_local(&mut m, &mut inputs, &a, &[("10.244.1.9", "node-1")]);
-        sets.take_log();
-        assert_eq!(m.sync(&inputs, false), Ok(false), "waits for the reconcile");
-        assert!(sets.take_log().is_empty());
-        assert_eq!(m.sync(&inputs, true), Ok(true));
-        assert_eq!(sets.members(Family::V4), [ip("10.244.1.9")]);
+        std::mem::take(&mut sets.state().set_log);
+        assert_eq!(
+            m.sync(&mut sets.clone(), &inputs, false),
+            Ok(false),
+            "waits for the reconcile"
+        );
+        assert!(std::mem::take(&mut sets.state().set_log).is_empty());
+        assert_eq!(m.sync(&mut sets.clone(), &inputs, true), Ok(true));
+        assert_eq!(sets.state().set_members(Family::V4), [ip("10.244.1.9")]);
         // The rules were re-ensured by each forced sync, never by an endpoint change.
-        assert_eq!(rec.calls.lock().expect("lock").len(), 3);
+        assert_eq!(rec.state().rules.len(), 3);
     }
 
     #[test]
     fn without_ipset_support_hairpin_falls_back_to_endpoint_rules() {
-        let rec = Recorder::default();
-        let sets = MemSets::default();
-        sets.st().fail_create = true;
-        let mut m =
-            Masq::new(fixed(&[]), Box::new(rec.clone())).with_hairpin_sets(Box::new(sets.clone()));
+        let rec = MemKernel::default();
+        let sets = rec.clone();
+        sets.state().fail_set_create = true;
+        let mut m = Masq::new(fixed(&[])).with_hairpin_sets(&mut sets.clone());
         assert!(!m.hairpin_in_set());
         let mut inputs = inputs();
         let a = ServiceName::new("default", "a");
@@ -1312,31 +1198,17 @@ mod tests {
             .upsert_service(a.clone(), cluster_ip("10.96.0.1"))
             .expect("service");
         set_local(&mut m, &mut inputs, &a, &[("10.244.1.5", "node-1")]);
-        assert_eq!(m.sync(&inputs, true), Ok(true));
+        assert_eq!(m.sync(&mut sets.clone(), &inputs, true), Ok(true));
         assert_eq!(
-            rec.calls.lock().expect("lock")[0].hairpin,
+            rec.state().rules[0].hairpin,
             Hairpin::Endpoints(vec![ip("10.244.1.5")])
         );
-        assert!(sets.take_log().is_empty());
+        assert!(std::mem::take(&mut sets.state().set_log).is_empty());
 
         // With --node-pod-cidr no set is made at all.
-        let sets = MemSets::default();
-        let m = Masq::new(fixed(&["10.244.1.0/24"]), Box::new(Recorder::default()))
-            .with_hairpin_sets(Box::new(sets.clone()));
+        let sets = MemKernel::default();
+        let m = Masq::new(fixed(&["10.244.1.0/24"])).with_hairpin_sets(&mut sets.clone());
         assert!(!m.hairpin_in_set());
-        assert!(sets.st().sets.is_empty());
-    }
-
-    /// A recorder whose `ensure` waits for `gate`.
-    struct Gated {
-        inner: Recorder,
-        gate: Arc<Mutex<()>>,
-    }
-
-    impl Rules for Gated {
-        fn ensure(&mut self, config: &masquerade::Config) -> Result<(), String> {
-            let _open = self.gate.lock().expect("lock");
-            self.inner.ensure(config)
-        }
+        assert!(sets.state().sets.is_empty());
     }
 }

@@ -126,11 +126,7 @@ fn prepare_kernel(settings: &Settings) -> Result<RealKernel, String> {
             .map_err(|e| format!("setting IPVS timeouts: {e}"))?;
     }
     let rtnl = Rtnl::new().map_err(|e| format!("opening rtnetlink: {e}"))?;
-    Ok(RealKernel {
-        ipvs,
-        rtnl,
-        ifname: DEFAULT_DUMMY.to_owned(),
-    })
+    Ok(RealKernel::with(ipvs, rtnl, DEFAULT_DUMMY))
 }
 
 /// The iptables backend, asked once; if `iptables --version` fails now it is asked again at each
@@ -234,28 +230,35 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
     } else {
         None
     };
-    let mut agent = Agent::new(kernel, inputs, cfg, shared).with_health_checks(health_checks);
-    if let Some(signals) = address_changes {
-        agent = agent.with_address_changes(signals);
-    }
-    if settings.masquerade {
-        let masq = masq::Masq::new(
-            masq::Fixed {
-                cluster_cidrs: settings.cluster_cidrs.clone(),
-                masquerade_all: settings.masquerade_all,
-                node_pod_cidrs: settings.node_pod_cidrs.clone(),
-                backend: backend(),
-            },
-            Box::new(masq::Iptables),
-        )
-        .with_hairpin_sets(Box::new(masq::KernelSets::default()));
-        // Changes are applied on a worker, so IPVS programming never waits for iptables.
-        match masq.in_background() {
-            Ok(masq) => agent = agent.with_masquerade(masq),
+    let mut kernel = kernel;
+    let masq = if settings.masquerade {
+        // Changes are applied on a worker with a kernel handle of its own, so IPVS programming
+        // never waits for iptables.
+        let worker = match RealKernel::open(DEFAULT_DUMMY) {
+            Ok(k) => k,
+            Err(e) => return fail(exit::START, format!("masquerade rules: {e}")),
+        };
+        let masq = masq::Masq::new(masq::Fixed {
+            cluster_cidrs: settings.cluster_cidrs.clone(),
+            masquerade_all: settings.masquerade_all,
+            node_pod_cidrs: settings.node_pod_cidrs.clone(),
+            backend: backend(),
+        })
+        .with_hairpin_sets(&mut kernel);
+        match masq.in_background(Box::new(worker)) {
+            Ok(masq) => Some(masq),
             Err(e) => return fail(exit::START, format!("masquerade rules: {e}")),
         }
     } else {
         tracing::info!("--no-masquerade: the iptables nat table is left alone");
+        None
+    };
+    let mut agent = Agent::new(kernel, inputs, cfg, shared).with_health_checks(health_checks);
+    if let Some(signals) = address_changes {
+        agent = agent.with_address_changes(signals);
+    }
+    if let Some(masq) = masq {
+        agent = agent.with_masquerade(masq);
     }
     let result = agent.run(watch.changes, shutdown_signal()).await;
     watch.task.abort();

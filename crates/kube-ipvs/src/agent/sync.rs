@@ -336,7 +336,7 @@ impl<K: Kernel> Agent<K> {
         let Some(m) = &mut self.masq else {
             return;
         };
-        match m.sync(&self.inputs, force) {
+        match m.sync(&mut self.kernel, &self.inputs, force) {
             Ok(true) => tracing::debug!("masquerade rules applied"),
             Ok(false) => {}
             Err(e) => {
@@ -704,82 +704,12 @@ async fn sleep_until(at: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::observe::Observed;
-    use kube_ipvs_netlink::ipvs::{Request, ServiceKey};
+    use crate::kernel::mem::MemKernel;
     use std::sync::Mutex;
 
-    /// A kernel that records the NodePort-relevant requests (the virtual servers added and
-    /// deleted, by address and port), refuses new real servers while `fail` is set, and reads
-    /// back an empty table (so each full sync re-adds everything). Its node addresses are set
-    /// by the test.
-    #[derive(Clone, Default)]
-    struct FakeKernel {
-        state: Arc<Mutex<AddrState>>,
-        fail: Arc<Mutex<bool>>,
-    }
-
-    /// The node's addresses, and (added?, address, port) of each virtual server request.
-    type AddrState = (Vec<IpAddr>, Vec<(bool, IpAddr, u16)>);
-
-    impl FakeKernel {
-        fn set_addresses(&self, addrs: &[&str]) {
-            let mut st = self.state.lock().expect("lock");
-            st.0 = addrs.iter().map(|a| ip(a)).collect();
-        }
-        fn changes(&self) -> Vec<(bool, IpAddr, u16)> {
-            self.state.lock().expect("lock").1.clone()
-        }
-    }
-
-    impl Kernel for FakeKernel {
-        fn apply_requests(&mut self, requests: &[Request]) -> Vec<Result<(), KernelError>> {
-            let fail = *self.fail.lock().expect("lock");
-            let mut st = self.state.lock().expect("lock");
-            requests
-                .iter()
-                .map(|r| match r {
-                    Request::NewService(s) => {
-                        if let ServiceKey::Addr { addr, port, .. } = s.key {
-                            st.1.push((true, addr, port));
-                        }
-                        Ok(())
-                    }
-                    Request::DelService(ServiceKey::Addr { addr, port, .. }) => {
-                        st.1.push((false, *addr, *port));
-                        Ok(())
-                    }
-                    Request::NewDest { .. } if fail => {
-                        Err(KernelError::Refused("Cannot allocate memory".to_owned()))
-                    }
-                    _ => Ok(()),
-                })
-                .collect()
-        }
-        fn ensure_interface(&mut self) -> Result<(), KernelError> {
-            Ok(())
-        }
-        fn add_address(&mut self, _: IpAddr) -> Result<(), KernelError> {
-            Ok(())
-        }
-        fn remove_address(&mut self, _: IpAddr) -> Result<(), KernelError> {
-            Ok(())
-        }
-        fn observe(&mut self) -> Result<(Observed, Counts), KernelError> {
-            Ok((
-                Observed {
-                    table: kube_ipvs_diff::Table::default(),
-                    foreign: Vec::new(),
-                    interface_exists: true,
-                },
-                Counts::new(),
-            ))
-        }
-        fn connection_counts(&mut self, _: &BTreeSet<VirtualKey>) -> Counts {
-            Counts::new()
-        }
-        fn node_addresses(&mut self) -> Result<Vec<IpAddr>, KernelError> {
-            Ok(self.state.lock().expect("lock").0.clone())
-        }
+    /// Sets the node's addresses the in-memory kernel reports.
+    fn set_addresses(k: &MemKernel, addrs: &[&str]) {
+        k.state().node_addresses = addrs.iter().map(|a| ip(a)).collect();
     }
 
     /// The example cluster's manifests.
@@ -808,8 +738,8 @@ mod tests {
         t.apply_node(&m.nodes[0]);
         let cs = t.take_change_set().expect("an initial change set");
 
-        let kernel = FakeKernel::default();
-        kernel.set_addresses(&["192.168.77.10", "10.0.2.15"]);
+        let kernel = MemKernel::default();
+        set_addresses(&kernel, &["192.168.77.10", "10.0.2.15"]);
         let period = Duration::from_secs(3600);
         let shared = Arc::new(Shared::new(period));
         let cfg = AgentConfig {
@@ -835,8 +765,10 @@ mod tests {
         });
         let mut syncs = shared.syncs();
         wait_syncs(&mut syncs, 1).await;
-        let nodeports = |k: &FakeKernel| -> Vec<(bool, IpAddr)> {
-            k.changes()
+        let nodeports = |k: &MemKernel| -> Vec<(bool, IpAddr)> {
+            k.state()
+                .service_changes
+                .clone()
                 .into_iter()
                 .filter(|c| c.2 == 30080)
                 .map(|c| (c.0, c.1))
@@ -844,7 +776,7 @@ mod tests {
         };
         assert_eq!(nodeports(&kernel), vec![(true, ip("192.168.77.10"))]);
 
-        kernel.set_addresses(&["192.168.77.10", "192.168.77.11", "10.0.2.15"]);
+        set_addresses(&kernel, &["192.168.77.10", "192.168.77.11", "10.0.2.15"]);
         signal.send(()).await.expect("send");
         wait_syncs(&mut syncs, 2).await;
         assert_eq!(
@@ -853,7 +785,7 @@ mod tests {
         );
 
         // Removing .10 deletes its NodePort; the addresses outside the CIDRs never count.
-        kernel.set_addresses(&["192.168.77.11", "10.0.2.15", "10.0.2.16"]);
+        set_addresses(&kernel, &["192.168.77.11", "10.0.2.15", "10.0.2.16"]);
         signal.send(()).await.expect("send");
         wait_syncs(&mut syncs, 3).await;
         assert_eq!(
@@ -879,7 +811,7 @@ mod tests {
 
     /// A running agent over the example cluster, with a wall clock the test sets.
     struct Latency {
-        kernel: FakeKernel,
+        kernel: MemKernel,
         tracker: kube_ipvs_watch::Tracker,
         slices: Vec<k8s_openapi::api::discovery::v1::EndpointSlice>,
         clock: Arc<Mutex<SystemTime>>,
@@ -899,7 +831,7 @@ mod tests {
             tracker.relist_services(&m.services);
             tracker.relist_slices(&m.slices);
             let cs = tracker.take_change_set().expect("an initial change set");
-            let kernel = FakeKernel::default();
+            let kernel = MemKernel::default();
             let clock = Arc::new(Mutex::new(at(1.0)));
             let period = Duration::from_secs(3600);
             let shared = Arc::new(Shared::new(period));
@@ -1019,7 +951,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_failed_change_is_observed_when_its_retry_succeeds() {
         let mut l = Latency::start().await;
-        *l.kernel.fail.lock().expect("lock") = true;
+        l.kernel.state().fail_new_dests = true;
         l.set_clock(at(11.0));
         l.add_shop_endpoint("10.244.3.30", "2026-01-01T00:00:10Z")
             .await;
@@ -1043,7 +975,7 @@ mod tests {
         wait_syncs(&mut l.syncs, 4).await;
         assert_eq!(l.histogram().0, 1, "the retry failed: {}", l.histogram().1);
         // Now the kernel takes it; the next retry applies shop's change at 40 s.
-        *l.kernel.fail.lock().expect("lock") = false;
+        l.kernel.state().fail_new_dests = false;
         l.set_clock(at(40.0));
         wait_syncs(&mut l.syncs, 5).await;
         let (count, text) = l.histogram();

@@ -179,3 +179,45 @@ pub fn request_for(op: &Op) -> Option<Request> {
         Op::AddAddress(_) | Op::RemoveAddress(_) => return None,
     })
 }
+
+/// The engine's [`Op`] a netlink [`Request`] carries out: the inverse of [`request_for`], for
+/// the in-memory kernel ([`super::mem`]), which applies requests to the engine's own table
+/// model. `None` for requests the engine never makes (timeouts, flush, fwmark services) and for
+/// entries it cannot represent.
+pub fn op_for(request: &Request) -> Option<Op> {
+    let key = |k: &ServiceKey| {
+        entry_from_kernel(&Service::new(*k, "rr"), &[])
+            .ok()
+            .map(|e| e.server.key)
+    };
+    let dest = |service: &ServiceKey, d: &Destination| {
+        entry_from_kernel(&Service::new(*service, "rr"), std::slice::from_ref(d))
+            .ok()
+            .and_then(|e| e.dests.into_values().next())
+    };
+    Some(match request {
+        Request::NewService(s) => Op::AddService(entry_from_kernel(s, &[]).ok()?.server),
+        Request::SetService(s) => Op::UpdateService(entry_from_kernel(s, &[]).ok()?.server),
+        Request::DelService(k) => Op::DeleteService(key(k)?),
+        Request::NewDest { service, dest: d } => Op::AddDest {
+            service: key(service)?,
+            dest: dest(service, d)?,
+        },
+        Request::SetDest { service, dest: d } => Op::UpdateDest {
+            service: key(service)?,
+            dest: dest(service, d)?,
+        },
+        Request::DelDest {
+            service,
+            addr,
+            port,
+        } => Op::DeleteDest {
+            service: key(service)?,
+            dest: DestKey {
+                addr: *addr,
+                port: *port,
+            },
+        },
+        _ => return None,
+    })
+}

@@ -10,15 +10,18 @@
 //! calls `kube-ipvs-netlink`.
 
 pub mod convert;
+pub mod mem;
 pub mod observe;
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use kube_ipvs_diff::{DestKey, VirtualKey};
+use kube_ipvs_host::masquerade::{self, Family, MasqueradeError};
 use kube_ipvs_netlink::ipvs::{Destination, Ipvs, Request};
 use kube_ipvs_netlink::link::Rtnl;
 use kube_ipvs_netlink::nfnl::conntrack;
+use kube_ipvs_netlink::nfnl::ipset::{self, Entry, Ipset};
 
 use observe::Observed;
 
@@ -31,6 +34,9 @@ pub enum KernelError {
     /// The netlink crate's error: it names the operation and object and keeps the errno.
     #[error(transparent)]
     Netlink(#[from] kube_ipvs_netlink::Error),
+    /// The iptables tools failed (it names the tool, its arguments and what it printed).
+    #[error(transparent)]
+    Iptables(#[from] MasqueradeError),
     /// A refusal without an errno: an in-memory kernel's in the host tests, or an answer that
     /// never came.
     #[error("{0}")]
@@ -43,7 +49,7 @@ impl KernelError {
     pub fn errno(&self) -> Option<i32> {
         match self {
             Self::Netlink(e) => e.errno(),
-            Self::Refused(_) => None,
+            Self::Iptables(_) | Self::Refused(_) => None,
         }
     }
 }
@@ -70,10 +76,11 @@ impl std::fmt::Display for UdpFlush {
     }
 }
 
-/// Everything the executor and the agent do to the kernel's IPVS table, the dummy interface,
-/// the node's addresses and conntrack. [`RealKernel`] is the real one; the host tests use
-/// in-memory ones.
-pub trait Kernel {
+/// Everything the binary does to the kernel: the IPVS table, the dummy interface, the node's
+/// addresses, conntrack, the hairpin ipsets and the masquerade rules. [`RealKernel`] is the real
+/// one; the host tests use [`mem::MemKernel`]. `Send`, so the masquerade worker thread can own
+/// a handle of its own.
+pub trait Kernel: Send {
     /// Applies IPVS requests in order, one result per request; a failure does not stop the rest.
     fn apply_requests(&mut self, requests: &[Request]) -> Vec<Result<(), KernelError>>;
     /// Makes sure the dummy interface exists.
@@ -101,9 +108,20 @@ pub trait Kernel {
         let _ = target;
         Ok(0)
     }
+    /// Creates the family's hairpin set ([`ipset::set_name`]) if it is absent.
+    fn create_set(&mut self, family: Family) -> Result<(), KernelError>;
+    /// The family's hairpin set's members; an error if the set is gone.
+    fn list_set(&mut self, family: Family) -> Result<Vec<Entry>, KernelError>;
+    /// Adds members to the family's hairpin set (present ones are fine).
+    fn add_to_set(&mut self, family: Family, entries: &[Entry]) -> Result<(), KernelError>;
+    /// Deletes members from the family's hairpin set (absent ones are fine).
+    fn del_from_set(&mut self, family: Family, entries: &[Entry]) -> Result<(), KernelError>;
+    /// Makes the kernel hold exactly these masquerade rules (our chains, `iptables-restore`).
+    fn ensure_rules(&mut self, config: &masquerade::Config) -> Result<(), KernelError>;
 }
 
-/// The real kernel: the IPVS handle and rtnetlink (conntrack opens its socket per flush).
+/// The real kernel: the IPVS handle and rtnetlink, the ipset handle (opened at first use and
+/// again after an error), conntrack (a socket per flush) and the iptables tools.
 pub struct RealKernel {
     /// The IPVS generic netlink handle.
     pub ipvs: Ipvs,
@@ -111,16 +129,39 @@ pub struct RealKernel {
     pub rtnl: Rtnl,
     /// The dummy interface (`kube-ipvs0`).
     pub ifname: String,
+    ipset: Option<Ipset>,
 }
 
 impl RealKernel {
     /// Opens the IPVS and rtnetlink handles for the dummy interface `ifname`.
     pub fn open(ifname: &str) -> Result<Self, KernelError> {
-        Ok(Self {
-            ipvs: Ipvs::new()?,
-            rtnl: Rtnl::new()?,
+        Ok(Self::with(Ipvs::new()?, Rtnl::new()?, ifname))
+    }
+
+    /// The kernel through handles the caller opened (and configured).
+    #[must_use]
+    pub fn with(ipvs: Ipvs, rtnl: Rtnl, ifname: &str) -> Self {
+        Self {
+            ipvs,
+            rtnl,
             ifname: ifname.to_owned(),
-        })
+            ipset: None,
+        }
+    }
+
+    /// Runs `f` on the ipset handle, opening it first if needed. A handle that failed may hold
+    /// unread replies, so a fresh one is opened next time.
+    fn with_ipset<T>(
+        &mut self,
+        f: impl FnOnce(&mut Ipset) -> kube_ipvs_netlink::Result<T>,
+    ) -> Result<T, KernelError> {
+        let mut h = match self.ipset.take() {
+            Some(h) => h,
+            None => Ipset::new()?,
+        };
+        let result = f(&mut h)?;
+        self.ipset = Some(h);
+        Ok(result)
     }
 
     /// The IPVS table and the dummy interface's addresses as the engine's table.
@@ -222,6 +263,29 @@ impl Kernel for RealKernel {
             UdpFlush::Endpoint(a, p) => conntrack::flush_udp_endpoint(a, p)?,
             UdpFlush::Service(a, p) => conntrack::flush_udp_service(a, p)?,
         })
+    }
+
+    fn create_set(&mut self, family: Family) -> Result<(), KernelError> {
+        self.with_ipset(|h| h.create(ipset::set_name(family), family))
+    }
+
+    fn list_set(&mut self, family: Family) -> Result<Vec<Entry>, KernelError> {
+        let name = ipset::set_name(family);
+        self.with_ipset(|h| h.list(name))?
+            .ok_or_else(|| KernelError::Refused(format!("ipset {name}: the set is gone")))
+    }
+
+    fn add_to_set(&mut self, family: Family, entries: &[Entry]) -> Result<(), KernelError> {
+        self.with_ipset(|h| h.add(ipset::set_name(family), entries))
+    }
+
+    fn del_from_set(&mut self, family: Family, entries: &[Entry]) -> Result<(), KernelError> {
+        self.with_ipset(|h| h.del(ipset::set_name(family), entries))
+    }
+
+    fn ensure_rules(&mut self, config: &masquerade::Config) -> Result<(), KernelError> {
+        masquerade::Masquerade::new(config.clone())?.ensure()?;
+        Ok(())
     }
 }
 

@@ -1,0 +1,257 @@
+//! The in-memory kernel of the host tests: one [`Kernel`] that the executor's, the sync loop's
+//! and the masquerade tests all run against, so each proves its logic without a VM (the kernel
+//! tests in the VM prove the real one).
+//!
+//! It answers IPVS requests the way IPVS does, through the engine's own table model
+//! ([`Table::apply`]: adding what exists or deleting what does not is an error), so code under
+//! test cannot pass by issuing blind requests. The hairpin sets and the masquerade rules are
+//! recorded. Every handle shares one [`MemState`] (it is `Clone`), so a test keeps a handle,
+//! gives others to the code under test (the masquerade worker thread has its own), and reads
+//! or changes the state, including the failures it injects, at any time.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use kube_ipvs_diff::{Table, VirtualKey};
+use kube_ipvs_host::masquerade::{self, Family, Hairpin};
+use kube_ipvs_netlink::ipvs::{Request, ServiceKey};
+use kube_ipvs_netlink::nfnl::ipset::Entry;
+
+use super::convert::op_for;
+use super::observe::Observed;
+use super::{Counts, Kernel, KernelError};
+
+/// What the in-memory kernel holds and records, and the failures it is told to inject.
+#[derive(Debug, Default)]
+pub struct MemState {
+    /// The IPVS table and `kube-ipvs0`'s addresses.
+    pub table: Table,
+    /// Whether `kube-ipvs0` exists.
+    pub interface: bool,
+    /// Every IPVS request received, in order.
+    pub requests: Vec<Request>,
+    /// The size of each `apply_requests` call, in order.
+    pub batches: Vec<usize>,
+    /// Virtual servers added (`true`) and deleted (`false`), by address and port, in order.
+    pub service_changes: Vec<(bool, IpAddr, u16)>,
+    /// The node's own addresses, as [`Kernel::node_addresses`] answers.
+    pub node_addresses: Vec<IpAddr>,
+    /// Requests for real servers on this port fail ("injected failure").
+    pub fail_dest_port: Option<u16>,
+    /// Every new real server fails ("Cannot allocate memory").
+    pub fail_new_dests: bool,
+    /// `observe` answers an empty table (a kernel whose table someone cleared between syncs).
+    pub observe_empty: bool,
+    /// The hairpin sets by family, present once created.
+    pub sets: BTreeMap<Family, BTreeSet<Entry>>,
+    /// Set operations, in order: `list 4`, `add A B` (sorted member addresses), `del A`.
+    pub set_log: Vec<String>,
+    /// Creating a set fails (a kernel without ipset support).
+    pub fail_set_create: bool,
+    /// Adding or deleting set members fails.
+    pub fail_set_changes: bool,
+    /// Every rule set ensured, in order.
+    pub rules: Vec<masquerade::Config>,
+    /// Ensuring rules fails.
+    pub fail_rules: bool,
+    /// Rules that match the hairpin sets are refused (iptables without `xt_set`).
+    pub refuse_set_rules: bool,
+}
+
+impl MemState {
+    /// The members of a family's set, by address.
+    #[must_use]
+    pub fn set_members(&self, family: Family) -> Vec<IpAddr> {
+        self.sets
+            .get(&family)
+            .map(|s| s.iter().map(|e| e.src).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// A handle on one in-memory kernel.
+#[derive(Clone, Default)]
+pub struct MemKernel {
+    state: Arc<Mutex<MemState>>,
+    /// Held by a test to keep `ensure_rules` waiting (the masquerade worker's tests).
+    gate: Arc<Mutex<()>>,
+}
+
+impl MemKernel {
+    /// The shared state.
+    pub fn state(&self) -> MutexGuard<'_, MemState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Holds `ensure_rules` until the guard is dropped.
+    pub fn hold_rules(&self) -> MutexGuard<'_, ()> {
+        self.gate.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn refused(what: impl Into<String>) -> KernelError {
+        KernelError::Refused(what.into())
+    }
+
+    fn apply_one(st: &mut MemState, r: &Request) -> Result<(), KernelError> {
+        if let Request::NewDest { dest, .. } | Request::SetDest { dest, .. } = r {
+            if st.fail_dest_port == Some(dest.port) {
+                return Err(Self::refused("injected failure"));
+            }
+            if st.fail_new_dests && matches!(r, Request::NewDest { .. }) {
+                return Err(Self::refused("Cannot allocate memory"));
+            }
+        }
+        let op = op_for(r).ok_or_else(|| Self::refused(format!("unexpected request {r:?}")))?;
+        st.table
+            .apply(&op)
+            .map_err(|e| Self::refused(e.to_string()))?;
+        match r {
+            Request::NewService(s) => {
+                if let ServiceKey::Addr { addr, port, .. } = s.key {
+                    st.service_changes.push((true, addr, port));
+                }
+            }
+            Request::DelService(ServiceKey::Addr { addr, port, .. }) => {
+                st.service_changes.push((false, *addr, *port));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn change_set(
+        &mut self,
+        verb: &str,
+        family: Family,
+        entries: &[Entry],
+        add: bool,
+    ) -> Result<(), KernelError> {
+        let mut st = self.state();
+        let mut names: Vec<String> = entries.iter().map(|e| e.src.to_string()).collect();
+        names.sort();
+        st.set_log.push(format!("{verb} {}", names.join(" ")));
+        if st.fail_set_changes {
+            return Err(Self::refused(format!("ipset: {verb} refused")));
+        }
+        let set = st
+            .sets
+            .get_mut(&family)
+            .ok_or_else(|| Self::refused("no set"))?;
+        for e in entries {
+            if add {
+                set.insert(*e);
+            } else {
+                set.remove(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn family_number(family: Family) -> u8 {
+    match family {
+        Family::V4 => 4,
+        Family::V6 => 6,
+    }
+}
+
+impl Kernel for MemKernel {
+    fn apply_requests(&mut self, requests: &[Request]) -> Vec<Result<(), KernelError>> {
+        let mut st = self.state();
+        st.requests.extend_from_slice(requests);
+        st.batches.push(requests.len());
+        requests
+            .iter()
+            .map(|r| Self::apply_one(&mut st, r))
+            .collect()
+    }
+
+    fn ensure_interface(&mut self) -> Result<(), KernelError> {
+        self.state().interface = true;
+        Ok(())
+    }
+
+    fn add_address(&mut self, addr: IpAddr) -> Result<(), KernelError> {
+        self.state()
+            .table
+            .apply(&kube_ipvs_diff::Op::AddAddress(addr))
+            .map_err(|e| Self::refused(e.to_string()))
+    }
+
+    fn remove_address(&mut self, addr: IpAddr) -> Result<(), KernelError> {
+        self.state()
+            .table
+            .apply(&kube_ipvs_diff::Op::RemoveAddress(addr))
+            .map_err(|e| Self::refused(e.to_string()))
+    }
+
+    fn observe(&mut self) -> Result<(Observed, Counts), KernelError> {
+        let st = self.state();
+        let table = if st.observe_empty {
+            Table::default()
+        } else {
+            st.table.clone()
+        };
+        // No connections anywhere: stale real servers can go at once.
+        let counts = table
+            .services
+            .iter()
+            .flat_map(|(k, e)| e.dests.keys().map(move |d| ((*k, *d), 0)))
+            .collect();
+        Ok((
+            Observed {
+                table,
+                foreign: Vec::new(),
+                interface_exists: st.interface,
+            },
+            counts,
+        ))
+    }
+
+    fn connection_counts(&mut self, _: &BTreeSet<VirtualKey>) -> Counts {
+        Counts::new()
+    }
+
+    fn node_addresses(&mut self) -> Result<Vec<IpAddr>, KernelError> {
+        Ok(self.state().node_addresses.clone())
+    }
+
+    fn create_set(&mut self, family: Family) -> Result<(), KernelError> {
+        let mut st = self.state();
+        if st.fail_set_create {
+            return Err(Self::refused("ipset: protocol not supported"));
+        }
+        st.sets.entry(family).or_default();
+        Ok(())
+    }
+
+    fn list_set(&mut self, family: Family) -> Result<Vec<Entry>, KernelError> {
+        let mut st = self.state();
+        st.set_log.push(format!("list {}", family_number(family)));
+        let set = st
+            .sets
+            .get(&family)
+            .ok_or_else(|| Self::refused("no set"))?;
+        Ok(set.iter().copied().collect())
+    }
+
+    fn add_to_set(&mut self, family: Family, entries: &[Entry]) -> Result<(), KernelError> {
+        self.change_set("add", family, entries, true)
+    }
+
+    fn del_from_set(&mut self, family: Family, entries: &[Entry]) -> Result<(), KernelError> {
+        self.change_set("del", family, entries, false)
+    }
+
+    fn ensure_rules(&mut self, config: &masquerade::Config) -> Result<(), KernelError> {
+        let _open = self.hold_rules();
+        let mut st = self.state();
+        st.rules.push(config.clone());
+        if st.fail_rules || (st.refuse_set_rules && config.hairpin == Hairpin::Set) {
+            Err(Self::refused("iptables-restore: no"))
+        } else {
+            Ok(())
+        }
+    }
+}
