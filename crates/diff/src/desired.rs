@@ -103,12 +103,7 @@ pub fn service_table(
     let has_v4 = info.cluster_ips.iter().any(IpAddr::is_ipv4);
     let has_v6 = info.cluster_ips.iter().any(IpAddr::is_ipv6);
     let family_ok = |ip: &IpAddr| if ip.is_ipv4() { has_v4 } else { has_v6 };
-    let node_ips: Vec<IpAddr> = node
-        .node_ips_v4
-        .iter()
-        .map(|a| IpAddr::V4(*a))
-        .chain(node.node_ips_v6.iter().map(|a| IpAddr::V6(*a)))
-        .collect();
+    let node_ips: Vec<IpAddr> = node.node_ips().collect();
 
     let external: Vec<IpAddr> = info
         .external_ips

@@ -608,6 +608,14 @@ impl NodeContext {
         }
     }
 
+    /// The node's addresses, IPv4 first (the NodePort addresses, when set).
+    pub fn node_ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.node_ips_v4
+            .iter()
+            .map(|a| IpAddr::V4(*a))
+            .chain(self.node_ips_v6.iter().map(|a| IpAddr::V6(*a)))
+    }
+
     fn validate(&self) -> Result<()> {
         let bad = |reason: &str| Error::InvalidNode {
             node: self.node_name.clone(),
@@ -616,12 +624,7 @@ impl NodeContext {
         if self.node_name.is_empty() {
             return Err(bad("the node name is empty"));
         }
-        for ip in self
-            .node_ips_v4
-            .iter()
-            .map(|a| IpAddr::V4(*a))
-            .chain(self.node_ips_v6.iter().map(|a| IpAddr::V6(*a)))
-        {
+        for ip in self.node_ips() {
             if let Some(why) = unusable_vip(ip) {
                 return Err(bad(&format!("node IP {ip} {why}")));
             }
@@ -630,7 +633,10 @@ impl NodeContext {
     }
 }
 
-fn is_link_local(ip: IpAddr) -> bool {
+/// Whether an address is link-local (`169.254.0.0/16`, `fe80::/10`): never an endpoint, a
+/// Service address or a NodePort address.
+#[must_use]
+pub fn is_link_local(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(a) => a.is_link_local(),
         IpAddr::V6(a) => a.segments()[0] & 0xffc0 == 0xfe80,

@@ -124,13 +124,7 @@ pub struct Wanted {
 
 /// The node's NodePort addresses, as [`Wanted`] holds them.
 fn node_ips(inputs: &Inputs) -> Vec<IpAddr> {
-    let node = inputs.node();
-    let mut ips: Vec<IpAddr> = node
-        .node_ips_v4
-        .iter()
-        .map(|a| IpAddr::V4(*a))
-        .chain(node.node_ips_v6.iter().map(|a| IpAddr::V6(*a)))
-        .collect();
+    let mut ips: Vec<IpAddr> = inputs.node().node_ips().collect();
     ips.sort_unstable();
     ips.dedup();
     ips

@@ -312,12 +312,7 @@ pub struct Match {
 /// Finds every Service port the target is, with each endpoint's verdict.
 pub fn explain(inputs: &Inputs, target: &Target) -> Vec<Match> {
     let node = inputs.node();
-    let node_ips: Vec<IpAddr> = node
-        .node_ips_v4
-        .iter()
-        .map(|a| IpAddr::V4(*a))
-        .chain(node.node_ips_v6.iter().map(|a| IpAddr::V6(*a)))
-        .collect();
+    let node_ips: Vec<IpAddr> = node.node_ips().collect();
     // The engine decides contested virtual servers; run it on a copy to learn its owners.
     let mut engine = Engine::new();
     let _ = engine.sync(&mut inputs.clone(), Duration::ZERO, &UnknownCounts);

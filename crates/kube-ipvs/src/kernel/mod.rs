@@ -254,7 +254,7 @@ impl Kernel for RealKernel {
             .into_iter()
             .filter(|a| Some(a.ifindex) != ours)
             .map(|a| a.addr)
-            .filter(|a| !a.is_loopback() && !is_link_local(a))
+            .filter(|a| !a.is_loopback() && !kube_ipvs_diff::is_link_local(*a))
             .collect())
     }
 
@@ -299,15 +299,5 @@ fn dest_counts(counts: &mut Counts, key: VirtualKey, dests: &[Destination]) {
             (key, dk),
             u64::from(d.active_conns) + u64::from(d.inactive_conns),
         );
-    }
-}
-
-/// Whether an address is link-local (`169.254.0.0/16`, `fe80::/10`): such addresses are never
-/// NodePort addresses or Service addresses of ours.
-#[must_use]
-pub fn is_link_local(a: &IpAddr) -> bool {
-    match a {
-        IpAddr::V4(v4) => v4.is_link_local(),
-        IpAddr::V6(v6) => v6.segments()[0] & 0xffc0 == 0xfe80,
     }
 }

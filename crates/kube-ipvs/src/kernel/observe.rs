@@ -50,13 +50,9 @@ pub fn from_dump(
     out.table.addresses = addresses
         .into_iter()
         .flatten()
-        .filter(|a| !is_ipv6_link_local(a))
+        .filter(|a| !(a.is_ipv6() && kube_ipvs_diff::is_link_local(*a)))
         .collect();
     out
-}
-
-fn is_ipv6_link_local(a: &std::net::IpAddr) -> bool {
-    matches!(a, std::net::IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
 }
 
 /// Reads the kernel: every IPVS service with its destinations, and the addresses on `ifname`.

@@ -1,7 +1,10 @@
 //! Helpers shared by the kernel tests (`tests/kernel*.rs`, run in the VM by `cargo xtask
 //! vm-test`): where the binaries are, running a command with its output in the test log, the
 //! example cluster's manifests, and polling with a deadline. Each test file uses a subset.
-#![allow(dead_code, reason = "shared by several test targets, each using a part")]
+#![allow(
+    dead_code,
+    reason = "shared by several test targets, each using a part"
+)]
 
 pub(crate) mod apiserver;
 

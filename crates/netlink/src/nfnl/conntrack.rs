@@ -130,16 +130,35 @@ pub fn flush_udp_service(addr: IpAddr, port: u16) -> Result<usize> {
 
 /// Every conntrack entry of one family (`ipv6` or IPv4) in this network namespace.
 pub fn entries(ipv6: bool) -> Result<Vec<Entry>> {
-    let what = "dump";
-    let mut socket = NfSocket::open(&format!("conntrack {what}"))?;
-    dump_on(&mut socket, if ipv6 { AF_INET6 } else { AF_INET }, what)
+    entries_capturing(ipv6, None)
 }
 
-fn dump_on(socket: &mut NfSocket, family: u8, what: &str) -> Result<Vec<Entry>> {
+/// [`entries`], also keeping each reply datagram as received in `raw` (to capture fixtures from
+/// a real kernel).
+pub fn entries_capturing(ipv6: bool, raw: Option<&mut Vec<Vec<u8>>>) -> Result<Vec<Entry>> {
+    let what = "dump";
+    let mut socket = NfSocket::open(&format!("conntrack {what}"))?;
+    dump_on(
+        &mut socket,
+        if ipv6 { AF_INET6 } else { AF_INET },
+        what,
+        raw,
+    )
+}
+
+fn dump_on(
+    socket: &mut NfSocket,
+    family: u8,
+    what: &str,
+    mut raw: Option<&mut Vec<Vec<u8>>>,
+) -> Result<Vec<Entry>> {
     let seq = socket.next_seqs(1);
     let op = || format!("conntrack {what}");
     let mut entries = Vec::new();
     socket.dump(&dump_request(family, seq), &op(), |buf| {
+        if let Some(r) = raw.as_deref_mut() {
+            r.push(buf.to_vec());
+        }
         // A dump that failed part way ends with its errno in the DONE message.
         let end = dump_step(buf, Some(seq), &op, |payload| {
             entries.extend(parse_entry(payload));
@@ -157,7 +176,7 @@ pub fn flush(filter: &Filter) -> Result<usize> {
     let what = format!("delete {}", filter.describe());
     let mut socket = NfSocket::open(&format!("conntrack {what}"))?;
     let family = filter.family();
-    let entries = dump_on(&mut socket, family, &what)?;
+    let entries = dump_on(&mut socket, family, &what, None)?;
     let selected: Vec<&Entry> = entries.iter().filter(|e| filter.matches(e)).collect();
     let batch = socket
         .rcvbuf()
@@ -484,6 +503,76 @@ mod tests {
         // the one deleted.
         let req = delete_request(AF_INET6, 3, &e);
         assert!(req.ends_with(&zone));
+    }
+
+    /// Datagrams from a fixture file: one hex datagram a line.
+    fn datagrams(hex: &str) -> Vec<Vec<u8>> {
+        hex.lines()
+            .map(|l| {
+                (0..l.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(&l[i..i + 2], 16).expect("hex"))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Dump replies captured from the kernel in the VM (`kernel_conntrack`): two answered UDP
+    /// flows over loopback to one server, in each family. They parse to both tuples, the dump
+    /// ends, and a delete request echoes the kernel's own original-tuple attribute.
+    #[test]
+    fn parses_dump_replies_captured_from_the_kernel() {
+        for (hex, family, addr) in [
+            (
+                include_str!("../../tests/fixtures/conntrack_dump_v4.hex"),
+                AF_INET,
+                "127.0.0.1",
+            ),
+            (
+                include_str!("../../tests/fixtures/conntrack_dump_v6.hex"),
+                AF_INET6,
+                "::1",
+            ),
+        ] {
+            let addr: IpAddr = addr.parse().expect("literal");
+            let mut entries = Vec::new();
+            let mut end = DumpEnd::More;
+            for d in datagrams(hex) {
+                end = dump_step(&d, None, &|| "fixture".to_owned(), |p| {
+                    entries.extend(parse_entry(p));
+                    Ok(())
+                })
+                .expect("no error");
+            }
+            assert_eq!(end, DumpEnd::Done);
+            let flows: Vec<&Entry> = entries
+                .iter()
+                .filter(|e| e.orig.protocol == IPPROTO_UDP && e.orig.dst == addr)
+                .collect();
+            assert_eq!(flows.len(), 2, "{entries:?}");
+            let server = flows[0].orig.dst_port;
+            for e in &flows {
+                assert_eq!((e.orig.src, e.orig.dst_port), (addr, server));
+                assert_eq!((e.reply.src, e.reply.src_port), (addr, server));
+                assert_eq!((e.reply.dst, e.reply.dst_port), (addr, e.orig.src_port));
+                let filter = Filter {
+                    protocol: IPPROTO_UDP,
+                    reply_src: Some((addr, server)),
+                    orig_dst: None,
+                };
+                assert!(filter.matches(e));
+                let req = delete_request(family, 9, e);
+                let first = &datagrams(hex)[0];
+                assert!(
+                    first
+                        .windows(e.orig_attr.len())
+                        .any(|w| w == e.orig_attr.as_slice()),
+                    "the delete echoes the dumped tuple"
+                );
+                assert_eq!(&req[16..20], &[family, 0, 0, 0]);
+                assert!(req.ends_with(&e.orig_attr) || e.zone_attr.is_some());
+            }
+        }
     }
 
     #[test]
