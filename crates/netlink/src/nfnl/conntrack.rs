@@ -329,6 +329,7 @@ fn parse_entry(payload: &[u8]) -> Option<Entry> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nfnl::test_support::datagrams;
 
     const NLA_F_NESTED: u16 = 0x8000;
 
@@ -503,18 +504,6 @@ mod tests {
         // the one deleted.
         let req = delete_request(AF_INET6, 3, &e);
         assert!(req.ends_with(&zone));
-    }
-
-    /// Datagrams from a fixture file: one hex datagram a line.
-    fn datagrams(hex: &str) -> Vec<Vec<u8>> {
-        hex.lines()
-            .map(|l| {
-                (0..l.len())
-                    .step_by(2)
-                    .map(|i| u8::from_str_radix(&l[i..i + 2], 16).expect("hex"))
-                    .collect()
-            })
-            .collect()
     }
 
     /// Dump replies captured from the kernel in the VM (`kernel_conntrack`): two answered UDP

@@ -519,6 +519,7 @@ fn parse_list_message(payload: &[u8]) -> Vec<Entry> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nfnl::test_support::datagrams;
     use crate::wire::{NLMSG_DONE, NLMSG_ERROR};
 
     const ENOENT: i32 = libc::ENOENT;
@@ -705,18 +706,6 @@ mod tests {
         assert_eq!(got[1].hairpin_addr(), None, "not a hairpin member");
         assert_eq!(got[1].to_string(), "10.0.0.0/8,10.0.0.1");
         assert_eq!(got[2].to_string(), "fd00::5,fd00::5");
-    }
-
-    /// Datagrams from a fixture file: one hex datagram a line.
-    fn datagrams(hex: &str) -> Vec<Vec<u8>> {
-        hex.lines()
-            .map(|l| {
-                (0..l.len())
-                    .step_by(2)
-                    .map(|i| u8::from_str_radix(&l[i..i + 2], 16).expect("hex"))
-                    .collect()
-            })
-            .collect()
     }
 
     fn list_fixture(hex: &str) -> (Vec<Entry>, ListStep) {

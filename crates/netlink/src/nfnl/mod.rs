@@ -172,6 +172,22 @@ pub(crate) fn dump_step(
     Ok(DumpEnd::More)
 }
 
+/// What the subsystems' unit tests share.
+#[cfg(test)]
+pub(crate) mod test_support {
+    /// Datagrams from a fixture file: one hex datagram a line.
+    pub(crate) fn datagrams(hex: &str) -> Vec<Vec<u8>> {
+        hex.lines()
+            .map(|l| {
+                (0..l.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(&l[i..i + 2], 16).expect("hex"))
+                    .collect()
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
