@@ -213,14 +213,9 @@ pub fn apply(kernel: &mut dyn Kernel, ops: &[Op], owners: &Owners) -> Vec<Failur
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::convert::{entry_from_kernel, netlink_dest, netlink_service, op_for};
+    use crate::kernel::convert::op_for;
     use crate::kernel::mem::MemKernel;
-    use kube_ipvs_diff::Forward;
     use kube_ipvs_diff::{Protocol, RealServer, Scheduler, ServiceEntry, Table, VirtualServer};
-    use kube_ipvs_netlink::ipvs::{
-        Destination, Flags, ForwardMethod, Netmask, Service, ServiceKey,
-    };
-    use std::net::Ipv4Addr;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().expect("literal")
@@ -233,49 +228,6 @@ mod tests {
             persistence: None,
             netmask: if ip(addr).is_ipv4() { 32 } else { 128 },
         }
-    }
-
-    #[test]
-    fn netlink_service_carries_flags_timeout_and_mask() {
-        let mut v = vs("10.96.0.10", 80);
-        v.persistence = Some(10_800);
-        v.scheduler = "mh:fallback,port".parse().expect("valid");
-        let s = netlink_service(&v);
-        assert_eq!(s.scheduler, "mh");
-        assert_eq!(s.flags, Flags::exactly(0x1 | 0x8 | 0x10));
-        assert_eq!(s.timeout, 10_800);
-        assert_eq!(s.netmask, Netmask::V4(Ipv4Addr::BROADCAST));
-        let mut v6 = vs("fd00::10", 80);
-        v6.persistence = Some(60);
-        assert_eq!(netlink_service(&v6).netmask, Netmask::V6(128));
-        // The kernel reports HASHED on every service; reading back gives what was asked for.
-        let mut dumped = s.clone();
-        dumped.flags.flags |= Flags::HASHED;
-        let back = entry_from_kernel(&dumped, &[]).expect("ours");
-        assert_eq!(back.server, v);
-    }
-
-    #[test]
-    fn dests_are_masquerade_with_the_engine_weight() {
-        let d = netlink_dest(&RealServer::masq(ip("10.244.1.5"), 8080, 1));
-        assert_eq!(
-            (d.forward, d.weight, d.port),
-            (ForwardMethod::Masq, 1, 8080)
-        );
-        let mut zero = RealServer::masq(ip("10.244.1.5"), 8080, 0);
-        zero.forward = Forward::Masq;
-        assert_eq!(netlink_dest(&zero).weight, 0);
-    }
-
-    #[test]
-    fn foreign_entries_are_named() {
-        let mut s = Service::new(ServiceKey::tcp(ip("10.0.0.1"), 80), "none");
-        let err = entry_from_kernel(&s, &[]).expect_err("unknown scheduler");
-        assert!(err.to_string().contains("TCP 10.0.0.1:80"), "{err}");
-        s.scheduler = "rr".into();
-        let d = Destination::new(ip("10.0.0.2"), 80, ForwardMethod::Other(9));
-        let err = entry_from_kernel(&s, &[d]).expect_err("unknown forwarding");
-        assert!(err.to_string().contains("10.0.0.2:80"), "{err}");
     }
 
     #[test]

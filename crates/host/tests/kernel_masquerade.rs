@@ -1,4 +1,4 @@
-//! Kernel tests (run in the VM by `cargo xtask vm-test kube-ipvs/kernel_masquerade`) of the
+//! Kernel tests (run in the VM by `cargo xtask vm-test kube-ipvs-host/kernel_masquerade`) of the
 //! masquerade helper against real `iptables-restore` on both backends: `ensure()` is idempotent,
 //! writes what the config asks for, leaves foreign rules alone, and `cleanup()` leaves the `nat`
 //! table as it found it. Then traffic: a client in a second namespace reaches an IPVS virtual

@@ -1,4 +1,4 @@
-//! Kernel tests (run in the VM by `cargo xtask vm-test kube-ipvs/kernel_ipset`) of the ipset
+//! Kernel tests (run in the VM by `cargo xtask vm-test kube-ipvs-host/kernel_ipset`) of the ipset
 //! handle against the real kernel, cross-checked with the real `ipset` binary: a set our code
 //! creates is listed by `ipset save` with its type, family and members; members `ipset add`
 //! writes are read back by our dump; create, add and delete are idempotent; destroy removes the
