@@ -215,20 +215,8 @@ mod tests {
     use super::*;
     use crate::kernel::convert::op_for;
     use crate::kernel::mem::MemKernel;
-    use kube_ipvs_diff::{Protocol, RealServer, Scheduler, ServiceEntry, Table, VirtualServer};
-
-    fn ip(s: &str) -> IpAddr {
-        s.parse().expect("literal")
-    }
-
-    fn vs(addr: &str, port: u16) -> VirtualServer {
-        VirtualServer {
-            key: VirtualKey::inet(Protocol::Tcp, ip(addr), port),
-            scheduler: Scheduler::RR,
-            persistence: None,
-            netmask: if ip(addr).is_ipv4() { 32 } else { 128 },
-        }
-    }
+    use crate::kernel::test_support::{ip, vs};
+    use kube_ipvs_diff::{RealServer, ServiceEntry, Table};
 
     #[test]
     fn executor_takes_an_empty_kernel_to_the_desired_table() {

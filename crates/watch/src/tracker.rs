@@ -290,17 +290,6 @@ impl Tracker {
         self.services_listed = true;
     }
 
-    fn slice_key(slice: &EndpointSlice) -> (String, String) {
-        (
-            slice
-                .metadata
-                .namespace
-                .clone()
-                .unwrap_or_else(|| "default".into()),
-            slice.metadata.name.clone().unwrap_or_default(),
-        )
-    }
-
     fn remove_slice_key(&mut self, key: &(String, String)) {
         if let Some(owner) = self.slice_owner.remove(key) {
             if let Some(m) = self.slices.get_mut(&owner) {
@@ -315,7 +304,7 @@ impl Tracker {
 
     /// An EndpointSlice was added or modified.
     pub fn apply_slice(&mut self, slice: &EndpointSlice) {
-        let key = Self::slice_key(slice);
+        let key = crate::translate::slice_key(slice);
         match translate_slice(slice, &self.opts) {
             Ok(Some(t)) => {
                 Self::warn_slice(&key, &t.warnings);
@@ -339,7 +328,7 @@ impl Tracker {
     /// An EndpointSlice was deleted. Its Service's pending trigger times are forgotten, as
     /// kube-proxy does: the deleted object's annotation is from its last update.
     pub fn delete_slice(&mut self, slice: &EndpointSlice) {
-        let key = Self::slice_key(slice);
+        let key = crate::translate::slice_key(slice);
         if let Some(owner) = self.slice_owner.get(&key) {
             self.triggers.remove(owner);
         }
@@ -363,7 +352,7 @@ impl Tracker {
 
     /// One object of the slice relist in progress, translated now.
     pub fn list_slice(&mut self, slice: &EndpointSlice) {
-        let key = Self::slice_key(slice);
+        let key = crate::translate::slice_key(slice);
         let (service, endpoints) = match translate_slice(slice, &self.opts) {
             Ok(Some(t)) => {
                 Self::warn_slice(&key, &t.warnings);

@@ -342,8 +342,8 @@ pub fn trigger_time(
     Ok(Some(SystemTime::from(ts)))
 }
 
-/// The namespace and name of a slice, for messages.
-fn slice_key(slice: &EndpointSlice) -> (String, String) {
+/// The namespace and name of a slice: its key in the tracker, and its name in messages.
+pub(crate) fn slice_key(slice: &EndpointSlice) -> (String, String) {
     (
         slice
             .metadata

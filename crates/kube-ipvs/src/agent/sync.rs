@@ -622,20 +622,13 @@ impl<K: Kernel> Agent<K> {
 }
 
 fn split(ips: &[IpAddr]) -> (Vec<Ipv4Addr>, Vec<Ipv6Addr>) {
-    let v4 = ips
-        .iter()
-        .filter_map(|ip| match ip {
-            IpAddr::V4(a) => Some(*a),
-            IpAddr::V6(_) => None,
-        })
-        .collect();
-    let v6 = ips
-        .iter()
-        .filter_map(|ip| match ip {
-            IpAddr::V6(a) => Some(*a),
-            IpAddr::V4(_) => None,
-        })
-        .collect();
+    let (mut v4, mut v6) = (Vec::new(), Vec::new());
+    for ip in ips {
+        match ip {
+            IpAddr::V4(a) => v4.push(*a),
+            IpAddr::V6(a) => v6.push(*a),
+        }
+    }
     (v4, v6)
 }
 

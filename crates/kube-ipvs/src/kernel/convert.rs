@@ -225,21 +225,7 @@ pub fn op_for(request: &Request) -> Option<Op> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube_ipvs_diff::Scheduler;
-    use std::net::IpAddr;
-
-    fn ip(s: &str) -> IpAddr {
-        s.parse().expect("literal")
-    }
-
-    fn vs(addr: &str, port: u16) -> VirtualServer {
-        VirtualServer {
-            key: VirtualKey::inet(Protocol::Tcp, ip(addr), port),
-            scheduler: Scheduler::RR,
-            persistence: None,
-            netmask: if ip(addr).is_ipv4() { 32 } else { 128 },
-        }
-    }
+    use crate::kernel::test_support::{ip, vs};
 
     #[test]
     fn netlink_service_carries_flags_timeout_and_mask() {

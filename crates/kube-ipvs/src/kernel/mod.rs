@@ -13,6 +13,29 @@ pub mod convert;
 pub mod mem;
 pub mod observe;
 
+/// What the unit tests of the executor and the conversions share.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::net::IpAddr;
+
+    use kube_ipvs_diff::{Protocol, Scheduler, VirtualKey, VirtualServer};
+
+    /// An address literal.
+    pub(crate) fn ip(s: &str) -> IpAddr {
+        s.parse().expect("literal")
+    }
+
+    /// A round-robin TCP virtual server without persistence.
+    pub(crate) fn vs(addr: &str, port: u16) -> VirtualServer {
+        VirtualServer {
+            key: VirtualKey::inet(Protocol::Tcp, ip(addr), port),
+            scheduler: Scheduler::RR,
+            persistence: None,
+            netmask: if ip(addr).is_ipv4() { 32 } else { 128 },
+        }
+    }
+}
+
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 

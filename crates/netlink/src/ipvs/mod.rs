@@ -374,19 +374,21 @@ impl Ipvs {
             })
     }
 
-    /// Sends one doit request and returns the attributes of its reply message, if it has one.
-    fn doit(
+    /// Sends one command (with `flags`, and the service's key nest if given) in the reusable send
+    /// buffer; returns its sequence number.
+    fn send_command(
         &mut self,
         cmd: u8,
+        flags: u16,
         service: Option<&ServiceKey>,
         op: &dyn Fn() -> String,
-    ) -> Result<Option<Vec<u8>>> {
+    ) -> Result<u32> {
         let seq = self.next_seq();
         let mut buf = std::mem::take(&mut self.send_buf);
         buf.clear();
         {
             let mut w = Writer::new(&mut buf);
-            let start = w.begin_msg(self.family, NLM_F_REQUEST | NLM_F_ACK, seq, 0);
+            let start = w.begin_msg(self.family, flags, seq, 0);
             w.genl_header(cmd, wire::IPVS_GENL_VERSION);
             if let Some(k) = service {
                 k.emit_nest(&mut w);
@@ -396,6 +398,17 @@ impl Ipvs {
         let sent = self.sock.send(&buf);
         self.send_buf = buf;
         sent.map_err(|source| Error::Io { op: op(), source })?;
+        Ok(seq)
+    }
+
+    /// Sends one doit request and returns the attributes of its reply message, if it has one.
+    fn doit(
+        &mut self,
+        cmd: u8,
+        service: Option<&ServiceKey>,
+        op: &dyn Fn() -> String,
+    ) -> Result<Option<Vec<u8>>> {
+        let seq = self.send_command(cmd, NLM_F_REQUEST | NLM_F_ACK, service, op)?;
         let mut reply = None;
         loop {
             self.sock
@@ -427,21 +440,7 @@ impl Ipvs {
         op: &dyn Fn() -> String,
         mut f: impl FnMut(&[u8]) -> Result<()>,
     ) -> Result<()> {
-        let seq = self.next_seq();
-        let mut buf = std::mem::take(&mut self.send_buf);
-        buf.clear();
-        {
-            let mut w = Writer::new(&mut buf);
-            let start = w.begin_msg(self.family, NLM_F_REQUEST | wire::NLM_F_DUMP, seq, 0);
-            w.genl_header(cmd, wire::IPVS_GENL_VERSION);
-            if let Some(k) = service {
-                k.emit_nest(&mut w);
-            }
-            w.end_msg(start);
-        }
-        let sent = self.sock.send(&buf);
-        self.send_buf = buf;
-        sent.map_err(|source| Error::Io { op: op(), source })?;
+        let seq = self.send_command(cmd, NLM_F_REQUEST | wire::NLM_F_DUMP, service, op)?;
         let mut rbuf = std::mem::take(&mut self.recv_buf);
         let result = (|| loop {
             self.sock

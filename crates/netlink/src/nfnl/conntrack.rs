@@ -329,23 +329,9 @@ fn parse_entry(payload: &[u8]) -> Option<Entry> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nfnl::test_support::datagrams;
+    use crate::nfnl::test_support::{datagrams, messages};
 
     const NLA_F_NESTED: u16 = 0x8000;
-
-    struct Message<'a> {
-        kind: u16,
-        payload: &'a [u8],
-    }
-    fn messages(buf: &[u8]) -> Vec<Message<'_>> {
-        wire::messages(buf)
-            .map_while(std::result::Result::ok)
-            .map(|(h, payload, _)| Message {
-                kind: h.kind,
-                payload,
-            })
-            .collect()
-    }
 
     fn attr(kind: u16, payload: &[u8]) -> Vec<u8> {
         let mut a = Vec::new();

@@ -519,7 +519,7 @@ fn parse_list_message(payload: &[u8]) -> Vec<Entry> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nfnl::test_support::datagrams;
+    use crate::nfnl::test_support::{datagrams, messages};
     use crate::wire::{NLMSG_DONE, NLMSG_ERROR};
 
     const ENOENT: i32 = libc::ENOENT;
@@ -544,21 +544,6 @@ mod tests {
         let mut b = Vec::new();
         super::member_request(&mut b, cmd, seq, set, e);
         b
-    }
-    struct Message<'a> {
-        kind: u16,
-        seq: u32,
-        payload: &'a [u8],
-    }
-    fn messages(buf: &[u8]) -> Vec<Message<'_>> {
-        wire::messages(buf)
-            .map_while(std::result::Result::ok)
-            .map(|(h, payload, _)| Message {
-                kind: h.kind,
-                seq: h.seq,
-                payload,
-            })
-            .collect()
     }
     struct Attr {
         kind: u16,

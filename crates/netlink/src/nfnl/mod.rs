@@ -175,6 +175,27 @@ pub(crate) fn dump_step(
 /// What the subsystems' unit tests share.
 #[cfg(test)]
 pub(crate) mod test_support {
+    use crate::wire;
+
+    /// A message of a datagram, as the tests read it.
+    pub(crate) struct Message<'a> {
+        pub(crate) kind: u16,
+        pub(crate) seq: u32,
+        pub(crate) payload: &'a [u8],
+    }
+
+    /// The well-formed messages of a datagram, up to the first malformed one.
+    pub(crate) fn messages(buf: &[u8]) -> Vec<Message<'_>> {
+        wire::messages(buf)
+            .map_while(std::result::Result::ok)
+            .map(|(h, payload, _)| Message {
+                kind: h.kind,
+                seq: h.seq,
+                payload,
+            })
+            .collect()
+    }
+
     /// Datagrams from a fixture file: one hex datagram a line.
     pub(crate) fn datagrams(hex: &str) -> Vec<Vec<u8>> {
         hex.lines()
