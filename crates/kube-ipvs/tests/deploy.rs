@@ -240,7 +240,7 @@ fn cluster_role_grants_exactly_what_the_code_calls() {
         sources(&root.join(dir), &mut srcs);
     }
     // Watchers (list + watch) for all three in crates/watch/src/cluster.rs; one-shot list of
-    // Services and EndpointSlices and get_opt of the Node in crates/kube-ipvs/src/source.rs.
+    // Services and EndpointSlices and get_opt of the Node in crates/kube-ipvs/src/cmd/source.rs.
     assert_eq!(
         api_kinds_in_code(&srcs),
         BTreeSet::from(["EndpointSlice".into(), "Node".into(), "Service".into()]),

@@ -9,7 +9,7 @@
 //! exponential backoff per Service; the other operations of the same batch still apply, so one
 //! broken Service never blocks the others. Stopping leaves the kernel as it is.
 //!
-//! The kernel is reached through [`Kernel`] (the executor's [`Kernel`] plus reading), so the
+//! The kernel is reached through the one [`Kernel`] trait (`crate::kernel`), so the
 //! loop runs against an in-memory kernel in tests, and time is tokio's, so tests pause it. This
 //! module decides nothing about the table itself: the engine does.
 //!
@@ -40,7 +40,7 @@ use tokio::time::Instant;
 use super::health::Shared;
 use super::metrics::SyncKind;
 use crate::apply::{self, Owners, names_label};
-pub use crate::kernel::{Counts, Kernel, KernelError, UdpFlush};
+use crate::kernel::{Counts, Kernel, UdpFlush};
 
 /// How often the connections of draining real servers are re-read (see the sync loop).
 const DRAIN_POLL: Duration = Duration::from_secs(1);
