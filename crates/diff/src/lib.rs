@@ -56,7 +56,7 @@ pub use error::{Error, Result};
 pub use model::{
     Changes, Cidr, Endpoint, EndpointPort, Inputs, NodeContext, Options, Protocol, Scheduler,
     SchedulerKind, ServiceInfo, ServiceKind, ServiceName, ServicePort, ServicePortName,
-    SessionAffinity, TrafficDistribution, TrafficPolicy, is_link_local,
+    SessionAffinity, TrafficDistribution, TrafficPolicy, endpoint_address_problem, is_link_local,
 };
 pub use table::{
     DestKey, Forward, Op, RealServer, ServiceEntry, Table, VirtualKey, VirtualServer, full_diff,

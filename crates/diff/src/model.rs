@@ -754,21 +754,28 @@ pub fn validate_endpoints(name: &ServiceName, endpoints: &[Endpoint]) -> Result<
             endpoint: ep.addr.to_string(),
             reason,
         };
-        if ep.addr.is_unspecified() || ep.addr.is_multicast() {
-            return Err(bad("not a unicast address".to_owned()));
-        }
-        // The EndpointSlice API rejects these too; from manifests they would let a Service
-        // reach into the node itself.
-        if ep.addr.is_loopback() || is_link_local(ep.addr) {
-            return Err(bad(
-                "loopback and link-local addresses cannot be endpoints".to_owned()
-            ));
+        if let Some(why) = endpoint_address_problem(ep.addr) {
+            return Err(bad(why.to_owned()));
         }
         if let Some(p) = ep.ports.iter().find(|p| p.port == 0) {
             return Err(bad(format!("port {:?} is 0", p.name)));
         }
     }
     Ok(())
+}
+
+/// Why an address cannot be an endpoint, if it cannot: not unicast, or loopback or link-local
+/// (the EndpointSlice API rejects these too; from manifests they would let a Service reach into
+/// the node itself).
+#[must_use]
+pub fn endpoint_address_problem(addr: IpAddr) -> Option<&'static str> {
+    if addr.is_unspecified() || addr.is_multicast() {
+        Some("not a unicast address")
+    } else if addr.is_loopback() || is_link_local(addr) {
+        Some("loopback and link-local addresses cannot be endpoints")
+    } else {
+        None
+    }
 }
 
 /// Merges endpoints by address: slices of one Service may repeat an address (during a move

@@ -198,14 +198,15 @@ pub fn apply(kernel: &mut dyn Kernel, ops: &[Op], owners: &Owners) -> Vec<Failur
         (programmed - bound).as_secs_f64() * 1000.0,
         programmed.elapsed().as_secs_f64() * 1000.0,
     );
+    let line = format!(
+        "applied {} in {binds_ms:.1} ms, {} in {ipvs_ms:.1} ms, removals in {removals_ms:.1} ms",
+        crate::words::count(address_adds, "address bind", "address binds"),
+        crate::words::count(requests, "IPVS request", "IPVS requests"),
+    );
     if address_adds + requests >= 1000 {
-        tracing::info!(
-            "applied {address_adds} address binds in {binds_ms:.1} ms, {requests} IPVS requests in {ipvs_ms:.1} ms, removals in {removals_ms:.1} ms"
-        );
+        tracing::info!("{line}");
     } else {
-        tracing::debug!(
-            "applied {address_adds} address binds in {binds_ms:.1} ms, {requests} IPVS requests in {ipvs_ms:.1} ms, removals in {removals_ms:.1} ms"
-        );
+        tracing::debug!("{line}");
     }
     failures
 }

@@ -13,3 +13,4 @@ pub mod apply;
 pub mod cmd;
 pub mod ipvsadm;
 pub mod kernel;
+pub mod words;

@@ -210,3 +210,133 @@ fn check_and_plan_exit_2_on_bad_input_before_touching_the_kernel() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The manifests of issue 20: one good Service whose EndpointSlice's second endpoint address is
+/// `not-an-ip`, and one bad Service (`clusterIP: 10.96.0.300`, `port: 99999`).
+const BAD_INPUT: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: shop, namespace: default}
+spec:
+  type: ClusterIP
+  clusterIP: 10.96.0.77
+  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: bad, namespace: default}
+spec:
+  type: ClusterIP
+  clusterIP: 10.96.0.300
+  ports: [{name: http, port: 99999, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: shop-abc
+  namespace: default
+  labels: {kubernetes.io/service-name: shop}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.244.9.9]
+  conditions: {ready: true}
+  nodeName: node-2
+- addresses: [not-an-ip]
+  conditions: {ready: true}
+  nodeName: node-2
+"#;
+
+/// A directory of its own holding `files`.
+fn manifest_dir(tag: &str, files: &[(&str, &str)]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kube-ipvs-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for (name, body) in files {
+        std::fs::write(dir.join(name), body).expect("write manifest");
+    }
+    dir
+}
+
+#[test]
+fn plan_says_what_it_skipped_and_a_bad_endpoint_costs_only_itself() {
+    let dir = manifest_dir("skipped", &[("all.yaml", BAD_INPUT)]);
+    let out = kube_ipvs(&[
+        "plan",
+        "--from-empty",
+        "--manifests",
+        dir.to_str().expect("utf-8"),
+        "--hostname-override",
+        "node-1",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "add address 10.96.0.77 to kube-ipvs0\n\
+         add service TCP 10.96.0.77:80 rr\n\
+         add dest TCP 10.96.0.77:80 -> 10.244.9.9:8080 masq weight 1\n\
+         3 operations: 1 add address, 1 add service, 1 add dest\n",
+        "the slice's valid endpoint stays"
+    );
+    let err = text(&out.stderr);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "kube-ipvs plan: EndpointSlice default/shop-abc: endpoints[1] address \"not-an-ip\" \
+             is not an IP address; this endpoint is skipped, the slice's others stay",
+            "kube-ipvs plan: skipping bad object, keeping its last good state: Service \
+             default/bad: clusterIP \"10.96.0.300\" is not an IP address",
+        ],
+        "{err}"
+    );
+}
+
+#[test]
+fn explain_names_the_endpoint_its_slice_lost() {
+    let dir = manifest_dir("explain-skipped", &[("all.yaml", BAD_INPUT)]);
+    let out = kube_ipvs(&[
+        "explain",
+        "10.96.0.77:80",
+        "--manifests",
+        dir.to_str().expect("utf-8"),
+        "--hostname-override",
+        "node-1",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let got = text(&out.stdout);
+    assert!(got.contains("10.244.9.9"), "{got}");
+    assert!(
+        got.ends_with(
+            "left out by translation, which may be why:\n  EndpointSlice default/shop-abc: \
+             endpoints[1] address \"not-an-ip\" is not an IP address; this endpoint is skipped, \
+             the slice's others stay\n"
+        ),
+        "{got}"
+    );
+    assert!(!got.contains("no EndpointSlice lists any"), "{got}");
+}
+
+#[test]
+fn a_yaml_error_names_the_file_the_document_from_1_and_the_line() {
+    let broken = "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\n\
+                  apiVersion: v1\nkind: Service\nmetadata: : :\n";
+    let dir = manifest_dir("yaml", &[("broken.yaml", broken)]);
+    let out = kube_ipvs(&[
+        "plan",
+        "--from-empty",
+        "--manifests",
+        dir.to_str().expect("utf-8"),
+        "--hostname-override",
+        "node-1",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        text(&out.stderr),
+        format!(
+            "kube-ipvs plan: manifest {}: document 2: not valid YAML at line 7, column 11: \
+             mapping values are not allowed in this context\n",
+            dir.join("broken.yaml").display()
+        )
+    );
+}

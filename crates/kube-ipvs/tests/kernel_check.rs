@@ -92,7 +92,7 @@ fn check_reports_a_stale_endpoint() {
         "{text}"
     );
     assert!(
-        text.contains("NOT in sync: 2 findings in 1 groups"),
+        text.contains("NOT in sync: 2 findings in 1 group "),
         "{text}"
     );
     assert!(ipvsadm_list(&["-t", "10.96.0.10:80"]).contains("-> 10.244.3.10:8080"));
@@ -133,7 +133,7 @@ fn check_reports_a_missing_service() {
         "{text}"
     );
     assert!(
-        text.contains("NOT in sync: 1 findings in 1 groups"),
+        text.contains("NOT in sync: 1 finding in 1 group "),
         "{text}"
     );
     // And the plan repairs exactly that.
@@ -232,7 +232,7 @@ fn a_failed_op_is_reported_with_its_service_and_the_rest_applies() {
         "{text}"
     );
     assert!(
-        text.contains("NOT in sync: 1 findings in 1 groups"),
+        text.contains("NOT in sync: 1 finding in 1 group "),
         "{text}"
     );
     assert!(ipvsadm_list(&[]).contains("TCP  10.96.0.10:80 rr"));
@@ -281,4 +281,33 @@ fn dual_stack_persistence_and_scheduler_flags_round_trip_through_the_kernel() {
     );
     let addrs = kube_ipvs0_addresses();
     assert!(addrs.contains("fd00:96::66/128"), "{addrs}");
+}
+
+/// A bad Service beside the example cluster: `check` still compares everything else, says in
+/// its text and its JSON what it left out, and counts in words a person reads.
+#[test]
+fn check_says_what_it_skipped_in_text_and_json() {
+    let dir = manifests("check-skipped");
+    std::fs::write(
+        dir.join("bad.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: bad, namespace: default}\n\
+         spec:\n  type: ClusterIP\n  clusterIP: 10.96.0.300\n  ports: [{port: 80}]\n",
+    )
+    .expect("write bad.yaml");
+    let out = kube_ipvs("plan", &dir, &["--apply"]);
+    assert_eq!(out.status.code(), Some(0), "plan --apply");
+    let line = "skipping bad object, keeping its last good state: Service default/bad: \
+                clusterIP \"10.96.0.300\" is not an IP address";
+    let out = kube_ipvs("check", &dir, &[]);
+    assert_eq!(out.status.code(), Some(0), "the rest is in sync");
+    let text = stdout(&out);
+    assert!(text.contains(&format!("skipped: {line}\n")), "{text}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&format!("kube-ipvs check: {line}")),
+        "stderr names it too"
+    );
+    let out = kube_ipvs("check", &dir, &["--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(json["skipped"], serde_json::json!([line]), "{json}");
+    assert_eq!(json["in_sync"], serde_json::json!(true));
 }

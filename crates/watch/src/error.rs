@@ -47,7 +47,7 @@ pub enum Error {
     ParseManifest {
         /// The file.
         path: PathBuf,
-        /// The document's index in the file, from 0.
+        /// The document's place in the file, counted from 1 as a person counts.
         index: usize,
         /// Why, in words.
         reason: String,

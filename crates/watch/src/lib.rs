@@ -23,7 +23,7 @@ pub mod translate;
 
 pub use cluster::{ClusterWatch, WatchConfig};
 pub use error::{Error, Result};
-pub use tracker::{ChangeSet, ServiceChange, Tracker};
+pub use tracker::{ChangeSet, ServiceChange, Skipped, Tracker};
 pub use translate::{
     NodeInfo, TranslateOptions, TranslatedService, TranslatedSlice, translate_node,
     translate_service, translate_slice, translate_slices,

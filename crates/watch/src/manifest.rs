@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use crate::cluster::ClusterWatch;
 use crate::driver::{DriverStats, WatchItem, drive};
 use crate::error::{Error, Result};
-use crate::tracker::{ChangeSet, Tracker};
+use crate::tracker::{ChangeSet, Skipped, Tracker};
 use crate::translate::TranslateOptions;
 
 /// The objects found in a set of manifests.
@@ -58,18 +58,77 @@ pub fn manifest_files(path: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Parses one file's text. A document that is not a Service, EndpointSlice, Node or a `List`
-/// of them is ignored; a document that does not parse is an error naming its index.
+/// of them is ignored; a document that does not parse is an error naming it (counted from 1),
+/// with the line and column.
 pub fn parse_manifest(path: &Path, text: &str) -> Result<Manifests> {
-    let docs: Vec<Value> = serde_saphyr::from_multiple(text).map_err(|e| Error::ParseManifest {
-        path: path.to_owned(),
-        index: 0,
-        reason: e.to_string(),
-    })?;
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(text).map_err(|e| syntax_error(path, text, &e))?;
     let mut out = Manifests::default();
     for (index, doc) in docs.into_iter().enumerate() {
-        add_object(path, index, doc, &mut out)?;
+        add_object(path, index + 1, doc, &mut out)?;
     }
     Ok(out)
+}
+
+/// A YAML syntax error in our words: the document it is in (counted from 1), the line and
+/// column in the file, and what the parser found, without its advice on Rust types.
+fn syntax_error(path: &Path, text: &str, e: &serde_saphyr::Error) -> Error {
+    let Some(at) = e.location() else {
+        return Error::ParseManifest {
+            path: path.to_owned(),
+            index: 1,
+            reason: format!("not valid YAML: {}", parser_words(&e.to_string())),
+        };
+    };
+    let line = usize::try_from(at.line()).unwrap_or(usize::MAX);
+    Error::ParseManifest {
+        path: path.to_owned(),
+        index: document_at(text, line),
+        reason: format!(
+            "not valid YAML at line {line}, column {}: {}",
+            at.column(),
+            parser_words(&e.to_string())
+        ),
+    }
+}
+
+/// Which document (counted from 1) holds line `line` (counted from 1): one more than the `---`
+/// separators before it that follow some content (a leading `---` starts the first document).
+fn document_at(text: &str, line: usize) -> usize {
+    let mut index = 1;
+    let mut content = false;
+    for l in text.lines().take(line.saturating_sub(1)) {
+        if l.starts_with("---") {
+            if content {
+                index += 1;
+                content = false;
+            }
+        } else if !l.trim().is_empty() && !l.trim_start().starts_with('#') {
+            content = true;
+        }
+    }
+    index
+}
+
+/// The parser's description of a syntax error: its first line, without its own position prefix
+/// (we give the position) and without advice meant for Rust programmers.
+fn parser_words(message: &str) -> String {
+    let first = message.lines().next().unwrap_or_default();
+    let mut words = first.strip_prefix("error: ").unwrap_or(first);
+    // `line N column M: ` when the parser repeats the position.
+    if let Some(rest) = words.strip_prefix("line ")
+        && let Some((_, after)) = rest.split_once(": ")
+    {
+        words = after;
+    }
+    // The parser's advice on Rust types ("...; use Option<String>") is not for our users.
+    if let Some(cut) = words.find("; use ") {
+        words = &words[..cut];
+    }
+    if words.contains("null into") || words.contains("deserialize null") {
+        return "an empty key or value where text is expected".to_owned();
+    }
+    words.trim().to_owned()
 }
 
 fn add_object(path: &Path, index: usize, doc: Value, out: &mut Manifests) -> Result<()> {
@@ -123,6 +182,16 @@ pub fn snapshot(
     opts: &TranslateOptions,
     node_name: Option<&str>,
 ) -> Result<ChangeSet> {
+    snapshot_with_skipped(path, opts, node_name).map(|(cs, _)| cs)
+}
+
+/// [`snapshot`], with what was left out (whole objects or some of their endpoints), for the
+/// debugging commands to show.
+pub fn snapshot_with_skipped(
+    path: &Path,
+    opts: &TranslateOptions,
+    node_name: Option<&str>,
+) -> Result<(ChangeSet, Vec<Skipped>)> {
     let m = load(path)?;
     let mut t = Tracker::new(opts.clone());
     t.relist_services(&m.services);
@@ -130,7 +199,7 @@ pub fn snapshot(
     if let Some(n) = pick_node(&m.nodes, node_name) {
         t.apply_node(n);
     }
-    Ok(t.take_change_set().unwrap_or_default())
+    Ok((t.take_change_set().unwrap_or_default(), t.skipped()))
 }
 
 fn pick_node<'a>(nodes: &'a [Node], name: Option<&str>) -> Option<&'a Node> {
@@ -274,4 +343,25 @@ fn receiver_stream<T: Send + 'static>(
     rx: mpsc::UnboundedReceiver<T>,
 ) -> impl futures::Stream<Item = T> + Send {
     futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_parsers_words_lose_its_position_prefix_and_its_rust_advice() {
+        assert_eq!(
+            parser_words("error: line 5 column 4: mapping values are not allowed in this context"),
+            "mapping values are not allowed in this context"
+        );
+        assert_eq!(
+            parser_words("cannot deserialize null into string; use Option<String>"),
+            "an empty key or value where text is expected"
+        );
+        assert_eq!(
+            parser_words("unclosed quote\n  |\n3 | b: \"x"),
+            "unclosed quote"
+        );
+    }
 }

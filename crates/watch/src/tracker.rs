@@ -125,6 +125,63 @@ pub struct Tracker {
     services_relist: Option<HashMap<ServiceName, ServiceInfo>>,
     /// An EndpointSlice relist in progress.
     slices_relist: Option<SliceRelist>,
+    /// What is left out right now, whole or in part, by (kind, namespace, name).
+    skipped: BTreeMap<(&'static str, String, String), Skipped>,
+}
+
+/// An object the tracker left out, whole (it did not translate) or in part (some of its
+/// endpoints), with each reason in the words the agent logs. The debugging commands print these;
+/// the agent logs each as it happens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    /// `Service`, `EndpointSlice` or `Node`.
+    pub kind: &'static str,
+    /// The object's namespace (empty for a Node).
+    pub namespace: String,
+    /// The object's name.
+    pub name: String,
+    /// The Service it is or belongs to, when known (an EndpointSlice's service-name label).
+    pub service: Option<ServiceName>,
+    /// A Service's addresses as written (`clusterIPs`, `externalIPs`, load-balancer IPs), even
+    /// unparsable ones: which `IP:PORT` it would have been.
+    pub addresses: Vec<String>,
+    /// Whether the whole object was left out (else only what `messages` name).
+    pub whole: bool,
+    /// Why, one line each, as the agent logs them.
+    pub messages: Vec<String>,
+}
+
+/// The words the agent logs for an object left out whole.
+fn skip_line(e: &crate::Error) -> String {
+    format!("skipping bad object, keeping its last good state: {e}")
+}
+
+/// A Service's addresses as written.
+fn raw_addresses(svc: &Service) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(spec) = &svc.spec {
+        out.extend(spec.cluster_ips.iter().flatten().cloned());
+        out.extend(spec.cluster_ip.iter().cloned());
+        out.extend(spec.external_ips.iter().flatten().cloned());
+        out.extend(spec.load_balancer_ip.iter().cloned());
+    }
+    if let Some(lb) = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()) {
+        out.extend(lb.ingress.iter().flatten().filter_map(|i| i.ip.clone()));
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The Service an EndpointSlice says it belongs to (its service-name label).
+fn slice_service(slice: &EndpointSlice) -> Option<ServiceName> {
+    let (ns, _) = crate::translate::slice_key(slice);
+    slice
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(crate::translate::SERVICE_NAME_LABEL))
+        .map(|svc| ServiceName::new(ns, svc.clone()))
 }
 
 /// An EndpointSlice relist in progress. Objects are translated as they arrive, so a relist of a
@@ -162,7 +219,97 @@ impl Tracker {
             triggers: HashMap::new(),
             services_relist: None,
             slices_relist: None,
+            skipped: BTreeMap::new(),
         }
+    }
+
+    /// What is left out right now, whole or in part, in kind, namespace, name order.
+    pub fn skipped(&self) -> Vec<Skipped> {
+        self.skipped.values().cloned().collect()
+    }
+
+    /// Records (and logs) what a Service's translation left out, or forgets it.
+    fn note_service(
+        &mut self,
+        svc: &Service,
+        outcome: std::result::Result<&[String], &crate::Error>,
+    ) {
+        let name = service_name(svc);
+        let key = ("Service", name.namespace.clone(), name.name.clone());
+        let (whole, messages) = match outcome {
+            Ok([]) => {
+                self.skipped.remove(&key);
+                return;
+            }
+            Ok(warnings) => (
+                false,
+                warnings
+                    .iter()
+                    .map(|w| format!("Service {name}: {w}"))
+                    .collect::<Vec<_>>(),
+            ),
+            Err(e) => (true, vec![skip_line(e)]),
+        };
+        for m in &messages {
+            tracing::warn!("{m}");
+        }
+        self.skipped.insert(
+            key,
+            Skipped {
+                kind: "Service",
+                namespace: name.namespace.clone(),
+                name: name.name.clone(),
+                service: Some(name),
+                addresses: raw_addresses(svc),
+                whole,
+                messages,
+            },
+        );
+    }
+
+    /// Records (and logs) what a slice's translation left out, or forgets it.
+    fn note_slice(
+        &mut self,
+        slice: &EndpointSlice,
+        outcome: std::result::Result<&[String], &crate::Error>,
+    ) {
+        let (ns, name) = crate::translate::slice_key(slice);
+        let key = ("EndpointSlice", ns.clone(), name.clone());
+        let (whole, messages) = match outcome {
+            Ok([]) => {
+                self.skipped.remove(&key);
+                return;
+            }
+            Ok(warnings) => (
+                false,
+                warnings
+                    .iter()
+                    .map(|w| format!("EndpointSlice {ns}/{name}: {w}"))
+                    .collect::<Vec<_>>(),
+            ),
+            Err(e) => (true, vec![skip_line(e)]),
+        };
+        for m in &messages {
+            tracing::warn!("{m}");
+        }
+        self.skipped.insert(
+            key,
+            Skipped {
+                kind: "EndpointSlice",
+                namespace: ns,
+                name,
+                service: slice_service(slice),
+                addresses: Vec::new(),
+                whole,
+                messages,
+            },
+        );
+    }
+
+    /// Forgets what was left out of a deleted (or no longer ours) object.
+    fn forget(&mut self, kind: &'static str, namespace: &str, name: &str) {
+        self.skipped
+            .remove(&(kind, namespace.to_owned(), name.to_owned()));
     }
 
     /// Records a changed slice's trigger time for its Service, if it is after the start.
@@ -185,13 +332,6 @@ impl Tracker {
                 .is_some_and(|e| e.as_slice() == endpoints)
     }
 
-    /// Logs a slice's translation warnings with its name.
-    fn warn_slice(key: &(String, String), warnings: &[String]) {
-        for w in warnings {
-            tracing::warn!("EndpointSlice {}/{}: {w}", key.0, key.1);
-        }
-    }
-
     /// Whether both Services and EndpointSlices have been listed once.
     pub fn synced(&self) -> bool {
         self.services_listed && self.slices_listed
@@ -207,9 +347,7 @@ impl Tracker {
         let name = service_name(svc);
         match translate_service(svc, &self.opts) {
             Ok(Some(t)) => {
-                for w in &t.warnings {
-                    tracing::warn!(service = %t.name, "{w}");
-                }
+                self.note_service(svc, Ok(&t.warnings));
                 if self.services.get(&t.name) != Some(&t.info) {
                     self.services.insert(t.name.clone(), t.info);
                     self.dirty.insert(t.name);
@@ -217,19 +355,19 @@ impl Tracker {
             }
             Ok(None) => {
                 // Became headless, ExternalName or another proxy's: no longer ours.
+                self.forget("Service", &name.namespace, &name.name);
                 if self.services.remove(&name).is_some() {
                     self.dirty.insert(name);
                 }
             }
-            Err(e) => {
-                tracing::warn!("skipping bad object, keeping its last good state: {e}");
-            }
+            Err(e) => self.note_service(svc, Err(&e)),
         }
     }
 
     /// A Service was deleted.
     pub fn delete_service(&mut self, svc: &Service) {
         let name = service_name(svc);
+        self.forget("Service", &name.namespace, &name.name);
         if self.services.remove(&name).is_some() {
             self.dirty.insert(name);
         }
@@ -249,25 +387,27 @@ impl Tracker {
     /// A relist of Services starts (a watcher's `Init`); one already in progress is dropped.
     pub fn begin_services(&mut self) {
         self.services_relist = Some(HashMap::new());
+        // Each bad object of the list is noted again as it arrives; those gone are forgotten.
+        self.skipped.retain(|k, _| k.0 != "Service");
     }
 
     /// One object of the relist in progress (`InitApply`), translated now and kept only as
     /// the model until the relist completes.
     pub fn list_service(&mut self, svc: &Service) {
-        let next = self.services_relist.get_or_insert_with(HashMap::new);
         let name = service_name(svc);
         match translate_service(svc, &self.opts) {
             Ok(Some(t)) => {
-                for w in &t.warnings {
-                    tracing::warn!(service = %t.name, "{w}");
-                }
+                self.note_service(svc, Ok(&t.warnings));
+                let next = self.services_relist.get_or_insert_with(HashMap::new);
                 next.insert(t.name, t.info);
             }
             Ok(None) => {}
             Err(e) => {
-                tracing::warn!("skipping bad object, keeping its last good state: {e}");
-                if let Some(old) = self.services.get(&name) {
-                    next.insert(name, old.clone());
+                self.note_service(svc, Err(&e));
+                let old = self.services.get(&name).cloned();
+                let next = self.services_relist.get_or_insert_with(HashMap::new);
+                if let Some(old) = old {
+                    next.insert(name, old);
                 }
             }
         }
@@ -307,7 +447,7 @@ impl Tracker {
         let key = crate::translate::slice_key(slice);
         match translate_slice(slice, &self.opts) {
             Ok(Some(t)) => {
-                Self::warn_slice(&key, &t.warnings);
+                self.note_slice(slice, Ok(&t.warnings));
                 if self.holds(&key, &t.service, &t.endpoints) {
                     return;
                 }
@@ -320,8 +460,11 @@ impl Tracker {
                 self.slice_owner.insert(key, t.service.clone());
                 self.dirty.insert(t.service);
             }
-            Ok(None) => self.remove_slice_key(&key),
-            Err(e) => tracing::warn!("skipping bad object, keeping its last good state: {e}"),
+            Ok(None) => {
+                self.forget("EndpointSlice", &key.0, &key.1);
+                self.remove_slice_key(&key);
+            }
+            Err(e) => self.note_slice(slice, Err(&e)),
         }
     }
 
@@ -329,6 +472,7 @@ impl Tracker {
     /// kube-proxy does: the deleted object's annotation is from its last update.
     pub fn delete_slice(&mut self, slice: &EndpointSlice) {
         let key = crate::translate::slice_key(slice);
+        self.forget("EndpointSlice", &key.0, &key.1);
         if let Some(owner) = self.slice_owner.get(&key) {
             self.triggers.remove(owner);
         }
@@ -348,6 +492,7 @@ impl Tracker {
     /// A relist of EndpointSlices starts; one already in progress is dropped.
     pub fn begin_slices(&mut self) {
         self.slices_relist = Some(SliceRelist::default());
+        self.skipped.retain(|k, _| k.0 != "EndpointSlice");
     }
 
     /// One object of the slice relist in progress, translated now.
@@ -355,7 +500,7 @@ impl Tracker {
         let key = crate::translate::slice_key(slice);
         let (service, endpoints) = match translate_slice(slice, &self.opts) {
             Ok(Some(t)) => {
-                Self::warn_slice(&key, &t.warnings);
+                self.note_slice(slice, Ok(&t.warnings));
                 if let Some(at) = t.trigger_time
                     && !self.holds(&key, &t.service, &t.endpoints)
                 {
@@ -368,7 +513,7 @@ impl Tracker {
             }
             Ok(None) => return,
             Err(e) => {
-                tracing::warn!("skipping bad object, keeping its last good state: {e}");
+                self.note_slice(slice, Err(&e));
                 let Some(owner) = self.slice_owner.get(&key) else {
                     return;
                 };
@@ -418,12 +563,30 @@ impl Tracker {
     pub fn apply_node(&mut self, node: &Node) {
         match translate_node(node) {
             Ok(info) => {
+                let name = node.metadata.name.clone().unwrap_or_default();
+                self.forget("Node", "", &name);
                 if self.node.as_ref() != Some(&info) {
                     self.node = Some(info);
                     self.node_dirty = true;
                 }
             }
-            Err(e) => tracing::warn!("skipping bad object, keeping its last good state: {e}"),
+            Err(e) => {
+                let line = skip_line(&e);
+                tracing::warn!("{line}");
+                let name = node.metadata.name.clone().unwrap_or_default();
+                self.skipped.insert(
+                    ("Node", String::new(), name.clone()),
+                    Skipped {
+                        kind: "Node",
+                        namespace: String::new(),
+                        name,
+                        service: None,
+                        addresses: Vec::new(),
+                        whole: true,
+                        messages: vec![line],
+                    },
+                );
+            }
         }
     }
 
@@ -549,10 +712,61 @@ mod tests {
         t.relist_services(&[svc("web", "10.96.0.999")]);
         assert_eq!(t.take_change_set(), None);
         t.apply_slice(&slice("web-1", "web", "10.0.0.1"));
-        t.apply_slice(&slice("web-1", "web", "not-an-ip"));
+        // A slice malformed as a whole (one bad endpoint only costs that endpoint; see below).
+        let mut bad = slice("web-1", "web", "10.0.0.2");
+        bad.address_type = "Bogus".into();
+        t.apply_slice(&bad);
         let cs = t.take_change_set().expect("the good slice");
         assert_eq!(cs.services[&web()].endpoints.len(), 1);
+        assert_eq!(
+            cs.services[&web()].endpoints[0].addr.to_string(),
+            "10.0.0.1"
+        );
         assert!(cs.services[&web()].service.is_some());
+        let skipped = t.skipped();
+        assert_eq!(skipped.len(), 2, "{skipped:?}");
+        assert!(skipped.iter().all(|s| s.whole));
+        assert!(
+            skipped[0].messages[0].contains("EndpointSlice default/web-1")
+                && skipped[0].messages[0].contains("Bogus"),
+            "{skipped:?}"
+        );
+        assert!(
+            skipped[1].messages[0].contains("10.96.0.999"),
+            "{skipped:?}"
+        );
+        // Fixed, the records go.
+        t.apply_slice(&slice("web-1", "web", "10.0.0.1"));
+        t.apply_service(&svc("web", "10.96.0.1"));
+        assert!(t.skipped().is_empty());
+    }
+
+    #[test]
+    fn a_bad_endpoint_costs_only_itself_and_is_recorded() {
+        let mut t = synced(&[svc("web", "10.96.0.1")], &[]);
+        let mut s = slice("web-1", "web", "10.0.0.1");
+        let mut bad = s.endpoints[0].clone();
+        bad.addresses = vec!["not-an-ip".into()];
+        s.endpoints.insert(0, bad);
+        t.apply_slice(&s);
+        let cs = t.take_change_set().expect("the slice");
+        let eps: Vec<String> = cs.services[&web()]
+            .endpoints
+            .iter()
+            .map(|e| e.addr.to_string())
+            .collect();
+        assert_eq!(eps, ["10.0.0.1"], "the good endpoint stays");
+        let skipped = t.skipped();
+        assert_eq!(skipped.len(), 1);
+        assert!(!skipped[0].whole);
+        assert_eq!(skipped[0].service, Some(web()));
+        assert_eq!(
+            skipped[0].messages,
+            [
+                "EndpointSlice default/web-1: endpoints[0] address \"not-an-ip\" is not an IP \
+              address; this endpoint is skipped, the slice's others stay"
+            ]
+        );
     }
 
     #[test]

@@ -392,17 +392,36 @@ pub fn translate_slice(
     let ports: Arc<[EndpointPort]> = ports.into();
     let mut names: Vec<Arc<str>> = Vec::new();
     let mut endpoints = Vec::new();
+    let mut warnings = Vec::new();
     for (i, ep) in slice.endpoints.iter().enumerate() {
-        // The API says consumers use the first address; the others are for future use.
-        let Some(addr) = ep.addresses.first() else {
-            return Err(err(format!("endpoints[{i}]: no address")));
+        // One unusable endpoint costs only itself, as in kube-proxy: the slice's others stay.
+        let mut skip = |reason: String| {
+            warnings.push(format!(
+                "{reason}; this endpoint is skipped, the slice's others stay"
+            ));
         };
-        let addr = parse_ip(&format!("endpoints[{i}] address"), addr).map_err(err)?;
+        // The API says consumers use the first address; the others are for future use.
+        let Some(text) = ep.addresses.first() else {
+            skip(format!("endpoints[{i}]: no address"));
+            continue;
+        };
+        let addr = match parse_ip(&format!("endpoints[{i}] address"), text) {
+            Ok(a) => a,
+            Err(reason) => {
+                skip(reason);
+                continue;
+            }
+        };
         if addr.is_ipv6() != v6 {
-            return Err(err(format!(
+            skip(format!(
                 "endpoints[{i}] address {addr} does not match addressType {}",
                 slice.address_type
-            )));
+            ));
+            continue;
+        }
+        if let Some(why) = kube_ipvs_diff::endpoint_address_problem(addr) {
+            skip(format!("endpoints[{i}] address {addr}: {why}"));
+            continue;
         }
         let c = ep.conditions.as_ref();
         // Per the API: a nil ready means ready, a nil serving means the same as ready, and a
@@ -439,7 +458,6 @@ pub fn translate_slice(
         source: Box::new(source),
     })?;
     // A bad trigger time only costs the measurement, never the endpoints.
-    let mut warnings = Vec::new();
     let trigger_time = trigger_time(slice.metadata.annotations.as_ref()).unwrap_or_else(|w| {
         warnings.push(w);
         None

@@ -166,3 +166,25 @@ async fn a_single_file_works_and_picks_this_nodes_object() {
             .expect("literal")]
     );
 }
+
+#[test]
+fn a_syntax_error_names_the_file_the_document_from_1_the_line_and_column() {
+    let path = std::path::Path::new("/srv/m/services.yaml");
+    let text = "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\n\
+                apiVersion: v1\nkind: Service\nmetadata: : :\n";
+    let err = manifest::parse_manifest(path, text).expect_err("not YAML");
+    assert_eq!(
+        err.to_string(),
+        "manifest /srv/m/services.yaml: document 2: not valid YAML at line 7, column 11: \
+         mapping values are not allowed in this context"
+    );
+    // A leading separator starts the first document, not a second one.
+    let text = "---\na: \"unclosed\n";
+    let err = manifest::parse_manifest(path, text).expect_err("not YAML");
+    assert!(
+        err.to_string()
+            .starts_with("manifest /srv/m/services.yaml: document 1: not valid YAML at line 2,"),
+        "{err}"
+    );
+    assert!(!err.to_string().contains("Option<"), "{err}");
+}

@@ -10,7 +10,7 @@ use kube_ipvs_diff::{
     ServiceKind, ServiceName, ServicePort, SessionAffinity, TrafficDistribution, TrafficPolicy,
 };
 use kube_ipvs_watch::manifest::{self, Manifests};
-use kube_ipvs_watch::{Error, TranslateOptions, translate_service, translate_slices};
+use kube_ipvs_watch::{TranslateOptions, translate_service, translate_slice, translate_slices};
 
 fn data(file: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -320,7 +320,8 @@ fn bad_objects_are_errors_naming_the_object_and_field() {
         t.warnings[0]
     );
 
-    // Slices: the headless one and the FQDN one are not ours, the broken one is an error,
+    // Slices: the headless one and the FQDN one are not ours; the broken one's only endpoint
+    // (an IPv6 address in an IPv4 slice) is skipped with a warning naming it, not the slice,
     // and the good one still flows.
     let (eps, errors) = translate_slices(&m.slices, &opts);
     assert_eq!(
@@ -334,13 +335,22 @@ fn bad_objects_are_errors_naming_the_object_and_field() {
             .collect::<Vec<_>>(),
         [ip("10.244.9.2"), ip("10.244.9.3")]
     );
-    assert_eq!(errors.len(), 1);
-    assert!(
-        matches!(&errors[0], Error::BadObject { kind: "EndpointSlice", name, .. } if name == "bad-scheduler-broken")
-    );
+    assert!(errors.is_empty(), "{errors:?}");
+    let broken = m
+        .slices
+        .iter()
+        .find(|s| s.metadata.name.as_deref() == Some("bad-scheduler-broken"))
+        .expect("the broken slice");
+    let t = translate_slice(broken, &opts)
+        .expect("valid")
+        .expect("ours");
+    assert!(t.endpoints.is_empty());
     assert_eq!(
-        errors[0].to_string(),
-        "EndpointSlice default/bad-scheduler-broken: endpoints[0] address fd00::1 does not match addressType IPv4"
+        t.warnings,
+        [
+            "endpoints[0] address fd00::1 does not match addressType IPv4; this endpoint is \
+          skipped, the slice's others stay"
+        ]
     );
 }
 

@@ -41,6 +41,7 @@ use super::health::Shared;
 use super::metrics::SyncKind;
 use crate::apply::{self, Owners, names_label};
 use crate::kernel::{Counts, Kernel, UdpFlush};
+use crate::words::count;
 
 /// How often the connections of draining real servers are re-read (see the sync loop).
 const DRAIN_POLL: Duration = Duration::from_secs(1);
@@ -232,7 +233,10 @@ impl<K: Kernel> Agent<K> {
         let Some(cs) = first else {
             return Err(AgentError::SourceEnded);
         };
-        tracing::info!("listed: {} Services", cs.services.len());
+        tracing::info!(
+            "listed: {}",
+            count(cs.services.len(), "Service", "Services")
+        );
         self.take(cs);
         self.full_sync(SyncKind::Startup);
         self.sync_masquerade(true);
@@ -494,10 +498,16 @@ impl<K: Kernel> Agent<K> {
             m.full_sync_duration.observe(start.elapsed());
         });
         if kind == SyncKind::Reconcile && drift > 0 {
-            tracing::warn!("reconcile repaired {drift} operations of drift");
+            tracing::warn!(
+                "reconcile repaired {} of drift",
+                count(drift, "operation", "operations")
+            );
         }
         if drained > 0 {
-            tracing::info!("{drained} drained real servers deleted");
+            tracing::info!(
+                "{} deleted",
+                count(drained, "drained real server", "drained real servers")
+            );
         }
         self.programmed(&failures, true);
         self.finish(kind, start, ops.len(), &failures);
@@ -522,7 +532,10 @@ impl<K: Kernel> Agent<K> {
             match self.kernel.flush_udp(target) {
                 Ok(n) => {
                     if n > 0 {
-                        tracing::info!("deleted {n} conntrack entries of {target}");
+                        tracing::info!(
+                            "deleted {} of {target}",
+                            count(n, "conntrack entry", "conntrack entries")
+                        );
                     }
                     self.shared
                         .with_metrics(|m| m.conntrack_flushed += n as u64);
@@ -613,8 +626,9 @@ impl<K: Kernel> Agent<K> {
         self.shared.synced();
         if ops > 0 || kind == SyncKind::Startup {
             tracing::info!(
-                "{} sync: applied {applied} of {ops} operations in {:.1} ms",
+                "{} sync: applied {applied} of {} in {:.1} ms",
                 kind.label(),
+                count(ops, "operation", "operations"),
                 elapsed.as_secs_f64() * 1000.0
             );
         }

@@ -22,12 +22,13 @@ use kube_ipvs_diff::{
     DestKey, Engine, Inputs, Op, RealServer, Table, UnknownCounts, VirtualKey, VirtualServer,
     full_diff,
 };
-use kube_ipvs_netlink::ipvs::Ipvs;
-use kube_ipvs_netlink::link::{DEFAULT_DUMMY, Rtnl};
+use kube_ipvs_netlink::link::DEFAULT_DUMMY;
 
 use crate::apply::Owners;
 use crate::cmd::source::SourceArgs;
-use crate::kernel::observe::{self, Observed};
+use crate::kernel::RealKernel;
+use crate::kernel::observe::Observed;
+use crate::words::count;
 
 /// The options of `kube-ipvs check`.
 #[derive(Debug, Clone, clap::Args)]
@@ -39,7 +40,7 @@ pub struct CheckArgs {
     #[command(flatten)]
     pub source: SourceArgs,
     /// Machine-readable output: `{"in_sync", "desired", "notes", "groups": [{"services",
-    /// "findings": [{"kind", "text"}], "notes"}]}`.
+    /// "findings": [{"kind", "text"}], "notes"}], "skipped": [lines]}`.
     #[arg(long)]
     pub json: bool,
 }
@@ -193,6 +194,8 @@ pub struct Report {
     pub notes: Vec<String>,
     /// The size of the desired table: virtual servers, real servers, addresses.
     pub desired: (usize, usize, usize),
+    /// What translation left out, one line per reason (the agent's words).
+    pub skipped: Vec<String>,
 }
 
 impl Report {
@@ -231,6 +234,7 @@ impl Report {
             desired: JsonDesired,
             notes: &'a [String],
             groups: Vec<JsonGroup<'a>>,
+            skipped: &'a [String],
         }
         let (vs, rs, addrs) = self.desired;
         let report = JsonReport {
@@ -241,6 +245,7 @@ impl Report {
                 addresses: addrs,
             },
             notes: &self.notes,
+            skipped: &self.skipped,
             groups: self
                 .groups
                 .iter()
@@ -279,11 +284,11 @@ impl Report {
                 out.push_str(&format!("  note: {n}\n"));
             }
         }
-        let (vs, rs, addrs) = self.desired;
+        for s in &self.skipped {
+            out.push_str(&format!("skipped: {s}\n"));
+        }
         if self.in_sync() {
-            out.push_str(&format!(
-                "in sync: {vs} virtual servers, {rs} real servers, {addrs} addresses\n"
-            ));
+            out.push_str(&format!("in sync: {}\n", desired_text(self.desired)));
         } else {
             let bad = self
                 .groups
@@ -291,12 +296,24 @@ impl Report {
                 .filter(|g| !g.findings.is_empty())
                 .count();
             out.push_str(&format!(
-                "NOT in sync: {} findings in {bad} groups (desired: {vs} virtual servers, {rs} real servers, {addrs} addresses)\n",
-                self.finding_count()
+                "NOT in sync: {} in {} (desired: {})\n",
+                count(self.finding_count(), "finding", "findings"),
+                count(bad, "group", "groups"),
+                desired_text(self.desired)
             ));
         }
         out
     }
+}
+
+/// The desired table's size in words.
+fn desired_text((vs, rs, addrs): (usize, usize, usize)) -> String {
+    format!(
+        "{}, {}, {}",
+        count(vs, "virtual server", "virtual servers"),
+        count(rs, "real server", "real servers"),
+        count(addrs, "address", "addresses")
+    )
 }
 
 /// Compares what `inputs` ask for with what the kernel holds. Pure: tests pass hand-built
@@ -438,22 +455,23 @@ pub fn main(args: &CheckArgs) -> ExitCode {
         eprintln!("kube-ipvs check: {msg}");
         ExitCode::from(2)
     };
-    let (mut inputs, warnings) = match args.source.load() {
+    let desired = match args.source.load() {
         Ok(v) => v,
         Err(e) => return fail(e.to_string()),
     };
-    for w in warnings {
-        eprintln!("kube-ipvs check: warning: {w}");
-    }
-    let observed = Ipvs::new().and_then(|mut ipvs| {
-        let mut rtnl = Rtnl::new()?;
-        observe::read(&mut ipvs, &mut rtnl, DEFAULT_DUMMY)
-    });
+    desired.report("kube-ipvs check");
+    let mut inputs = desired.inputs;
+    let observed = RealKernel::open(DEFAULT_DUMMY).and_then(|mut k| k.read());
     let observed = match observed {
         Ok(o) => o,
         Err(e) => return fail(e.to_string()),
     };
-    let report = check(&mut inputs, &observed);
+    let mut report = check(&mut inputs, &observed);
+    report.skipped = desired
+        .skipped
+        .iter()
+        .flat_map(|s| s.messages.iter().cloned())
+        .collect();
     let text = if args.json {
         report.to_json()
     } else {
@@ -573,7 +591,7 @@ mod tests {
             "default/web:\n\
              \x20 missing real server TCP 10.96.0.10:80 -> 10.244.2.1:8080 masq weight 1\n\
              \x20 stale real server TCP 10.96.0.10:80 -> 10.244.9.9:8080 masq weight 1\n\
-             NOT in sync: 2 findings in 1 groups (desired: 2 virtual servers, 3 real servers, 2 addresses)\n"
+             NOT in sync: 2 findings in 1 group (desired: 2 virtual servers, 3 real servers, 2 addresses)\n"
         );
     }
 

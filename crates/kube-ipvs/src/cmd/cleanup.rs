@@ -21,6 +21,7 @@ use kube_ipvs_netlink::link::DEFAULT_DUMMY;
 use crate::apply::{self, Owners};
 use crate::kernel::RealKernel;
 use crate::kernel::observe::Observed;
+use crate::words::count;
 use kube_ipvs_host::masquerade;
 
 /// `kube-ipvs cleanup`'s flags.
@@ -130,9 +131,12 @@ pub fn main(args: &CleanupArgs) -> ExitCode {
     }
 
     println!(
-        "{verb}: {servers} IPVS virtual servers, {addresses} addresses on {DEFAULT_DUMMY}, {} link, \
-         {chains} iptables chains, {sets} ipsets",
-        if link { "its" } else { "no" }
+        "{verb}: {}, {} on {DEFAULT_DUMMY}, {} link, {}, {}",
+        count(servers, "IPVS virtual server", "IPVS virtual servers"),
+        count(addresses, "address", "addresses"),
+        if link { "its" } else { "no" },
+        count(chains, "iptables chain", "iptables chains"),
+        count(sets, "ipset", "ipsets")
     );
     if failed.is_empty() {
         ExitCode::SUCCESS
@@ -175,7 +179,10 @@ fn ipvs_part(
                     .services
                     .get(key)
                     .map_or(0, |e| e.dests.len());
-                println!("{verb} IPVS virtual server {key} ({dests} real servers)");
+                println!(
+                    "{verb} IPVS virtual server {key} ({})",
+                    count(dests, "real server", "real servers")
+                );
                 servers += 1;
             }
             Op::RemoveAddress(a) => {

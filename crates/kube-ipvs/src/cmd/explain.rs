@@ -25,6 +25,7 @@ use kube_ipvs_diff::{
 };
 
 use crate::cmd::source::SourceArgs;
+use kube_ipvs_watch::Skipped;
 
 /// The options of `kube-ipvs explain`.
 #[derive(Debug, Clone, clap::Args)]
@@ -510,6 +511,36 @@ pub fn render(target: &Target, matches: &[Match], node: &NodeContext) -> String 
     out
 }
 
+/// The objects translation left out that bear on the target: the EndpointSlices of a matched
+/// Service (whole or some endpoints), and Services whose written addresses include the
+/// target's. Empty when there are none.
+pub fn render_skipped(target: &Target, matches: &[Match], skipped: &[Skipped]) -> String {
+    let addr = target.addr.to_string();
+    let related = skipped.iter().filter(|s| match s.kind {
+        "EndpointSlice" => s
+            .service
+            .as_ref()
+            .is_some_and(|svc| matches.iter().any(|m| &m.service == svc)),
+        "Service" => {
+            s.addresses.iter().any(|a| a.trim() == addr)
+                || s.service
+                    .as_ref()
+                    .is_some_and(|svc| matches.iter().any(|m| &m.service == svc))
+        }
+        _ => false,
+    });
+    let mut out = String::new();
+    for s in related {
+        if out.is_empty() {
+            out.push_str("left out by translation, which may be why:\n");
+        }
+        for m in &s.messages {
+            out.push_str(&format!("  {m}\n"));
+        }
+    }
+    out
+}
+
 /// Runs `kube-ipvs explain`: 0 when the target is a Service port, 1 when it is none, 2 on error.
 pub fn main(args: &ExplainArgs) -> ExitCode {
     let fail = |msg: String| {
@@ -520,18 +551,17 @@ pub fn main(args: &ExplainArgs) -> ExitCode {
         Ok(t) => t,
         Err(e) => return fail(e),
     };
-    let (inputs, warnings) = match args.source.load() {
+    let desired = match args.source.load() {
         Ok(v) => v,
         Err(e) => return fail(e.to_string()),
     };
-    for w in warnings {
-        eprintln!("kube-ipvs explain: warning: {w}");
-    }
-    let matches = explain(&inputs, &target);
+    desired.report("kube-ipvs explain");
+    let inputs = &desired.inputs;
+    let matches = explain(inputs, &target);
+    let mut text = render(&target, &matches, inputs.node());
+    text.push_str(&render_skipped(&target, &matches, &desired.skipped));
     let mut out = std::io::stdout().lock();
-    let _ = out
-        .write_all(render(&target, &matches, inputs.node()).as_bytes())
-        .and_then(|()| out.flush());
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
     if matches.is_empty() {
         ExitCode::from(1)
     } else {

@@ -59,9 +59,11 @@ pub fn render(ops: &[Op]) -> String {
         .values()
         .map(|(name, n)| format!("{n} {name}"))
         .collect();
-    let n = ops.len();
-    let noun = if n == 1 { "operation" } else { "operations" };
-    out.push_str(&format!("{n} {noun}: {}\n", counts.join(", ")));
+    out.push_str(&format!(
+        "{}: {}\n",
+        crate::words::count(ops.len(), "operation", "operations"),
+        counts.join(", ")
+    ));
     out
 }
 
@@ -84,13 +86,12 @@ pub fn main(args: &PlanArgs) -> ExitCode {
         eprintln!("kube-ipvs plan: {msg}");
         ExitCode::from(2)
     };
-    let (mut inputs, warnings) = match args.source.load() {
+    let desired = match args.source.load() {
         Ok(v) => v,
         Err(e) => return fail(e.to_string()),
     };
-    for w in warnings {
-        eprintln!("kube-ipvs plan: warning: {w}");
-    }
+    desired.report("kube-ipvs plan");
+    let mut inputs = desired.inputs;
     if args.from_empty {
         let ops = compute(&mut inputs, &Table::default());
         print(&render(&ops));
@@ -118,9 +119,9 @@ pub fn main(args: &PlanArgs) -> ExitCode {
         eprintln!("kube-ipvs plan: failed: {f}");
     }
     print(&format!(
-        "applied {} of {} operations\n",
+        "applied {} of {}\n",
         ops.len() - failures.len(),
-        ops.len()
+        crate::words::count(ops.len(), "operation", "operations")
     ));
     if failures.is_empty() {
         ExitCode::SUCCESS

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube_ipvs_diff::{Cidr, Inputs, NodeContext, Options, Scheduler};
 use kube_ipvs_watch::translate::SERVICE_NAME_LABEL;
-use kube_ipvs_watch::{ChangeSet, Tracker, TranslateOptions};
+use kube_ipvs_watch::{ChangeSet, Skipped, Tracker, TranslateOptions};
 
 /// Why the desired state could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -100,6 +100,32 @@ fn cidr_list(flag: &'static str, value: Option<&str>) -> Result<Vec<Cidr>, Sourc
         .collect()
 }
 
+/// The desired state a debugging command works from.
+#[derive(Debug)]
+pub struct Desired {
+    /// The engine's inputs.
+    pub inputs: Inputs,
+    /// The model's rejections (unexpected: translation screens for them).
+    pub warnings: Vec<String>,
+    /// What translation left out, whole objects or some of their endpoints.
+    pub skipped: Vec<Skipped>,
+}
+
+impl Desired {
+    /// Prints the warnings and one line per reason something was left out on stderr, each
+    /// after `command: ` (the same words the agent logs).
+    pub fn report(&self, command: &str) {
+        for w in &self.warnings {
+            eprintln!("{command}: warning: {w}");
+        }
+        for s in &self.skipped {
+            for m in &s.messages {
+                eprintln!("{command}: {m}");
+            }
+        }
+    }
+}
+
 impl SourceArgs {
     /// The node name these flags give.
     pub fn node_name(&self) -> Result<String, SourceError> {
@@ -168,17 +194,24 @@ impl SourceArgs {
         }
     }
 
-    /// Reads the desired state: the manifests, or one complete listing from the API server.
-    /// Model rejections (which translation screens for, so they are unexpected) are returned
-    /// as warnings beside the inputs.
-    pub fn load(&self) -> Result<(Inputs, Vec<String>), SourceError> {
+    /// Reads the desired state: the manifests, or one complete listing from the API server,
+    /// with what translation left out. Model rejections (which translation screens for, so they
+    /// are unexpected) are returned as warnings.
+    pub fn load(&self) -> Result<Desired, SourceError> {
         let ctx = self.node_context()?;
         let opts = self.translate_options();
-        let cs = match &self.manifests {
-            Some(path) => kube_ipvs_watch::manifest::snapshot(path, &opts, Some(&ctx.node_name))?,
+        let (cs, skipped) = match &self.manifests {
+            Some(path) => {
+                kube_ipvs_watch::manifest::snapshot_with_skipped(path, &opts, Some(&ctx.node_name))?
+            }
             None => self.list_cluster(&opts, &ctx.node_name)?,
         };
-        self.inputs_from(ctx, &cs)
+        let (inputs, warnings) = self.inputs_from(ctx, &cs)?;
+        Ok(Desired {
+            inputs,
+            warnings,
+            skipped,
+        })
     }
 
     /// Builds the inputs from a change set, letting the flags win over the Node object.
@@ -208,7 +241,7 @@ impl SourceArgs {
         &self,
         opts: &TranslateOptions,
         node_name: &str,
-    ) -> Result<ChangeSet, SourceError> {
+    ) -> Result<(ChangeSet, Vec<Skipped>), SourceError> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -244,7 +277,7 @@ impl SourceArgs {
             if let Some(n) = &node {
                 t.apply_node(n);
             }
-            Ok(t.take_change_set().unwrap_or_default())
+            Ok((t.take_change_set().unwrap_or_default(), t.skipped()))
         })
     }
 
