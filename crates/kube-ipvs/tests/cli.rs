@@ -247,6 +247,18 @@ endpoints:
   nodeName: node-2
 "#;
 
+/// `kube-ipvs plan --from-empty` on a manifest directory, as node-1.
+fn plan_from_empty(dir: &std::path::Path) -> Output {
+    kube_ipvs(&[
+        "plan",
+        "--from-empty",
+        "--manifests",
+        dir.to_str().expect("utf-8"),
+        "--hostname-override",
+        "node-1",
+    ])
+}
+
 /// A directory of its own holding `files`.
 fn manifest_dir(tag: &str, files: &[(&str, &str)]) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("kube-ipvs-cli-{tag}-{}", std::process::id()));
@@ -261,14 +273,7 @@ fn manifest_dir(tag: &str, files: &[(&str, &str)]) -> PathBuf {
 #[test]
 fn plan_says_what_it_skipped_and_a_bad_endpoint_costs_only_itself() {
     let dir = manifest_dir("skipped", &[("all.yaml", BAD_INPUT)]);
-    let out = kube_ipvs(&[
-        "plan",
-        "--from-empty",
-        "--manifests",
-        dir.to_str().expect("utf-8"),
-        "--hostname-override",
-        "node-1",
-    ]);
+    let out = plan_from_empty(&dir);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(
         text(&out.stdout),
@@ -322,14 +327,7 @@ fn a_yaml_error_names_the_file_the_document_from_1_and_the_line() {
     let broken = "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\n\
                   apiVersion: v1\nkind: Service\nmetadata: : :\n";
     let dir = manifest_dir("yaml", &[("broken.yaml", broken)]);
-    let out = kube_ipvs(&[
-        "plan",
-        "--from-empty",
-        "--manifests",
-        dir.to_str().expect("utf-8"),
-        "--hostname-override",
-        "node-1",
-    ]);
+    let out = plan_from_empty(&dir);
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(
         text(&out.stderr),

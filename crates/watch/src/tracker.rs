@@ -235,36 +235,8 @@ impl Tracker {
         outcome: std::result::Result<&[String], &crate::Error>,
     ) {
         let name = service_name(svc);
-        let key = ("Service", name.namespace.clone(), name.name.clone());
-        let (whole, messages) = match outcome {
-            Ok([]) => {
-                self.skipped.remove(&key);
-                return;
-            }
-            Ok(warnings) => (
-                false,
-                warnings
-                    .iter()
-                    .map(|w| format!("Service {name}: {w}"))
-                    .collect::<Vec<_>>(),
-            ),
-            Err(e) => (true, vec![skip_line(e)]),
-        };
-        for m in &messages {
-            tracing::warn!("{m}");
-        }
-        self.skipped.insert(
-            key,
-            Skipped {
-                kind: "Service",
-                namespace: name.namespace.clone(),
-                name: name.name.clone(),
-                service: Some(name),
-                addresses: raw_addresses(svc),
-                whole,
-                messages,
-            },
-        );
+        let (ns, n) = (name.namespace.clone(), name.name.clone());
+        self.note("Service", ns, n, Some(name), raw_addresses(svc), outcome);
     }
 
     /// Records (and logs) what a slice's translation left out, or forgets it.
@@ -274,7 +246,28 @@ impl Tracker {
         outcome: std::result::Result<&[String], &crate::Error>,
     ) {
         let (ns, name) = crate::translate::slice_key(slice);
-        let key = ("EndpointSlice", ns.clone(), name.clone());
+        self.note(
+            "EndpointSlice",
+            ns,
+            name,
+            slice_service(slice),
+            Vec::new(),
+            outcome,
+        );
+    }
+
+    /// Records (and logs) what was left out of one object: all of it (`Err`), the parts its
+    /// warnings name, or nothing (no warnings: any earlier record is forgotten).
+    fn note(
+        &mut self,
+        kind: &'static str,
+        namespace: String,
+        name: String,
+        service: Option<ServiceName>,
+        addresses: Vec<String>,
+        outcome: std::result::Result<&[String], &crate::Error>,
+    ) {
+        let key = (kind, namespace.clone(), name.clone());
         let (whole, messages) = match outcome {
             Ok([]) => {
                 self.skipped.remove(&key);
@@ -284,7 +277,7 @@ impl Tracker {
                 false,
                 warnings
                     .iter()
-                    .map(|w| format!("EndpointSlice {ns}/{name}: {w}"))
+                    .map(|w| format!("{kind} {namespace}/{name}: {w}"))
                     .collect::<Vec<_>>(),
             ),
             Err(e) => (true, vec![skip_line(e)]),
@@ -295,11 +288,11 @@ impl Tracker {
         self.skipped.insert(
             key,
             Skipped {
-                kind: "EndpointSlice",
-                namespace: ns,
+                kind,
+                namespace,
                 name,
-                service: slice_service(slice),
-                addresses: Vec::new(),
+                service,
+                addresses,
                 whole,
                 messages,
             },
