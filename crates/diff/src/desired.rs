@@ -23,8 +23,10 @@
 //!    manifests) `PreferClose`/`PreferSameZone` derive zone hints from each endpoint's zone and
 //!    `PreferSameNode` node and zone hints from its node and zone, as the controller would.
 //! 6. **Dual-stack**: an endpoint only backs virtual servers of its own family; externalIPs, LB
-//!    IPs and NodePorts exist only for families the Service has a ClusterIP of (as kube-proxy's
-//!    per-family proxiers do).
+//!    IPs and NodePorts exist only for families the Service has a ClusterIP of; and rules 2 and
+//!    5 are decided per family, over that family's endpoints only (a ready IPv4 endpoint does
+//!    not stop the IPv6 fallback to terminating endpoints; IPv6 hints do not set the IPv4
+//!    topology mode), as kube-proxy's per-family proxiers do.
 //! 7. **Session affinity `ClientIP`**: persistent virtual servers with the affinity timeout and a
 //!    full-length netmask (one client address).
 //! 8. **Scheduler**: the Service's annotation if set, else the node default (`--scheduler`).
@@ -42,6 +44,7 @@
 //! so the two cannot disagree; on the sync path that selection computes the same reasons,
 //! which are plain values, and allocates nothing for them.
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
@@ -124,21 +127,37 @@ pub fn service_table(
     addresses.sort_unstable();
     addresses.dedup();
 
-    let derive = derived_hints(info, endpoints);
+    // Rule 6 with rules 2 and 5: the fallback and the topology mode are decided per family,
+    // over that family's endpoints only, as kube-proxy's per-family proxiers do.
+    let derive = [
+        derived_hints(info, endpoints, Family::V4),
+        derived_hints(info, endpoints, Family::V6),
+    ];
     let mut servers: Vec<(VirtualServer, Vec<RealServer>)> = Vec::new();
     for port in &info.ports {
         let backends = port_backends(endpoints, port);
-        // Each list is only built if a policy uses it; Cluster/Cluster is the common case.
+        // Each list is only built if a policy uses it and the Service has that family;
+        // Cluster/Cluster in one family is the common case.
         let uses = |p| info.internal_traffic_policy == p || info.external_traffic_policy == p;
-        let select = |policy| {
-            if uses(policy) {
-                Selection::new(&backends, policy, node, derive).pick(&backends)
-            } else {
-                Vec::new()
+        let select = |policy, family: Family| {
+            let wanted = match family {
+                Family::V4 => has_v4,
+                Family::V6 => has_v6,
+            };
+            if !(uses(policy) && wanted) {
+                return Vec::new();
             }
+            let own = of_family(&backends, family);
+            Selection::new(&own, policy, node, derive[family as usize]).pick(&own)
         };
-        let cluster = select(TrafficPolicy::Cluster);
-        let local = select(TrafficPolicy::Local);
+        let cluster = [
+            select(TrafficPolicy::Cluster, Family::V4),
+            select(TrafficPolicy::Cluster, Family::V6),
+        ];
+        let local = [
+            select(TrafficPolicy::Local, Family::V4),
+            select(TrafficPolicy::Local, Family::V6),
+        ];
         let internal = match info.internal_traffic_policy {
             TrafficPolicy::Cluster => &cluster,
             TrafficPolicy::Local => &local,
@@ -147,7 +166,8 @@ pub fn service_table(
             TrafficPolicy::Cluster => &cluster,
             TrafficPolicy::Local => &local,
         };
-        let mut add = |addr: IpAddr, vport: u16, backends: &Backends<'_>| {
+        let mut add = |addr: IpAddr, vport: u16, by_family: &[Backends<'_>; 2]| {
+            let backends = &by_family[Family::of(addr) as usize];
             let server = VirtualServer {
                 key: VirtualKey::inet(port.protocol, addr, vport),
                 scheduler,
@@ -261,8 +281,15 @@ pub fn endpoint_decisions(
     endpoints: &[Endpoint],
     node: &NodeContext,
 ) -> Vec<EndpointDecision> {
-    let backends = port_backends(endpoints, port);
-    let selection = Selection::new(&backends, policy, node, derived_hints(info, endpoints));
+    let family = Family::of(virtual_addr);
+    let all = port_backends(endpoints, port);
+    let backends = of_family(&all, family);
+    let selection = Selection::new(
+        &backends,
+        policy,
+        node,
+        derived_hints(info, endpoints, family),
+    );
     endpoints
         .iter()
         .map(|e| {
@@ -292,9 +319,10 @@ enum Derive {
     Node,
 }
 
-fn derived_hints(info: &ServiceInfo, endpoints: &[Endpoint]) -> Derive {
+fn derived_hints(info: &ServiceInfo, endpoints: &[Endpoint], family: Family) -> Derive {
     let any_hints = endpoints
         .iter()
+        .filter(|e| Family::of(e.addr) == family)
         .any(|e| !e.hints_for_zones.is_empty() || !e.hints_for_nodes.is_empty());
     if any_hints {
         return Derive::Given;
@@ -465,6 +493,36 @@ fn port_backends<'a>(endpoints: &'a [Endpoint], port: &ServicePort) -> Backends<
         .iter()
         .filter_map(|e| e.port_for(&port.name, port.protocol).map(|p| (e, p)))
         .collect()
+}
+
+/// An address family, as an index into per-family pairs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Family {
+    V4 = 0,
+    V6 = 1,
+}
+
+impl Family {
+    fn of(addr: IpAddr) -> Self {
+        if addr.is_ipv4() { Self::V4 } else { Self::V6 }
+    }
+}
+
+/// The backends of one family. Most Services are single-stack with endpoints of one family, so
+/// the list is borrowed as it is unless it mixes families (the incremental sync is measured in
+/// allocations: `cargo bench -p kube-ipvs-diff`).
+fn of_family<'b, 'a>(backends: &'b Backends<'a>, family: Family) -> Cow<'b, Backends<'a>> {
+    if backends.iter().all(|(e, _)| Family::of(e.addr) == family) {
+        Cow::Borrowed(backends)
+    } else {
+        Cow::Owned(
+            backends
+                .iter()
+                .filter(|(e, _)| Family::of(e.addr) == family)
+                .copied()
+                .collect(),
+        )
+    }
 }
 
 /// Whether a real server address can back a virtual address (rule 6).

@@ -278,6 +278,36 @@ fn rule6_dual_stack_keeps_families_apart() {
     assert_eq!(v6.0.netmask, 128);
 }
 
+/// Rule 6 with rule 2 (dual-stack): the terminating fallback is decided per family, as
+/// kube-proxy's per-family proxiers do: a ready IPv4 endpoint does not keep the IPv6 virtual
+/// server from falling back to its serving, terminating IPv6 endpoint.
+#[test]
+fn rule6_the_terminating_fallback_is_per_family() {
+    let mut s = svc("10.96.0.10");
+    s.cluster_ips.push(ip("fd00:96::10"));
+    let eps = [ep("10.1.0.1"), terminating(ep("fd00:1::1"), true)];
+    let t = service_table(Some(&s), &eps, &node());
+    assert_eq!(dests(&t, tcp("10.96.0.10", 80)), set(&["10.1.0.1"]));
+    assert_eq!(dests(&t, tcp("fd00:96::10", 80)), set(&["fd00:1::1"]));
+}
+
+/// Rule 6 with rule 5 (dual-stack): the topology mode is decided per family. An IPv6 endpoint
+/// without a node does not turn `PreferSameNode` into zone mode for IPv4, where the only ready
+/// endpoint is on this node (in another zone than the node's).
+#[test]
+fn rule6_the_topology_mode_is_per_family() {
+    let mut s = svc("10.96.0.10");
+    s.cluster_ips.push(ip("fd00:96::10"));
+    s.traffic_distribution = Some(TrafficDistribution::PreferSameNode);
+    let mut here = on_node(ep("10.1.0.1"), "node-a");
+    here.zone = Some("zone-b".into());
+    let mut v6 = ep("fd00:1::1");
+    v6.zone = Some("zone-a".into());
+    let t = service_table(Some(&s), &[here, v6], &node());
+    assert_eq!(dests(&t, tcp("10.96.0.10", 80)), set(&["10.1.0.1"]));
+    assert_eq!(dests(&t, tcp("fd00:96::10", 80)), set(&["fd00:1::1"]));
+}
+
 /// Rule 6: a single-stack Service gets no virtual servers in the other family, not even for an
 /// externalIP or a NodePort there.
 #[test]
