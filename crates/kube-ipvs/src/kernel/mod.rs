@@ -60,6 +60,14 @@ pub enum KernelError {
     /// The iptables tools failed (it names the tool, its arguments and what it printed).
     #[error(transparent)]
     Iptables(#[from] MasqueradeError),
+    /// One error that failed a whole batch, repeated for each of its operations.
+    #[error("{message}")]
+    Batch {
+        /// The batch's error, as the netlink crate words it.
+        message: String,
+        /// Its errno, when the kernel gave one.
+        errno: Option<i32>,
+    },
     /// A refusal without an errno: an in-memory kernel's in the host tests, or an answer that
     /// never came.
     #[error("{0}")]
@@ -72,6 +80,7 @@ impl KernelError {
     pub fn errno(&self) -> Option<i32> {
         match self {
             Self::Netlink(e) => e.errno(),
+            Self::Batch { errno, .. } => *errno,
             Self::Iptables(_) | Self::Refused(_) => None,
         }
     }
@@ -218,21 +227,17 @@ impl Kernel for RealKernel {
                 .map(|r| r.map_err(KernelError::from))
                 .collect(),
             Err(e) => {
-                // One error for the whole batch (the link lookup failed): each address gets it,
-                // with the errno kept.
-                let text = e.to_string();
-                let errno = e.errno();
-                std::iter::once(Err(KernelError::Netlink(e)))
-                    .chain(addrs.iter().skip(1).map(|_| {
-                        Err(match errno {
-                            Some(errno) => KernelError::Netlink(kube_ipvs_netlink::Error::Kernel {
-                                op: text.clone(),
-                                errno,
-                            }),
-                            None => KernelError::Refused(text.clone()),
+                // One error failed the whole batch (the link lookup): each address gets it, with
+                // its errno.
+                let (message, errno) = (e.to_string(), e.errno());
+                addrs
+                    .iter()
+                    .map(|_| {
+                        Err(KernelError::Batch {
+                            message: message.clone(),
+                            errno,
                         })
-                    }))
-                    .take(addrs.len())
+                    })
                     .collect()
             }
         }
