@@ -616,6 +616,19 @@ impl NodeContext {
             .chain(self.node_ips_v6.iter().map(|a| IpAddr::V6(*a)))
     }
 
+    /// Sets the node's addresses from one list of both families, each address to its family's
+    /// list, in the order given.
+    pub fn set_node_ips(&mut self, ips: impl IntoIterator<Item = IpAddr>) {
+        self.node_ips_v4.clear();
+        self.node_ips_v6.clear();
+        for ip in ips {
+            match ip {
+                IpAddr::V4(a) => self.node_ips_v4.push(a),
+                IpAddr::V6(a) => self.node_ips_v6.push(a),
+            }
+        }
+    }
+
     fn validate(&self) -> Result<()> {
         let bad = |reason: &str| Error::InvalidNode {
             node: self.node_name.clone(),

@@ -28,7 +28,7 @@
 //! the engine's monotonic clock.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -136,7 +136,7 @@ pub struct Agent<K> {
     /// Failed Services (by label) and when they are retried.
     retry: BTreeMap<String, Pending>,
     /// The NodePort addresses we impose on the node context, if any.
-    node_ips: Option<(Vec<Ipv4Addr>, Vec<Ipv6Addr>)>,
+    node_ips: Option<Vec<IpAddr>>,
     /// Health-check node ports, if served.
     health_checks: Option<super::hcport::HealthChecks>,
     /// The masquerade rules, if managed.
@@ -162,7 +162,7 @@ pub struct Agent<K> {
 impl<K: Kernel> Agent<K> {
     /// An agent with an empty engine: its first sync adopts whatever the kernel holds.
     pub fn new(kernel: K, inputs: Inputs, cfg: AgentConfig, shared: Arc<Shared>) -> Self {
-        let node_ips = (!cfg.node_ips.is_empty()).then(|| split(&cfg.node_ips));
+        let node_ips = (!cfg.node_ips.is_empty()).then(|| cfg.node_ips.clone());
         Self {
             kernel,
             engine: Engine::new(),
@@ -351,12 +351,11 @@ impl<K: Kernel> Agent<K> {
     }
 
     fn impose_node_ips(&mut self) {
-        let Some((v4, v6)) = &self.node_ips else {
+        let Some(ips) = &self.node_ips else {
             return;
         };
         let mut ctx = self.inputs.node().clone();
-        ctx.node_ips_v4.clone_from(v4);
-        ctx.node_ips_v6.clone_from(v6);
+        ctx.set_node_ips(ips.iter().copied());
         if let Err(e) = self.inputs.set_node(ctx) {
             tracing::warn!("node addresses refused: {e}");
         }
@@ -376,10 +375,9 @@ impl<K: Kernel> Agent<K> {
                     .collect();
                 chosen.sort();
                 chosen.dedup();
-                let next = split(&chosen);
-                if self.node_ips.as_ref() != Some(&next) {
+                if self.node_ips.as_ref() != Some(&chosen) {
                     tracing::info!("NodePort addresses: {chosen:?}");
-                    self.node_ips = Some(next);
+                    self.node_ips = Some(chosen);
                     self.impose_node_ips();
                     return true;
                 }
@@ -633,17 +631,6 @@ impl<K: Kernel> Agent<K> {
             );
         }
     }
-}
-
-fn split(ips: &[IpAddr]) -> (Vec<Ipv4Addr>, Vec<Ipv6Addr>) {
-    let (mut v4, mut v6) = (Vec::new(), Vec::new());
-    for ip in ips {
-        match ip {
-            IpAddr::V4(a) => v4.push(*a),
-            IpAddr::V6(a) => v6.push(*a),
-        }
-    }
-    (v4, v6)
 }
 
 /// The next signal of an address watch; never completes without one.

@@ -170,22 +170,7 @@ impl SourceArgs {
         if self.node_ips.is_empty() {
             return;
         }
-        ctx.node_ips_v4 = self
-            .node_ips
-            .iter()
-            .filter_map(|ip| match ip {
-                IpAddr::V4(a) => Some(*a),
-                IpAddr::V6(_) => None,
-            })
-            .collect();
-        ctx.node_ips_v6 = self
-            .node_ips
-            .iter()
-            .filter_map(|ip| match ip {
-                IpAddr::V6(a) => Some(*a),
-                IpAddr::V4(_) => None,
-            })
-            .collect();
+        ctx.set_node_ips(self.node_ips.iter().copied());
     }
 
     fn translate_options(&self) -> TranslateOptions {
