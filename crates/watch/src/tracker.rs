@@ -228,24 +228,43 @@ impl Tracker {
         self.skipped.values().cloned().collect()
     }
 
-    /// Records (and logs) what a Service's translation left out, or forgets it.
+    /// Records (and logs) what a Service's translation left out, or forgets it. A Service that
+    /// translated cleanly costs nothing here unless something is recorded (the common case of
+    /// every event).
     fn note_service(
         &mut self,
         svc: &Service,
+        name: &ServiceName,
         outcome: std::result::Result<&[String], &crate::Error>,
     ) {
-        let name = service_name(svc);
+        if matches!(outcome, Ok([])) {
+            self.forget("Service", &name.namespace, &name.name);
+            return;
+        }
         let (ns, n) = (name.namespace.clone(), name.name.clone());
-        self.note("Service", ns, n, Some(name), raw_addresses(svc), outcome);
+        self.note(
+            "Service",
+            ns,
+            n,
+            Some(name.clone()),
+            raw_addresses(svc),
+            outcome,
+        );
     }
 
-    /// Records (and logs) what a slice's translation left out, or forgets it.
+    /// Records (and logs) what a slice's translation left out, or forgets it; `key` is the
+    /// slice's namespace and name, which the caller has already.
     fn note_slice(
         &mut self,
         slice: &EndpointSlice,
+        key: &(String, String),
         outcome: std::result::Result<&[String], &crate::Error>,
     ) {
-        let (ns, name) = crate::translate::slice_key(slice);
+        if matches!(outcome, Ok([])) {
+            self.forget("EndpointSlice", &key.0, &key.1);
+            return;
+        }
+        let (ns, name) = key.clone();
         self.note(
             "EndpointSlice",
             ns,
@@ -256,8 +275,8 @@ impl Tracker {
         );
     }
 
-    /// Records (and logs) what was left out of one object: all of it (`Err`), the parts its
-    /// warnings name, or nothing (no warnings: any earlier record is forgotten).
+    /// Records (and logs) what was left out of one object: all of it (`Err`) or the parts its
+    /// warnings name (no warnings: any earlier record is forgotten).
     fn note(
         &mut self,
         kind: &'static str,
@@ -299,10 +318,13 @@ impl Tracker {
         );
     }
 
-    /// Forgets what was left out of a deleted (or no longer ours) object.
+    /// Forgets what was left out of an object that is fine now, deleted or no longer ours.
     fn forget(&mut self, kind: &'static str, namespace: &str, name: &str) {
-        self.skipped
-            .remove(&(kind, namespace.to_owned(), name.to_owned()));
+        // Nothing is recorded in a healthy cluster: no key is built for every event then.
+        if !self.skipped.is_empty() {
+            self.skipped
+                .remove(&(kind, namespace.to_owned(), name.to_owned()));
+        }
     }
 
     /// Records a changed slice's trigger time for its Service, if it is after the start.
@@ -340,7 +362,7 @@ impl Tracker {
         let name = service_name(svc);
         match translate_service(svc, &self.opts) {
             Ok(Some(t)) => {
-                self.note_service(svc, Ok(&t.warnings));
+                self.note_service(svc, &name, Ok(&t.warnings));
                 if self.services.get(&t.name) != Some(&t.info) {
                     self.services.insert(t.name.clone(), t.info);
                     self.dirty.insert(t.name);
@@ -353,7 +375,7 @@ impl Tracker {
                     self.dirty.insert(name);
                 }
             }
-            Err(e) => self.note_service(svc, Err(&e)),
+            Err(e) => self.note_service(svc, &name, Err(&e)),
         }
     }
 
@@ -390,13 +412,13 @@ impl Tracker {
         let name = service_name(svc);
         match translate_service(svc, &self.opts) {
             Ok(Some(t)) => {
-                self.note_service(svc, Ok(&t.warnings));
+                self.note_service(svc, &name, Ok(&t.warnings));
                 let next = self.services_relist.get_or_insert_with(HashMap::new);
                 next.insert(t.name, t.info);
             }
             Ok(None) => {}
             Err(e) => {
-                self.note_service(svc, Err(&e));
+                self.note_service(svc, &name, Err(&e));
                 let old = self.services.get(&name).cloned();
                 let next = self.services_relist.get_or_insert_with(HashMap::new);
                 if let Some(old) = old {
@@ -440,7 +462,7 @@ impl Tracker {
         let key = crate::translate::slice_key(slice);
         match translate_slice(slice, &self.opts) {
             Ok(Some(t)) => {
-                self.note_slice(slice, Ok(&t.warnings));
+                self.note_slice(slice, &key, Ok(&t.warnings));
                 if self.holds(&key, &t.service, &t.endpoints) {
                     return;
                 }
@@ -457,7 +479,7 @@ impl Tracker {
                 self.forget("EndpointSlice", &key.0, &key.1);
                 self.remove_slice_key(&key);
             }
-            Err(e) => self.note_slice(slice, Err(&e)),
+            Err(e) => self.note_slice(slice, &key, Err(&e)),
         }
     }
 
@@ -493,7 +515,7 @@ impl Tracker {
         let key = crate::translate::slice_key(slice);
         let (service, endpoints) = match translate_slice(slice, &self.opts) {
             Ok(Some(t)) => {
-                self.note_slice(slice, Ok(&t.warnings));
+                self.note_slice(slice, &key, Ok(&t.warnings));
                 if let Some(at) = t.trigger_time
                     && !self.holds(&key, &t.service, &t.endpoints)
                 {
@@ -506,7 +528,7 @@ impl Tracker {
             }
             Ok(None) => return,
             Err(e) => {
-                self.note_slice(slice, Err(&e));
+                self.note_slice(slice, &key, Err(&e));
                 let Some(owner) = self.slice_owner.get(&key) else {
                     return;
                 };
@@ -556,8 +578,8 @@ impl Tracker {
     pub fn apply_node(&mut self, node: &Node) {
         match translate_node(node) {
             Ok(info) => {
-                let name = node.metadata.name.clone().unwrap_or_default();
-                self.forget("Node", "", &name);
+                let name = node.metadata.name.as_deref().unwrap_or_default();
+                self.forget("Node", "", name);
                 if self.node.as_ref() != Some(&info) {
                     self.node = Some(info);
                     self.node_dirty = true;
