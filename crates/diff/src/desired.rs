@@ -129,9 +129,17 @@ pub fn service_table(
 
     // Rule 6 with rules 2 and 5: the fallback and the topology mode are decided per family,
     // over that family's endpoints only, as kube-proxy's per-family proxiers do.
+    // Only for the families the Service has: the other one's selection is never made.
+    let derive_for = |wanted, family| {
+        if wanted {
+            derived_hints(info, endpoints, family)
+        } else {
+            Derive::Given
+        }
+    };
     let derive = [
-        derived_hints(info, endpoints, Family::V4),
-        derived_hints(info, endpoints, Family::V6),
+        derive_for(has_v4, Family::V4),
+        derive_for(has_v6, Family::V6),
     ];
     let mut servers: Vec<(VirtualServer, Vec<RealServer>)> = Vec::new();
     for port in &info.ports {

@@ -198,15 +198,22 @@ pub fn apply(kernel: &mut dyn Kernel, ops: &[Op], owners: &Owners) -> Vec<Failur
         (programmed - bound).as_secs_f64() * 1000.0,
         programmed.elapsed().as_secs_f64() * 1000.0,
     );
-    let line = format!(
-        "applied {} in {binds_ms:.1} ms, {} in {ipvs_ms:.1} ms, removals in {removals_ms:.1} ms",
-        crate::words::count(address_adds, "address bind", "address binds"),
-        crate::words::count(requests, "IPVS request", "IPVS requests"),
-    );
+    // The macros evaluate their arguments only when the level is enabled: nothing is formatted
+    // for an ordinary incremental sync.
+    let binds = || crate::words::count(address_adds, "address bind", "address binds");
+    let sent = || crate::words::count(requests, "IPVS request", "IPVS requests");
     if address_adds + requests >= 1000 {
-        tracing::info!("{line}");
+        tracing::info!(
+            "applied {} in {binds_ms:.1} ms, {} in {ipvs_ms:.1} ms, removals in {removals_ms:.1} ms",
+            binds(),
+            sent()
+        );
     } else {
-        tracing::debug!("{line}");
+        tracing::debug!(
+            "applied {} in {binds_ms:.1} ms, {} in {ipvs_ms:.1} ms, removals in {removals_ms:.1} ms",
+            binds(),
+            sent()
+        );
     }
     failures
 }
