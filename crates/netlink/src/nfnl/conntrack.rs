@@ -160,11 +160,14 @@ fn dump_on(
             r.push(buf.to_vec());
         }
         // A dump that failed part way ends with its errno in the DONE message.
-        let end = dump_step(buf, Some(seq), &op, |payload| {
+        match dump_step(buf, Some(seq), &op, |payload| {
             entries.extend(parse_entry(payload));
             Ok(())
-        })?;
-        Ok((end == DumpEnd::Done).then_some(()))
+        })? {
+            DumpEnd::More => Ok(None),
+            DumpEnd::Done => Ok(Some(())),
+            DumpEnd::Refused(errno) => Err(Error::Netfilter { op: op(), errno }),
+        }
     })?;
     Ok(entries)
 }

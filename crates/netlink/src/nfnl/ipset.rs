@@ -460,10 +460,8 @@ fn list_step(
     }) {
         Ok(DumpEnd::More) => Ok(ListStep::More),
         Ok(DumpEnd::Done) => Ok(ListStep::Done),
-        Err(Error::Netfilter {
-            errno: libc::ENOENT,
-            op,
-        }) if !op.ends_with("(ended early)") => Ok(ListStep::Absent),
+        Ok(DumpEnd::Refused(libc::ENOENT)) => Ok(ListStep::Absent),
+        Ok(DumpEnd::Refused(errno)) => Err(refused(set, "list", errno)),
         Err(e) => Err(e),
     }
 }

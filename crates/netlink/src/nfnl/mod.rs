@@ -136,11 +136,14 @@ pub(crate) enum DumpEnd {
     More,
     /// `NLMSG_DONE` without an error: the dump is complete.
     Done,
+    /// The kernel refused the request itself (`NLMSG_ERROR` with this errno): there is no dump.
+    /// Whether that is an error is the subsystem's call (an absent ipset is not).
+    Refused(i32),
 }
 
 /// Reads one datagram of a dump reply: hands each data message's payload (after the `nlmsghdr`) to `message`,
-/// and says whether the dump is done. A `NLMSG_DONE` carrying an errno (a dump that failed part way) and an
-/// `NLMSG_ERROR` with an errno are [`Error::Netfilter`] naming `op`; a malformed message is [`Error::Decode`].
+/// and says whether the dump is done or was refused. A `NLMSG_DONE` carrying an errno (a dump that failed part
+/// way) is [`Error::Netfilter`] naming `op`; a malformed message is [`Error::Decode`].
 pub(crate) fn dump_step(
     datagram: &[u8],
     seq: Option<u32>,
@@ -164,7 +167,7 @@ pub(crate) fn dump_step(
             }
             NLMSG_ERROR => match wire::error_code(payload)? {
                 0 => {}
-                errno => return Err(Error::Netfilter { op: op(), errno }),
+                errno => return Ok(DumpEnd::Refused(errno)),
             },
             _ => message(payload)?,
         }
