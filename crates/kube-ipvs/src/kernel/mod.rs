@@ -198,7 +198,7 @@ impl RealKernel {
 
     /// The IPVS table and the dummy interface's addresses as the engine's table.
     pub fn read(&mut self) -> Result<Observed, KernelError> {
-        Ok(observe::read(&mut self.ipvs, &mut self.rtnl, &self.ifname)?)
+        self.observe().map(|(observed, _)| observed)
     }
 }
 

@@ -1,5 +1,5 @@
-//! Reading the kernel into the diff engine's observed [`Table`]: the IPVS table through the
-//! IPVS handle and the addresses on `kube-ipvs0` through rtnetlink.
+//! The kernel as the diff engine's observed [`Table`]: a dump of the IPVS table and the
+//! addresses on `kube-ipvs0` (read by [`super::RealKernel`]) turned into the engine's types.
 //!
 //! Everything is read; nothing is filtered here. Deciding what the engine owns (exclude CIDRs,
 //! fwmark services) is the engine's job (`full_diff` and `Engine::resync` take the exclude
@@ -8,8 +8,6 @@
 //! the read.
 
 use kube_ipvs_diff::Table;
-use kube_ipvs_netlink::ipvs::Ipvs;
-use kube_ipvs_netlink::link::Rtnl;
 
 use super::convert::{ForeignEntry, entry_from_kernel};
 
@@ -53,16 +51,6 @@ pub fn from_dump(
         .filter(|a| !(a.is_ipv6() && kube_ipvs_diff::is_link_local(*a)))
         .collect();
     out
-}
-
-/// Reads the kernel: every IPVS service with its destinations, and the addresses on `ifname`.
-pub fn read(ipvs: &mut Ipvs, rtnl: &mut Rtnl, ifname: &str) -> kube_ipvs_netlink::Result<Observed> {
-    let dump = ipvs.table()?;
-    let addresses = match rtnl.link_index(ifname)? {
-        Some(_) => Some(rtnl.addresses(ifname)?),
-        None => None,
-    };
-    Ok(from_dump(&dump, addresses))
 }
 
 #[cfg(test)]
