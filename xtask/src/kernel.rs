@@ -51,6 +51,8 @@ pub(crate) const BOOT_MODULES: &[&str] = &[
     "xt_addrtype",
     "xt_nat",
     "xt_set",
+    "ipt_REJECT",
+    "ip6t_REJECT",
     "ip_tables",
     "iptable_nat",
     "iptable_filter",

@@ -12,5 +12,6 @@
 //! written to their standard input from parsed addresses, CIDRs and ports, and module and sysctl names come from
 //! our own lists.
 
+pub mod filter;
 pub mod masquerade;
 pub mod setup;

@@ -207,6 +207,8 @@ pub struct Config {
     /// The packet mark bit used for masquerade (kube-proxy's `--iptables-masquerade-bit`,
     /// default 14, i.e. `0x4000`).
     pub mark_bit: u8,
+    /// Also program the `filter` table ([`crate::filter`]); its sets must exist first.
+    pub filter: bool,
     /// The iptables backend.
     pub backend: Backend,
     /// Where the iptables tools are; `None` looks them up on `PATH`.
@@ -224,13 +226,14 @@ impl Default for Config {
             local_virtual_servers: Vec::new(),
             hairpin: Hairpin::Endpoints(Vec::new()),
             mark_bit: 14,
+            filter: false,
             backend: Backend::Auto,
             bin_dir: None,
         }
     }
 }
 
-/// What [`Masquerade::cleanup`] removed from one family's `nat` table.
+/// What [`Masquerade::cleanup`] removed from one family's `nat` and `filter` tables.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Removed {
     pub family: Option<Family>,
@@ -238,7 +241,7 @@ pub struct Removed {
     pub tool: String,
     /// Jump rules deleted from the built-in chains.
     pub jumps: usize,
-    /// Our chains deleted.
+    /// Our chains deleted (`nat` ones first).
     pub chains: Vec<String>,
 }
 
@@ -266,15 +269,30 @@ impl Masquerade {
     }
 
     /// Makes the kernel hold exactly our rules: sets `net.ipv4.vs.conntrack`, then per family
-    /// replaces our chains' contents and adds the jump from `POSTROUTING` if it is missing, in one
-    /// `iptables-restore --noflush` transaction. Running it again with the same config changes
-    /// nothing.
+    /// replaces our chains' contents and adds the jumps from built-in chains that are missing, in
+    /// one `iptables-restore --noflush` run (one transaction per table). Running it again with the
+    /// same config changes nothing.
     pub fn ensure(&self) -> Result<()> {
         enable_ipvs_conntrack()?;
         for &family in &self.config.families {
-            let save = run_tool(&self.tool(family, "-save"), &["-t", "nat"], None)?;
-            let has_jump = !jump_lines(&save).is_empty();
-            let rules = restore_input(&self.config, family, !has_jump)?;
+            let save = |table| run_tool(&self.tool(family, "-save"), &["-t", table], None);
+            let nat = save("nat")?;
+            let has_jump = !jump_lines(&nat, &NAT).is_empty();
+            let mut rules = restore_input(&self.config, family, !has_jump)?;
+            if self.config.filter {
+                let filter = save("filter")?;
+                let missing = crate::filter::JUMPS.map(|(builtin, chain, _)| {
+                    !filter.lines().any(|l| {
+                        l.starts_with(&format!("-A {builtin} "))
+                            && l.ends_with(&format!("-j {chain}"))
+                    })
+                });
+                rules.push_str(&crate::filter::restore_section(
+                    family,
+                    1u32 << self.config.mark_bit,
+                    missing,
+                ));
+            }
             run_tool(
                 &self.tool(family, "-restore"),
                 &["-w", "--noflush"],
@@ -320,10 +338,17 @@ pub fn cleanup_everywhere(bin_dir: Option<&Path>) -> Result<Vec<Removed>> {
     Ok(removed)
 }
 
-/// Destroys the hairpin ipsets that exist; run after the rules referencing them are gone (the
-/// kernel refuses to destroy a referenced set). Returns the names destroyed. A kernel without
-/// ipset support has no sets, which is not an error.
-pub fn cleanup_hairpin_sets() -> std::result::Result<Vec<&'static str>, kube_ipvs_netlink::Error> {
+/// Every ipset kube-ipvs creates: the hairpin sets and the filter sets.
+pub fn all_sets() -> impl Iterator<Item = &'static str> {
+    [ipset::SET_V4, ipset::SET_V6]
+        .into_iter()
+        .chain(crate::filter::SETS)
+}
+
+/// Destroys our ipsets ([`all_sets`]) that exist; run after the rules referencing them are gone
+/// (the kernel refuses to destroy a referenced set). Returns the names destroyed. A kernel
+/// without ipset support has no sets, which is not an error.
+pub fn cleanup_sets() -> std::result::Result<Vec<&'static str>, kube_ipvs_netlink::Error> {
     // EINVAL: nfnetlink has no ipset subsystem (ip_set not loaded and not loadable), as
     // `nfnetlink_rcv_msg` in net/netfilter/nfnetlink.c answers; our requests are well formed.
     let no_ipset = |e: &kube_ipvs_netlink::Error| e.errno() == Some(22);
@@ -334,11 +359,11 @@ pub fn cleanup_hairpin_sets() -> std::result::Result<Vec<&'static str>, kube_ipv
     };
     // With iptables-nft the kernel lets go of a set a moment after the rule that used it is
     // deleted, so a destroy right after the rules can find it busy: retried for up to 2 s.
-    // Both sets are tried before an error is returned.
+    // Every set is tried before an error is returned.
     let busy = |e: &kube_ipvs_netlink::Error| e.errno() == Some(ipset::IPSET_ERR_BUSY);
     let mut removed = Vec::new();
     let mut first_error = None;
-    for name in [ipset::SET_V4, ipset::SET_V6] {
+    for name in all_sets() {
         let mut tries = 0;
         let outcome = loop {
             match sets.destroy(name) {
@@ -364,14 +389,13 @@ pub fn cleanup_hairpin_sets() -> std::result::Result<Vec<&'static str>, kube_ipv
     }
 }
 
-/// The hairpin ipsets that exist (for `cleanup --dry-run`); none without ipset support.
-pub fn hairpin_sets_present() -> Vec<&'static str> {
+/// Our ipsets that exist (for `cleanup --dry-run`); none without ipset support.
+pub fn sets_present() -> Vec<&'static str> {
     let Ok(mut sets) = ipset::Ipset::new() else {
         return Vec::new();
     };
-    [ipset::SET_V4, ipset::SET_V6]
-        .into_iter()
-        .filter(|name| matches!(sets.list(name), Ok(Some(_))))
+    all_sets()
+        .filter(|name| matches!(sets.list_members(name), Ok(Some(_))))
         .collect()
 }
 
@@ -385,20 +409,19 @@ pub fn saved_chains() -> Vec<(String, Vec<String>)> {
         "ip6tables-legacy-save",
         "ip6tables-nft-save",
     ] {
-        let Ok(o) = Command::new(tool)
-            .args(["-t", "nat"])
-            .stdin(Stdio::null())
-            .stderr(Stdio::null())
-            .output()
-        else {
-            continue;
-        };
-        let text = String::from_utf8_lossy(&o.stdout);
-        let found: Vec<String> = [POSTROUTING_CHAIN, MASQ_CHAIN]
-            .into_iter()
-            .filter(|c| text.lines().any(|l| l.starts_with(&format!(":{c} "))))
-            .map(str::to_owned)
-            .collect();
+        let mut found = Vec::new();
+        for table in [&NAT, &FILTER] {
+            let Ok(o) = Command::new(tool)
+                .args(["-t", table.name])
+                .stdin(Stdio::null())
+                .stderr(Stdio::null())
+                .output()
+            else {
+                continue;
+            };
+            let text = String::from_utf8_lossy(&o.stdout);
+            found.extend(chains_in(&text, table));
+        }
         if !found.is_empty() {
             out.push((tool.to_owned(), found));
         }
@@ -406,36 +429,67 @@ pub fn saved_chains() -> Vec<(String, Vec<String>)> {
     out
 }
 
+/// What of ours lives in one table: our chains, and the chains the built-in ones jump to.
+#[derive(Debug)]
+struct Table {
+    name: &'static str,
+    chains: &'static [&'static str],
+    jump_targets: &'static [&'static str],
+}
+
+const NAT: Table = Table {
+    name: "nat",
+    chains: &[POSTROUTING_CHAIN, MASQ_CHAIN],
+    jump_targets: &[POSTROUTING_CHAIN],
+};
+
+const FILTER: Table = Table {
+    name: "filter",
+    chains: &crate::filter::CHAINS,
+    jump_targets: &[crate::filter::INPUT_CHAIN, crate::filter::FORWARD_CHAIN],
+};
+
+/// Our chains of `table` that `iptables-save` output declares.
+fn chains_in(save: &str, table: &Table) -> Vec<String> {
+    table
+        .chains
+        .iter()
+        .filter(|c| save.lines().any(|l| l.starts_with(&format!(":{c} "))))
+        .map(|c| (*c).to_owned())
+        .collect()
+}
+
 fn cleanup_family(bin_dir: Option<&Path>, backend: Backend, family: Family) -> Result<Removed> {
-    let save = run_tool(
-        &tool_path(bin_dir, backend, family, "-save"),
-        &["-t", "nat"],
-        None,
-    )?;
+    let save_tool = tool_path(bin_dir, backend, family, "-save");
     let restore = tool_path(bin_dir, backend, family, "-restore");
-    let (input, removed) = cleanup_input(&save);
-    let removed = Removed {
+    let mut input = String::new();
+    let mut removed = Removed {
         family: Some(family),
         tool: restore.display().to_string(),
-        ..removed
+        ..Removed::default()
     };
-    if removed.jumps > 0 || !removed.chains.is_empty() {
+    for table in [&NAT, &FILTER] {
+        let save = run_tool(&save_tool, &["-t", table.name], None)?;
+        let (text, r) = cleanup_input(&save, table);
+        if r.jumps > 0 || !r.chains.is_empty() {
+            input.push_str(&text);
+            removed.jumps += r.jumps;
+            removed.chains.extend(r.chains);
+        }
+    }
+    if !input.is_empty() {
         run_tool(&restore, &["-w", "--noflush"], Some(&input))?;
     }
     Ok(removed)
 }
 
-/// The `iptables-restore` input that deletes what `iptables-save -t nat` output shows of ours:
-/// each jump rule (by its saved spec, `-A` turned into `-D`), then our chains (flushed, then
-/// deleted).
-fn cleanup_input(save: &str) -> (String, Removed) {
-    let jumps = jump_lines(save);
-    let chains: Vec<String> = [POSTROUTING_CHAIN, MASQ_CHAIN]
-        .into_iter()
-        .filter(|c| save.lines().any(|l| l.starts_with(&format!(":{c} "))))
-        .map(str::to_owned)
-        .collect();
-    let mut input = String::from("*nat\n");
+/// The `iptables-restore` input that deletes what `iptables-save -t TABLE` output shows of ours
+/// in `table`: each jump rule (by its saved spec, `-A` turned into `-D`), then our chains
+/// (flushed, then deleted: a chain is deleted only once nothing jumps to it).
+fn cleanup_input(save: &str, table: &Table) -> (String, Removed) {
+    let jumps = jump_lines(save, table);
+    let chains = chains_in(save, table);
+    let mut input = format!("*{}\n", table.name);
     for j in &jumps {
         if let Some(spec) = j.strip_prefix("-A ") {
             let _ = writeln!(input, "-D {spec}");
@@ -456,14 +510,19 @@ fn cleanup_input(save: &str) -> (String, Removed) {
     (input, removed)
 }
 
-/// The rules in `iptables-save` output that jump to our chain from a chain not ours.
-fn jump_lines(save: &str) -> Vec<&str> {
+/// The rules in `iptables-save` output that jump to one of our chains from a chain not ours.
+fn jump_lines<'a>(save: &'a str, table: &Table) -> Vec<&'a str> {
     save.lines()
         .filter(|l| {
             l.starts_with("-A ")
-                && !l.starts_with(&format!("-A {POSTROUTING_CHAIN} "))
-                && !l.starts_with(&format!("-A {MASQ_CHAIN} "))
-                && l.ends_with(&format!("-j {POSTROUTING_CHAIN}"))
+                && !table
+                    .chains
+                    .iter()
+                    .any(|c| l.starts_with(&format!("-A {c} ")))
+                && table
+                    .jump_targets
+                    .iter()
+                    .any(|t| l.ends_with(&format!("-j {t}")))
         })
         .collect()
 }
@@ -918,7 +977,7 @@ mod tests {
 -A KUBE-IPVS-POSTROUTING -m ipvs --vdir ORIGINAL --vmethod MASQ -j KUBE-IPVS-MASQ
 COMMIT
 ";
-        let (input, removed) = cleanup_input(save);
+        let (input, removed) = cleanup_input(save, &NAT);
         assert_eq!(removed.jumps, 1);
         assert_eq!(removed.chains, ["KUBE-IPVS-POSTROUTING", "KUBE-IPVS-MASQ"]);
         assert_eq!(
@@ -927,7 +986,44 @@ COMMIT
              -D POSTROUTING -m comment --comment \"kube-ipvs service traffic requiring SNAT\" -j KUBE-IPVS-POSTROUTING\n\
              -F KUBE-IPVS-POSTROUTING\n-F KUBE-IPVS-MASQ\n-X KUBE-IPVS-POSTROUTING\n-X KUBE-IPVS-MASQ\nCOMMIT\n"
         );
-        let (_, none) = cleanup_input("*nat\n:POSTROUTING ACCEPT [0:0]\nCOMMIT\n");
+        let (_, none) = cleanup_input("*nat\n:POSTROUTING ACCEPT [0:0]\nCOMMIT\n", &NAT);
         assert_eq!((none.jumps, none.chains.len()), (0, 0));
+    }
+
+    #[test]
+    fn filter_cleanup_deletes_both_jumps_and_our_three_chains_only() {
+        let save = "\
+*filter
+:INPUT DROP [0:0]
+:FORWARD DROP [0:0]
+:KUBE-IPVS-INPUT - [0:0]
+:KUBE-IPVS-FORWARD - [0:0]
+:KUBE-IPVS-SOURCE-RANGES - [0:0]
+:KUBE-FORWARD - [0:0]
+-A INPUT -m comment --comment \"kube-ipvs service filter\" -j KUBE-IPVS-INPUT
+-A INPUT -p tcp --dport 22 -j ACCEPT
+-A FORWARD -m comment --comment \"kube-ipvs service forwarding\" -j KUBE-IPVS-FORWARD
+-A FORWARD -j KUBE-FORWARD
+-A KUBE-IPVS-INPUT -m set --match-set KUBE-IPVS-LB-FW dst,dst -j KUBE-IPVS-SOURCE-RANGES
+COMMIT
+";
+        let (input, removed) = cleanup_input(save, &FILTER);
+        assert_eq!(removed.jumps, 2);
+        assert_eq!(
+            removed.chains,
+            [
+                "KUBE-IPVS-INPUT",
+                "KUBE-IPVS-FORWARD",
+                "KUBE-IPVS-SOURCE-RANGES"
+            ]
+        );
+        assert!(input.starts_with("*filter\n-D INPUT -m comment"));
+        assert!(!input.contains("dport 22"), "a rule not ours is kept");
+        assert!(
+            !input.contains("KUBE-FORWARD\n"),
+            "kube-proxy's chain is not ours"
+        );
+        // The jump between our own chains goes with the flush, not as a jump of its own.
+        assert!(!input.contains("-D KUBE-IPVS-INPUT"));
     }
 }

@@ -166,14 +166,28 @@ pub fn required_modules(scheduler: &kube_ipvs_diff::Scheduler) -> Vec<String> {
     ]
 }
 
-/// The modules exact hairpin masquerade uses (the ipset core, the `hash:net,net` type and the
-/// iptables `set` match). They are loaded best-effort: without them hairpin falls back to one
-/// rule per local endpoint (the agent's masquerade state), so a missing one is a warning, not a failure.
-pub fn hairpin_set_modules() -> Vec<String> {
-    ["ip_set", "ip_set_hash_netnet", "xt_set"]
-        .into_iter()
-        .map(str::to_owned)
-        .collect()
+/// The modules the ipsets and the rules matching them use: the ipset core, the set types of
+/// exact hairpin (`hash:net,net`) and of the `filter` rules ([`crate::filter`]), and the
+/// iptables matches and target those rules use. They are loaded best-effort: without them
+/// hairpin falls back to one rule per local endpoint and the `filter` table is left alone (the
+/// agent's masquerade state warns), so a missing one is a warning, not a failure.
+pub fn set_modules() -> Vec<String> {
+    [
+        "ip_set",
+        "ip_set_hash_netnet",
+        "ip_set_hash_ip",
+        "ip_set_hash_ipport",
+        "ip_set_hash_ipportnet",
+        "ip_set_bitmap_port",
+        "xt_set",
+        "xt_addrtype",
+        "xt_conntrack",
+        "ipt_REJECT",
+        "ip6t_REJECT",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect()
 }
 
 impl Host {
@@ -267,7 +281,7 @@ mod tests {
     fn optional_modules_report_each_failure_and_go_on() {
         let h = host("optional");
         // The fake host has ip_vs loaded and nothing else, and no modprobe.
-        let failed = h.load_optional_modules(&hairpin_set_modules());
+        let failed = h.load_optional_modules(&set_modules());
         let named: Vec<String> = failed
             .iter()
             .map(|e| match e {
@@ -275,9 +289,12 @@ mod tests {
                 SetupError::Sysctl { name, .. } => name.clone(),
             })
             .collect();
-        assert_eq!(named, ["ip_set", "ip_set_hash_netnet", "xt_set"]);
+        assert_eq!(named, set_modules());
         std::fs::write(h.proc_root.join("modules"), "xt_set 16384 0 - Live 0x0\n").expect("write");
-        assert_eq!(h.load_optional_modules(&hairpin_set_modules()).len(), 2);
+        assert_eq!(
+            h.load_optional_modules(&set_modules()).len(),
+            set_modules().len() - 1
+        );
     }
 
     #[test]

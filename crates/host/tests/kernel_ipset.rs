@@ -243,3 +243,145 @@ fn hundred_thousand_members_cost() {
     );
     assert!(h.list(SET_V4).expect("list").expect("exists").len() == n as usize);
 }
+
+/// The filter sets' kinds (`hash:ip`, `hash:ip,port`, `hash:ip,port,net`, `bitmap:port`), each
+/// created by our code with the names and types of `kube_ipvs_host::filter`, filled with
+/// members of both families and every protocol, and cross-checked both ways with the `ipset`
+/// binary: `ipset save` prints what we added, and what `ipset add` writes we read back.
+#[test]
+fn every_filter_set_kind_agrees_with_the_ipset_binary() {
+    use kube_ipvs_host::filter::{self, FilterSet};
+    use kube_ipvs_netlink::nfnl::ipset::Member;
+
+    let mut h = Ipset::new().expect("netlink");
+    for (name, family, kind) in filter::sets() {
+        h.create_kind(name, family, kind).expect("create");
+        h.create_kind(name, family, kind)
+            .expect("create again is fine");
+    }
+    let port = |addr: &str, protocol: u8, port: u16| Member::IpPort {
+        addr: ip(addr),
+        protocol,
+        port,
+    };
+    let cases: Vec<(&str, Vec<Member>, Vec<&str>)> = vec![
+        (
+            FilterSet::Addresses.name(Family::V4),
+            vec![Member::Ip(ip("10.96.0.1"))],
+            vec!["add KUBE-IPVS-ADDRS 10.96.0.1"],
+        ),
+        (
+            FilterSet::Services.name(Family::V4),
+            vec![
+                port("10.96.0.1", 6, 443),
+                port("10.96.0.10", 17, 53),
+                port("10.96.0.10", 132, 9),
+            ],
+            vec![
+                "add KUBE-IPVS-SERVICES 10.96.0.1,tcp:443",
+                "add KUBE-IPVS-SERVICES 10.96.0.10,sctp:9",
+                "add KUBE-IPVS-SERVICES 10.96.0.10,udp:53",
+            ],
+        ),
+        (
+            FilterSet::Services.name(Family::V6),
+            vec![port("fd00::10", 6, 80)],
+            vec!["add KUBE-IPVS-SERVICES6 fd00::10,tcp:80"],
+        ),
+        (
+            FilterSet::LbSources.name(Family::V4),
+            vec![Member::IpPortNet {
+                addr: ip("203.0.113.7"),
+                protocol: 6,
+                port: 80,
+                net: ip("198.51.100.0"),
+                prefix: 24,
+            }],
+            vec!["add KUBE-IPVS-LB-SRC 203.0.113.7,tcp:80,198.51.100.0/24"],
+        ),
+        (
+            FilterSet::HealthCheckPorts.name(Family::V4),
+            vec![Member::Port(32080), Member::Port(30000)],
+            vec![
+                "add KUBE-IPVS-HC-PORTS 30000",
+                "add KUBE-IPVS-HC-PORTS 32080",
+            ],
+        ),
+    ];
+    for (name, members, want) in cases {
+        h.add_members(name, &members).expect("add");
+        let mut have: Vec<String> = saved(name)
+            .into_iter()
+            .filter(|l| l.starts_with("add "))
+            .collect();
+        have.sort();
+        assert_eq!(have, want, "{name} as ipset saves it");
+        let mut back = h.list_members(name).expect("list").expect("exists");
+        back.sort();
+        let mut members = members;
+        members.sort();
+        assert_eq!(back, members, "{name} read back");
+    }
+    // The types as ipset names them; the port bitmap covers every port.
+    let create = |name: &str| {
+        saved(name)
+            .into_iter()
+            .find(|l| l.starts_with("create "))
+            .expect("create line")
+    };
+    assert!(
+        create("KUBE-IPVS-ADDRS6").starts_with("create KUBE-IPVS-ADDRS6 hash:ip family inet6 ")
+    );
+    assert!(
+        create("KUBE-IPVS-LB-FW").starts_with("create KUBE-IPVS-LB-FW hash:ip,port family inet ")
+    );
+    assert!(
+        create("KUBE-IPVS-LB-SRC6")
+            .starts_with("create KUBE-IPVS-LB-SRC6 hash:ip,port,net family inet6 ")
+    );
+    assert!(
+        create("KUBE-IPVS-HC-PORTS")
+            .starts_with("create KUBE-IPVS-HC-PORTS bitmap:port range 0-65535")
+    );
+
+    // What the ipset binary writes, we read.
+    ipset(&["add", "KUBE-IPVS-LB-SRC", "203.0.113.8,udp:53,192.0.2.0/25"]);
+    ipset(&["add", "KUBE-IPVS-ADDRS", "10.96.0.2"]);
+    let lb = h
+        .list_members("KUBE-IPVS-LB-SRC")
+        .expect("list")
+        .expect("exists");
+    assert!(lb.contains(&Member::IpPortNet {
+        addr: ip("203.0.113.8"),
+        protocol: 17,
+        port: 53,
+        net: ip("192.0.2.0"),
+        prefix: 25,
+    }));
+    let addrs = h
+        .list_members("KUBE-IPVS-ADDRS")
+        .expect("list")
+        .expect("exists");
+    assert!(addrs.contains(&Member::Ip(ip("10.96.0.2"))));
+
+    // Deletes, including an absent member, and a member of the wrong family is refused by the
+    // kernel with the set named.
+    h.del_members(
+        "KUBE-IPVS-HC-PORTS",
+        &[Member::Port(30000), Member::Port(1)],
+    )
+    .expect("del");
+    assert_eq!(
+        h.list_members("KUBE-IPVS-HC-PORTS")
+            .expect("list")
+            .expect("exists"),
+        [Member::Port(32080)]
+    );
+    let err = h
+        .add_members("KUBE-IPVS-SERVICES", &[port("fd00::1", 6, 80)])
+        .expect_err("an IPv6 member in an IPv4 set");
+    assert!(err.to_string().contains("KUBE-IPVS-SERVICES"), "{err}");
+    for name in filter::SETS {
+        assert!(h.destroy(name).expect("destroy"), "{name}");
+    }
+}

@@ -1657,3 +1657,198 @@ fn an_endpoint_change_waits_for_a_restarted_agent_and_open_connections_survive()
     );
     assert!(held.echoes("at the end"));
 }
+
+const IPTABLES: &str = "/usr/sbin/iptables";
+
+/// A "host daemon": a TCP server in the node's own namespace on every address (`0.0.0.0`),
+/// answering like the pods. Killed with the lab.
+fn host_daemon(lab: &mut Lab, port: u16) {
+    let listen = format!("TCP-LISTEN:{port},fork,reuseaddr");
+    let child = Command::new("socat")
+        .args([listen.as_str(), ANSWER])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the host daemon");
+    lab.servers.push(child);
+    wait_for("the host daemon to listen", Duration::from_secs(20), || {
+        TcpStream::connect_timeout(
+            &format!("127.0.0.1:{port}").parse().expect("address"),
+            Duration::from_secs(1),
+        )
+        .is_ok()
+    });
+}
+
+/// An HTTP/1.0 GET from host `from` to `target`: the status line, if anything answered.
+fn http_from(lab: &Lab, from: &str, target: &str) -> Option<String> {
+    let ns = lab.ns(from);
+    let remote = format!("TCP:{target},connect-timeout=3");
+    let mut child = Command::new(IP)
+        .args(["netns", "exec", &ns, "socat", "-T", "5", "-", &remote])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start socat client");
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(b"GET / HTTP/1.0\r\nHost: node\r\n\r\n");
+    }
+    let out = child.wait_with_output().expect("socat client");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .next()
+        .filter(|l| l.starts_with("HTTP/"))
+        .map(str::to_owned)
+}
+
+/// `kubernetes/kubernetes#72236` and the DROP-policy hosts: a daemon listening on `0.0.0.0`
+/// of the node answers on the node's address but not on a ClusterIP, while the Service port
+/// does; then, with `INPUT` and `FORWARD` policies `DROP` (as Docker sets `FORWARD`), the
+/// ClusterIP, the NodePort (whose replies from the pods pass `FORWARD`) and the Local
+/// Service's `healthCheckNodePort` still answer while the daemon's port on the node address
+/// is dropped (so the policy is really in force).
+#[test]
+fn the_filter_closes_other_ports_of_service_addresses_and_services_survive_drop_policies() {
+    let mut lab = Lab::new("filt");
+    ok(IP, &["link", "add", "node0", "type", "dummy"]);
+    ok(IP, &["link", "set", "node0", "up"]);
+    ok(IP, &["addr", "add", "192.168.56.10/32", "dev", "node0"]);
+    lab.host("client", CLIENT);
+    for (name, addr) in [("web1", "10.244.1.40"), ("web2", "10.244.2.40")] {
+        lab.pod(name, addr, 8080);
+    }
+    host_daemon(&mut lab, 2222);
+    let web = service_yaml(
+        "web",
+        "10.96.0.40",
+        "  type: NodePort\n",
+        &[("http", "TCP", 80, 8080, Some(30080))],
+        &[
+            Ep("10.244.1.40", "node-1", true),
+            Ep("10.244.2.40", "node-2", true),
+        ],
+    );
+    let shop = service_yaml(
+        "shop",
+        "10.96.0.41",
+        "  type: NodePort\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 32081\n",
+        &[("http", "TCP", 80, 8080, Some(30081))],
+        &[Ep("10.244.1.40", "node-1", true)],
+    );
+    let dir = manifests("filt", &[("web.yaml", web), ("shop.yaml", shop)]);
+    let _agent = Agent::start(&dir, &["--node-ip", NODE_IP]);
+
+    let daemon = lab.connect("client", "192.168.56.10:2222");
+    assert_eq!(
+        daemon.map(|(addr, _)| addr).as_deref(),
+        Some(NODE_IP),
+        "the daemon answers on the node's own address"
+    );
+    assert_eq!(
+        lab.connect("client", "10.96.0.40:2222"),
+        None,
+        "but not on the ClusterIP"
+    );
+    assert!(
+        lab.connect("client", "10.96.0.40:80").is_some(),
+        "the Service port answers"
+    );
+
+    ok(IPTABLES, &["-P", "INPUT", "DROP"]);
+    ok(IPTABLES, &["-P", "FORWARD", "DROP"]);
+    assert_eq!(
+        lab.connect("client", "192.168.56.10:2222"),
+        None,
+        "the INPUT policy drops what is not a Service"
+    );
+    assert_eq!(
+        lab.spread("client", "10.96.0.40:80", 4),
+        counts(&[("10.244.1.40", 2), ("10.244.2.40", 2)]),
+        "the ClusterIP with INPUT and FORWARD dropping"
+    );
+    assert_eq!(
+        lab.spread("client", "192.168.56.10:30080", 4),
+        counts(&[("10.244.1.40", 2), ("10.244.2.40", 2)]),
+        "the NodePort with INPUT and FORWARD dropping"
+    );
+    let status = http_from(&lab, "client", "192.168.56.10:32081");
+    assert!(
+        status.as_deref().is_some_and(|s| s.ends_with(" 200 OK")),
+        "the health check node port with INPUT dropping: {status:?}"
+    );
+}
+
+/// The YAML of a LoadBalancer Service at `lb` with `ranges` as its
+/// `loadBalancerSourceRanges` (none: the field is left out) and its endpoint slice.
+fn load_balancer_yaml(ranges: &[&str], endpoints: &[Ep]) -> String {
+    let mut spec = String::from("  type: LoadBalancer\n");
+    if !ranges.is_empty() {
+        spec.push_str(&format!(
+            "  loadBalancerSourceRanges: [{}]\n",
+            ranges.join(", ")
+        ));
+    }
+    let y = service_yaml(
+        "lb",
+        "10.96.0.50",
+        &spec,
+        &[("http", "TCP", 80, 8080, Some(30050))],
+        endpoints,
+    );
+    y.replacen(
+        "---\n",
+        "status:\n  loadBalancer:\n    ingress:\n    - ip: 203.0.113.50\n---\n",
+        1,
+    )
+}
+
+/// `loadBalancerSourceRanges`: a client inside the ranges is served on the load-balancer
+/// address, one outside is dropped there (and still served on the ClusterIP, which the ranges
+/// do not cover); widening the ranges admits it within a sync; `ipset flush` of the ranges'
+/// set is repaired by the next reconcile.
+#[test]
+fn load_balancer_source_ranges_admit_clients_inside_and_drop_the_rest() {
+    let mut lab = Lab::new("lbsrc");
+    lab.host("inside", "192.168.56.100");
+    lab.host("outside", "192.168.57.100");
+    lab.pod("web1", "10.244.1.50", 8080);
+    let eps = [Ep("10.244.1.50", "node-1", true)];
+    let dir = manifests(
+        "lbsrc",
+        &[("lb.yaml", load_balancer_yaml(&["192.168.56.0/24"], &eps))],
+    );
+    let agent = Agent::start(&dir, &["--node-ip", NODE_IP]);
+
+    assert!(
+        lab.connect("inside", "203.0.113.50:80").is_some(),
+        "a client inside the ranges is served"
+    );
+    assert_eq!(
+        lab.connect("outside", "203.0.113.50:80"),
+        None,
+        "a client outside the ranges is dropped"
+    );
+    assert!(
+        lab.connect("outside", "10.96.0.50:80").is_some(),
+        "the ranges apply to the load-balancer address only"
+    );
+
+    std::fs::write(
+        dir.join("lb.yaml"),
+        load_balancer_yaml(&["192.168.56.0/24", "192.168.57.0/24"], &eps),
+    )
+    .expect("rewrite lb.yaml");
+    wait_for("the widened ranges", Duration::from_secs(20), || {
+        lab.connect("outside", "203.0.113.50:80").is_some()
+    });
+
+    // Someone empties the set: both clients are dropped until a reconcile puts it back.
+    ok("/usr/sbin/ipset", &["flush", "KUBE-IPVS-LB-SRC"]);
+    assert_eq!(lab.connect("inside", "203.0.113.50:80"), None, "flushed");
+    agent.wait_full_syncs(2);
+    assert!(
+        lab.connect("inside", "203.0.113.50:80").is_some(),
+        "repaired by the reconcile"
+    );
+}

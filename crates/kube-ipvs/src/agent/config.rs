@@ -124,8 +124,8 @@ pub struct RunArgs {
     /// masquerade rule per CIDR. Without it, one rule per endpoint on this node.
     #[arg(long, value_name = "CIDR[,CIDR]")]
     pub node_pod_cidr: Option<String>,
-    /// Leave the iptables `nat` table alone (no masquerade rules), e.g. when another
-    /// component masquerades Service traffic.
+    /// Leave iptables alone: no masquerade rules in `nat`, no Service filter or
+    /// loadBalancerSourceRanges in `filter` (e.g. when another component does both).
     #[arg(long)]
     pub no_masquerade: bool,
     /// NodePorts listen on the node's addresses inside these networks, comma-separated,

@@ -47,6 +47,7 @@ use kube_ipvs_host::masquerade::{
 };
 use kube_ipvs_netlink::nfnl::ipset::Entry;
 
+use super::filter::FilterSets;
 use crate::kernel::{Kernel, KernelError};
 
 /// What one Service contributes to the rules.
@@ -120,6 +121,8 @@ pub struct Wanted {
     hairpin_set: bool,
     /// Whether an IPv6 address is in the hairpin set (the IPv6 rules are then needed).
     hairpin_v6: bool,
+    /// Whether the `filter` table rules are programmed ([`super::filter`]).
+    filter: bool,
 }
 
 /// The node's NodePort addresses, as [`Wanted`] holds them.
@@ -324,6 +327,7 @@ pub fn config(fixed: &Fixed, wanted: &Wanted) -> masquerade::Config {
             Hairpin::Endpoints(wanted.local_endpoints.clone())
         },
         mark_bit: 14,
+        filter: wanted.filter,
         backend: fixed.backend,
         bin_dir: None,
     }
@@ -456,6 +460,8 @@ pub struct Masq {
     /// Whether the sets were made exact by the last forced sync and every delta since applied;
     /// after a failure, deltas wait for the next forced sync, which repairs the whole set.
     sets_synced: bool,
+    /// The filter sets' members, when the `filter` rules are programmed.
+    pub filter: Option<FilterSets>,
 }
 
 impl Masq {
@@ -469,6 +475,42 @@ impl Masq {
             rules: Applier::Inline,
             sets: false,
             sets_synced: false,
+            filter: None,
+        }
+    }
+
+    /// Also programs the `filter` table ([`kube_ipvs_host::filter`]): creates its sets now; if
+    /// that fails (no `ip_set` or one of its types), warns and leaves the `filter` table alone.
+    pub fn with_filter(mut self, kernel: &mut dyn Kernel) -> Self {
+        match FilterSets::create(kernel) {
+            Ok(()) => self.filter = Some(FilterSets::default()),
+            Err(e) => tracing::warn!(
+                "filter: cannot create the ipsets ({e}); are the ip_set_hash_ip, \
+                 ip_set_hash_ipport, ip_set_hash_ipportnet and ip_set_bitmap_port modules \
+                 available? Service addresses stay open on every port and \
+                 loadBalancerSourceRanges are not enforced"
+            ),
+        }
+        self
+    }
+
+    /// Works out these Services' contributions again (hairpin, Local exemptions, filter sets).
+    pub fn update<'a>(
+        &mut self,
+        names: impl IntoIterator<Item = &'a ServiceName> + Clone,
+        inputs: &Inputs,
+    ) {
+        self.locals.update(names.clone(), inputs);
+        if let Some(f) = &mut self.filter {
+            f.update(names, inputs);
+        }
+    }
+
+    /// Works out every Service again (after a Node change).
+    pub fn update_all(&mut self, inputs: &Inputs) {
+        self.locals.update_all(inputs);
+        if let Some(f) = &mut self.filter {
+            f.update_all(inputs);
         }
     }
 
@@ -581,7 +623,20 @@ impl Masq {
     ) -> Result<bool, String> {
         // The sets first: the rules reference them, and a set failure must not keep the other
         // rules from being repaired.
-        let sets = self.sync_sets(kernel, force);
+        let mut sets = self.sync_sets(kernel, force);
+        if let Some(f) = &mut self.filter {
+            if f.node_ips_changed(inputs) {
+                f.update_all(inputs);
+            }
+            let filter = f
+                .sync(kernel, force)
+                .map_err(|e| format!("filter sets: {e}"));
+            sets = match (sets, filter) {
+                (Ok(a), Ok(b)) => Ok(a || b),
+                (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
+                (Err(a), Err(b)) => Err(format!("{a}; {b}")),
+            };
+        }
         let rules = self.sync_rules(kernel, inputs, force);
         match (sets, rules) {
             (Ok(a), Ok(b)) => Ok(a || b),
@@ -614,7 +669,8 @@ impl Masq {
         {
             return Ok(false);
         }
-        let wanted = self.locals.wanted(inputs, &self.fixed);
+        let mut wanted = self.locals.wanted(inputs, &self.fixed);
+        wanted.filter = self.filter.is_some();
         if !force && self.applied.as_ref() == Some(&wanted) {
             return Ok(false);
         }
@@ -644,6 +700,7 @@ impl Masq {
                 self.applied = Some(wanted);
                 Ok(true)
             }
+            Err(e) if force && wanted.filter => self.without_filter(kernel, inputs, e),
             Err(e) if force && wanted.hairpin_set => self.without_sets(kernel, inputs, e),
             Err(e) => {
                 self.applied = None;
@@ -664,7 +721,8 @@ impl Masq {
         first: String,
     ) -> Result<bool, String> {
         self.locals.in_set = false;
-        let wanted = self.locals.wanted(inputs, &self.fixed);
+        let mut wanted = self.locals.wanted(inputs, &self.fixed);
+        wanted.filter = self.filter.is_some();
         let cfg = config(&self.fixed, &wanted);
         let retry = match &mut self.rules {
             Applier::Inline => kernel.ensure_rules(&cfg).map_err(|e| e.to_string()),
@@ -689,6 +747,37 @@ impl Masq {
             }
             Err(_) => {
                 self.locals.in_set = true;
+                self.locals.changed = true;
+                self.applied = None;
+                Err(first)
+            }
+        }
+    }
+
+    /// A forced apply of rules with the `filter` table failed: perhaps iptables lacks a match
+    /// or target they use (`set`, `addrtype`, `conntrack`, `REJECT`). Tries the rules without
+    /// the `filter` table; if those apply, the filter stays off (warned once) so masquerading
+    /// is not lost with it. Otherwise the filter is kept and the first error returned.
+    fn without_filter(
+        &mut self,
+        kernel: &mut dyn Kernel,
+        inputs: &Inputs,
+        first: String,
+    ) -> Result<bool, String> {
+        let Some(kept) = self.filter.take() else {
+            return Err(first);
+        };
+        match self.sync_rules(kernel, inputs, true) {
+            Ok(changed) => {
+                tracing::warn!(
+                    "filter: the filter table rules were refused ({first}); are the xt_set, \
+                     xt_addrtype, xt_conntrack and REJECT modules available? Service addresses \
+                     stay open on every port and loadBalancerSourceRanges are not enforced"
+                );
+                Ok(changed)
+            }
+            Err(_) => {
+                self.filter = Some(kept);
                 self.locals.changed = true;
                 self.applied = None;
                 Err(first)

@@ -10,6 +10,7 @@
 //! and counted, never fatal.
 
 pub mod config;
+pub mod filter;
 pub mod hcport;
 pub mod health;
 pub mod masq;
@@ -109,7 +110,7 @@ fn prepare_kernel(settings: &Settings) -> Result<RealKernel, String> {
     ))
     .map_err(|e| e.to_string())?;
     if settings.masquerade && settings.node_pod_cidrs.is_empty() {
-        for e in host.load_optional_modules(&kube_ipvs_host::setup::hairpin_set_modules()) {
+        for e in host.load_optional_modules(&kube_ipvs_host::setup::set_modules()) {
             tracing::warn!("hairpin ipset: {e}");
         }
     }
@@ -244,13 +245,14 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
             node_pod_cidrs: settings.node_pod_cidrs.clone(),
             backend: backend(),
         })
-        .with_hairpin_sets(&mut kernel);
+        .with_hairpin_sets(&mut kernel)
+        .with_filter(&mut kernel);
         match masq.in_background(Box::new(worker)) {
             Ok(masq) => Some(masq),
             Err(e) => return fail(exit::START, format!("masquerade rules: {e}")),
         }
     } else {
-        tracing::info!("--no-masquerade: the iptables nat table is left alone");
+        tracing::info!("--no-masquerade: iptables is left alone (no nat or filter rules)");
         None
     };
     let mut agent = Agent::new(kernel, inputs, cfg, shared).with_health_checks(health_checks);

@@ -327,9 +327,9 @@ impl<K: Kernel> Agent<K> {
         }
         if let Some(m) = &mut self.masq {
             if cs.node.is_some() {
-                m.locals.update_all(&self.inputs);
+                m.update_all(&self.inputs);
             } else {
-                m.locals.update(cs.services.keys(), &self.inputs);
+                m.update(cs.services.keys(), &self.inputs);
             }
         }
     }

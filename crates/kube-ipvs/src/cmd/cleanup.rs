@@ -5,9 +5,9 @@
 //! would manage: IPVS virtual servers outside `--exclude-cidrs` (firewall-mark services and
 //! entries the engine cannot represent are never ours), the addresses on `kube-ipvs0` outside
 //! those networks, then the `kube-ipvs0` link itself once nothing of anyone else's is left on it,
-//! the masquerade chains and their jump in every iptables backend and family, and then (once no
-//! rule references them) the hairpin ipsets [`kube_ipvs_netlink::nfnl::ipset::SET_V4`] and
-//! [`kube_ipvs_netlink::nfnl::ipset::SET_V6`].
+//! our `nat` and `filter` chains and their jumps in every iptables backend and family, and then
+//! (once no rule references them) our ipsets ([`masquerade::all_sets`]: the hairpin sets and
+//! the filter sets).
 //!
 //! Each removal is printed; the exit code is 0 when everything went, 1 naming what did not.
 //! `--dry-run` prints the same list as "would remove" and changes nothing.
@@ -96,7 +96,7 @@ pub fn main(args: &CleanupArgs) -> ExitCode {
             }
             chains += found.len();
         }
-        for set in masquerade::hairpin_sets_present() {
+        for set in masquerade::sets_present() {
             println!("{verb} ipset {set}");
             sets += 1;
         }
@@ -109,7 +109,7 @@ pub fn main(args: &CleanupArgs) -> ExitCode {
                     }
                     if r.jumps > 0 {
                         println!(
-                            "{verb} {} jump rule(s) from POSTROUTING ({})",
+                            "{verb} {} jump rule(s) from built-in chains ({})",
                             r.jumps, r.tool
                         );
                     }
@@ -119,7 +119,7 @@ pub fn main(args: &CleanupArgs) -> ExitCode {
             Err(e) => failed.push(format!("iptables: {e}")),
         }
         // After the rules: the kernel refuses to destroy a set a rule still references.
-        match masquerade::cleanup_hairpin_sets() {
+        match masquerade::cleanup_sets() {
             Ok(removed) => {
                 for set in &removed {
                     println!("{verb} ipset {set}");

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use kube_ipvs_diff::{Table, VirtualKey};
 use kube_ipvs_host::masquerade::{self, Family, Hairpin};
 use kube_ipvs_netlink::ipvs::{Request, ServiceKey};
-use kube_ipvs_netlink::nfnl::ipset::Entry;
+use kube_ipvs_netlink::nfnl::ipset::{Entry, Member, SetKind};
 
 use super::convert::op_for;
 use super::observe::Observed;
@@ -57,6 +57,12 @@ pub struct MemState {
     pub fail_rules: bool,
     /// Rules that match the hairpin sets are refused (iptables without `xt_set`).
     pub refuse_set_rules: bool,
+    /// The named sets (the filter sets) with their kind, present once created.
+    pub named_sets: BTreeMap<&'static str, (SetKind, BTreeSet<Member>)>,
+    /// Named set operations, in order: `add NAME N` and `del NAME N` (N members), `list NAME`.
+    pub named_set_log: Vec<String>,
+    /// Creating a named set fails.
+    pub fail_named_sets: bool,
 }
 
 impl MemState {
@@ -242,6 +248,64 @@ impl Kernel for MemKernel {
 
     fn del_from_set(&mut self, family: Family, entries: &[Entry]) -> Result<(), KernelError> {
         self.change_set("del", family, entries, false)
+    }
+
+    fn create_named_set(
+        &mut self,
+        name: &'static str,
+        _family: Family,
+        kind: SetKind,
+    ) -> Result<(), KernelError> {
+        let mut st = self.state();
+        if st.fail_named_sets {
+            return Err(Self::refused(format!(
+                "ipset {name}: protocol not supported"
+            )));
+        }
+        let (have, _) = st
+            .named_sets
+            .entry(name)
+            .or_insert_with(|| (kind, BTreeSet::new()));
+        if *have != kind {
+            return Err(Self::refused(format!(
+                "ipset {name}: a set of that name exists with another type"
+            )));
+        }
+        Ok(())
+    }
+
+    fn list_named_set(&mut self, name: &'static str) -> Result<Vec<Member>, KernelError> {
+        let mut st = self.state();
+        st.named_set_log.push(format!("list {name}"));
+        let (_, set) = st
+            .named_sets
+            .get(name)
+            .ok_or_else(|| Self::refused(format!("ipset {name}: the set is gone")))?;
+        Ok(set.iter().copied().collect())
+    }
+
+    fn change_named_set(
+        &mut self,
+        name: &'static str,
+        add: bool,
+        members: &[Member],
+    ) -> Result<(), KernelError> {
+        let mut st = self.state();
+        let verb = if add { "add" } else { "del" };
+        st.named_set_log
+            .push(format!("{verb} {name} {}", members.len()));
+        let (_, set) = st
+            .named_sets
+            .get_mut(name)
+            .ok_or_else(|| Self::refused(format!("ipset {name}: the set is gone")))?;
+        for m in members {
+            if add {
+                set.insert(*m);
+            } else {
+                set.remove(m);
+            }
+        }
+        Ok(())
     }
 
     fn ensure_rules(&mut self, config: &masquerade::Config) -> Result<(), KernelError> {

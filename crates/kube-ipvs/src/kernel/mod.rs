@@ -44,7 +44,7 @@ use kube_ipvs_host::masquerade::{self, Family, MasqueradeError};
 use kube_ipvs_netlink::ipvs::{Destination, Ipvs, Request};
 use kube_ipvs_netlink::link::Rtnl;
 use kube_ipvs_netlink::nfnl::conntrack;
-use kube_ipvs_netlink::nfnl::ipset::{self, Entry, Ipset};
+use kube_ipvs_netlink::nfnl::ipset::{self, Entry, Ipset, Member, SetKind};
 
 use observe::Observed;
 
@@ -148,6 +148,23 @@ pub trait Kernel: Send {
     fn add_to_set(&mut self, family: Family, entries: &[Entry]) -> Result<(), KernelError>;
     /// Deletes members from the family's hairpin set (absent ones are fine).
     fn del_from_set(&mut self, family: Family, entries: &[Entry]) -> Result<(), KernelError>;
+    /// Creates the set `name` of `kind` for `family` if it is absent (the filter sets,
+    /// [`kube_ipvs_host::filter`]).
+    fn create_named_set(
+        &mut self,
+        name: &'static str,
+        family: Family,
+        kind: SetKind,
+    ) -> Result<(), KernelError>;
+    /// The members of the set `name`; an error if the set is gone.
+    fn list_named_set(&mut self, name: &'static str) -> Result<Vec<Member>, KernelError>;
+    /// Adds (`add`) or deletes members of the set `name` (present or absent ones are fine).
+    fn change_named_set(
+        &mut self,
+        name: &'static str,
+        add: bool,
+        members: &[Member],
+    ) -> Result<(), KernelError>;
     /// Makes the kernel hold exactly these masquerade rules (our chains, `iptables-restore`).
     fn ensure_rules(&mut self, config: &masquerade::Config) -> Result<(), KernelError>;
 }
@@ -309,6 +326,33 @@ impl Kernel for RealKernel {
 
     fn del_from_set(&mut self, family: Family, entries: &[Entry]) -> Result<(), KernelError> {
         self.with_ipset(|h| h.del(ipset::set_name(family), entries))
+    }
+
+    fn create_named_set(
+        &mut self,
+        name: &'static str,
+        family: Family,
+        kind: SetKind,
+    ) -> Result<(), KernelError> {
+        self.with_ipset(|h| h.create_kind(name, family, kind))
+    }
+
+    fn list_named_set(&mut self, name: &'static str) -> Result<Vec<Member>, KernelError> {
+        self.with_ipset(|h| h.list_members(name))?
+            .ok_or_else(|| KernelError::Refused(format!("ipset {name}: the set is gone")))
+    }
+
+    fn change_named_set(
+        &mut self,
+        name: &'static str,
+        add: bool,
+        members: &[Member],
+    ) -> Result<(), KernelError> {
+        if add {
+            self.with_ipset(|h| h.add_members(name, members))
+        } else {
+            self.with_ipset(|h| h.del_members(name, members))
+        }
     }
 
     fn ensure_rules(&mut self, config: &masquerade::Config) -> Result<(), KernelError> {

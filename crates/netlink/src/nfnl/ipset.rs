@@ -53,9 +53,6 @@ const IPSET_CMD_DEL: u16 = 10;
 /// `IPSET_PROTOCOL_MIN` of current kernels and `IPSET_PROTOCOL` of older ones: both accept it.
 const IPSET_PROTOCOL: u8 = 6;
 const IPSET_MAXNAMELEN: usize = 32;
-/// The revision of `hash:net,net` asked for: 0 is `IPSET_TYPE_REV_MIN`, known to every kernel
-/// with the type (later revisions add features we do not use).
-const SET_REVISION: u8 = 0;
 
 // Attributes at command level.
 const IPSET_ATTR_PROTOCOL: u16 = 1;
@@ -68,6 +65,9 @@ const IPSET_ATTR_ADT: u16 = 8;
 // Attributes inside DATA (CADT, create and ADT numbering).
 const IPSET_ATTR_IP: u16 = 1;
 const IPSET_ATTR_CIDR: u16 = 3;
+const IPSET_ATTR_PORT: u16 = 4;
+const IPSET_ATTR_PORT_TO: u16 = 5;
+const IPSET_ATTR_PROTO: u16 = 7;
 const IPSET_ATTR_MAXELEM: u16 = 19;
 const IPSET_ATTR_IP2: u16 = 20;
 const IPSET_ATTR_CIDR2: u16 = 21;
@@ -102,6 +102,7 @@ pub use codes::IPSET_ERR_BUSY;
 #[cfg(test)]
 use codes::{IPSET_ERR_EXIST_SETNAME2, IPSET_ERR_PROTOCOL};
 
+const NFPROTO_UNSPEC: u8 = 0;
 const NFPROTO_IPV4: u8 = 2;
 const NFPROTO_IPV6: u8 = 10;
 /// Members per `sendmsg`: their acknowledgements (one small skb each) must fit the socket's
@@ -113,6 +114,147 @@ fn refused(set: &str, what: impl std::fmt::Display, errno: i32) -> Error {
     Error::Netfilter {
         op: format!("ipset {set}: {what}"),
         errno,
+    }
+}
+
+/// The set types this module creates and reads, each with the revision asked for at create.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SetKind {
+    /// `hash:net,net`: (source network, destination network); [`Member::NetNet`].
+    NetNet,
+    /// `hash:ip`: one address; [`Member::Ip`].
+    Ip,
+    /// `hash:ip,port`: address, protocol and port; [`Member::IpPort`].
+    IpPort,
+    /// `hash:ip,port,net`: address, protocol, port and a network; [`Member::IpPortNet`].
+    IpPortNet,
+    /// `bitmap:port` over 0..=65535, family-independent: one port; [`Member::Port`].
+    Port,
+}
+
+impl SetKind {
+    /// The kernel's type name.
+    #[must_use]
+    pub fn type_name(self) -> &'static str {
+        match self {
+            Self::NetNet => SET_TYPE,
+            Self::Ip => "hash:ip",
+            Self::IpPort => "hash:ip,port",
+            Self::IpPortNet => "hash:ip,port,net",
+            Self::Port => "bitmap:port",
+        }
+    }
+
+    /// The revision asked for: the lowest that every kernel with the type knows and that has
+    /// what we use (SCTP ports came with revision 1 of the `ip,port` types).
+    fn revision(self) -> u8 {
+        match self {
+            Self::NetNet | Self::Ip | Self::Port => 0,
+            Self::IpPort | Self::IpPortNet => 1,
+        }
+    }
+}
+
+/// One member of a set of any [`SetKind`]. `protocol` is an IP protocol number (6 TCP, 17 UDP,
+/// 132 SCTP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Member {
+    /// A `hash:net,net` member.
+    NetNet(Entry),
+    /// A `hash:ip` member.
+    Ip(IpAddr),
+    /// A `hash:ip,port` member.
+    IpPort {
+        addr: IpAddr,
+        protocol: u8,
+        port: u16,
+    },
+    /// A `hash:ip,port,net` member.
+    IpPortNet {
+        addr: IpAddr,
+        protocol: u8,
+        port: u16,
+        net: IpAddr,
+        prefix: u8,
+    },
+    /// A `bitmap:port` member.
+    Port(u16),
+}
+
+impl From<Entry> for Member {
+    fn from(e: Entry) -> Self {
+        Self::NetNet(e)
+    }
+}
+
+/// `ipset`'s name of a protocol: `tcp`, `udp`, `sctp`, or the number.
+fn protocol_text(p: u8) -> std::borrow::Cow<'static, str> {
+    match p {
+        6 => "tcp".into(),
+        17 => "udp".into(),
+        132 => "sctp".into(),
+        n => n.to_string().into(),
+    }
+}
+
+impl std::fmt::Display for Member {
+    /// As `ipset save` prints it: `10.0.0.1`, `10.0.0.1,tcp:80`, `10.0.0.1,tcp:80,10.1.0.0/16`,
+    /// `80`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Self::NetNet(e) => e.fmt(f),
+            Self::Ip(a) => write!(f, "{a}"),
+            Self::IpPort {
+                addr,
+                protocol,
+                port,
+            } => write!(f, "{addr},{}:{port}", protocol_text(protocol)),
+            Self::IpPortNet {
+                addr,
+                protocol,
+                port,
+                net,
+                prefix,
+            } => write!(
+                f,
+                "{addr},{}:{port},{net}/{prefix}",
+                protocol_text(protocol)
+            ),
+            Self::Port(p) => write!(f, "{p}"),
+        }
+    }
+}
+
+impl Member {
+    /// The address family of the member; `None` for a port.
+    #[must_use]
+    pub fn family(&self) -> Option<Family> {
+        match *self {
+            Self::NetNet(e) => Some(Family::of(e.src)),
+            Self::Ip(a) | Self::IpPort { addr: a, .. } | Self::IpPortNet { addr: a, .. } => {
+                Some(Family::of(a))
+            }
+            Self::Port(_) => None,
+        }
+    }
+
+    fn is_valid(&self) -> bool {
+        match *self {
+            Self::NetNet(e) => e.is_valid(),
+            Self::Ip(_) | Self::Port(_) => true,
+            Self::IpPort { protocol, .. } => protocol != 0,
+            Self::IpPortNet {
+                addr,
+                protocol,
+                net,
+                prefix,
+                ..
+            } => {
+                protocol != 0
+                    && addr.is_ipv4() == net.is_ipv4()
+                    && (1..=host_prefix(net)).contains(&prefix)
+            }
+        }
     }
 }
 
@@ -210,10 +352,21 @@ impl Ipset {
     /// Creates the `hash:net,net` set `set` for `family` if it is absent. An existing set of that
     /// name with the same type and settings is fine; any other is an error naming the set.
     pub fn create(&mut self, set: &str, family: Family) -> Result<()> {
+        self.create_kind(set, family, SetKind::NetNet)
+    }
+
+    /// Creates the set `set` of `kind` for `family` if it is absent (a [`SetKind::Port`] set is
+    /// for both families; `family` is then only named in errors). An existing set of that name
+    /// with the same type and settings is fine; any other is an error naming the set.
+    pub fn create_kind(&mut self, set: &str, family: Family, kind: SetKind) -> Result<()> {
         check_name(set)?;
         let seq = self.socket.next_seqs(1);
-        let msg = create_request(seq, set, family);
-        let what = format!("create {SET_TYPE} family {}", nfproto_name(family));
+        let msg = create_request(seq, set, family, kind);
+        let what = format!(
+            "create {} family {}",
+            kind.type_name(),
+            nfproto_name(family)
+        );
         match self.request(set, &what, &msg, seq, 1)?.pop().flatten() {
             Some(0) | None => Ok(()),
             // `ip_set_create` answers EEXIST when the set of that name differs in type,
@@ -241,7 +394,7 @@ impl Ipset {
         }
     }
 
-    /// The set's members, or `None` if there is no such set.
+    /// The members of a `hash:net,net` set, or `None` if there is no such set.
     pub fn list(&mut self, set: &str) -> Result<Option<Vec<Entry>>> {
         self.list_capturing(set, None)
     }
@@ -251,8 +404,30 @@ impl Ipset {
     pub fn list_capturing(
         &mut self,
         set: &str,
-        mut raw: Option<&mut Vec<Vec<u8>>>,
+        raw: Option<&mut Vec<Vec<u8>>>,
     ) -> Result<Option<Vec<Entry>>> {
+        Ok(self.list_members_capturing(set, raw)?.map(|members| {
+            members
+                .into_iter()
+                .filter_map(|m| match m {
+                    Member::NetNet(e) => Some(e),
+                    _ => None,
+                })
+                .collect()
+        }))
+    }
+
+    /// The members of a set of any kind, or `None` if there is no such set.
+    pub fn list_members(&mut self, set: &str) -> Result<Option<Vec<Member>>> {
+        self.list_members_capturing(set, None)
+    }
+
+    /// [`Ipset::list_members`], also keeping each reply datagram as received in `raw`.
+    pub fn list_members_capturing(
+        &mut self,
+        set: &str,
+        mut raw: Option<&mut Vec<Vec<u8>>>,
+    ) -> Result<Option<Vec<Member>>> {
         check_name(set)?;
         let seq = self.socket.next_seqs(1);
         let mut entries = Vec::new();
@@ -271,22 +446,35 @@ impl Ipset {
             .map(|present| present.then_some(entries))
     }
 
-    /// Adds the members (present ones are fine), in batches of one `sendmsg` each.
+    /// Adds the `hash:net,net` members (present ones are fine), in batches of one `sendmsg` each.
     pub fn add(&mut self, set: &str, entries: &[Entry]) -> Result<()> {
-        self.change(set, IPSET_CMD_ADD, "add", entries)
+        let members: Vec<Member> = entries.iter().copied().map(Member::NetNet).collect();
+        self.change(set, IPSET_CMD_ADD, "add", &members)
     }
 
-    /// Deletes the members (absent ones are fine), in batches of one `sendmsg` each.
+    /// Deletes the `hash:net,net` members (absent ones are fine), in batches of one `sendmsg`
+    /// each.
     pub fn del(&mut self, set: &str, entries: &[Entry]) -> Result<()> {
-        self.change(set, IPSET_CMD_DEL, "del", entries)
+        let members: Vec<Member> = entries.iter().copied().map(Member::NetNet).collect();
+        self.change(set, IPSET_CMD_DEL, "del", &members)
     }
 
-    fn change(&mut self, set: &str, cmd: u16, verb: &str, entries: &[Entry]) -> Result<()> {
+    /// Adds members of any kind (present ones are fine), in batches of one `sendmsg` each.
+    pub fn add_members(&mut self, set: &str, members: &[Member]) -> Result<()> {
+        self.change(set, IPSET_CMD_ADD, "add", members)
+    }
+
+    /// Deletes members of any kind (absent ones are fine), in batches of one `sendmsg` each.
+    pub fn del_members(&mut self, set: &str, members: &[Member]) -> Result<()> {
+        self.change(set, IPSET_CMD_DEL, "del", members)
+    }
+
+    fn change(&mut self, set: &str, cmd: u16, verb: &str, entries: &[Member]) -> Result<()> {
         check_name(set)?;
         if let Some(bad) = entries.iter().find(|e| !e.is_valid()) {
             return Err(Error::Invalid {
                 op: format!("ipset {set}: member {bad}"),
-                reason: "prefix length out of range".to_owned(),
+                reason: "prefix length, protocol or family out of range".to_owned(),
             });
         }
         // Each queued acknowledgement costs its skb's truesize (about 1 KiB) of the receive
@@ -374,8 +562,9 @@ fn start(w: &mut Writer<'_>, cmd: u16, flags: u16, seq: u32, set: &str) -> usize
     msg
 }
 
-/// `IPSET_CMD_CREATE` of a `hash:net,net` set with [`MAX_ELEMENTS`], without `NLM_F_EXCL`.
-fn create_request(seq: u32, set: &str, family: Family) -> Vec<u8> {
+/// `IPSET_CMD_CREATE` of a set of `kind`, without `NLM_F_EXCL`: hash sets hold up to
+/// [`MAX_ELEMENTS`], the port bitmap covers every port.
+fn create_request(seq: u32, set: &str, family: Family, kind: SetKind) -> Vec<u8> {
     let mut buf = Vec::with_capacity(96);
     let mut w = Writer::new(&mut buf);
     let msg = start(
@@ -385,14 +574,28 @@ fn create_request(seq: u32, set: &str, family: Family) -> Vec<u8> {
         seq,
         set,
     );
-    put_name(&mut w, IPSET_ATTR_TYPENAME, SET_TYPE);
-    w.put(IPSET_ATTR_REVISION, &[SET_REVISION]);
-    w.put(IPSET_ATTR_FAMILY, &[nfproto(family)]);
+    put_name(&mut w, IPSET_ATTR_TYPENAME, kind.type_name());
+    w.put(IPSET_ATTR_REVISION, &[kind.revision()]);
+    // `bitmap:port` is of no family (the kernel sets NFPROTO_UNSPEC on it whatever is asked).
+    let nf = if kind == SetKind::Port {
+        NFPROTO_UNSPEC
+    } else {
+        nfproto(family)
+    };
+    w.put(IPSET_ATTR_FAMILY, &[nf]);
     let data = w.begin_nest(IPSET_ATTR_DATA | NLA_F_NESTED);
-    w.put(
-        IPSET_ATTR_MAXELEM | NLA_F_NET_BYTEORDER,
-        &MAX_ELEMENTS.to_be_bytes(),
-    );
+    if kind == SetKind::Port {
+        w.put(IPSET_ATTR_PORT | NLA_F_NET_BYTEORDER, &0u16.to_be_bytes());
+        w.put(
+            IPSET_ATTR_PORT_TO | NLA_F_NET_BYTEORDER,
+            &u16::MAX.to_be_bytes(),
+        );
+    } else {
+        w.put(
+            IPSET_ATTR_MAXELEM | NLA_F_NET_BYTEORDER,
+            &MAX_ELEMENTS.to_be_bytes(),
+        );
+    }
     w.end_nest(data);
     w.end_msg(msg);
     buf
@@ -423,14 +626,47 @@ fn list_request(seq: u32, set: &str) -> Vec<u8> {
 }
 
 /// Appends `IPSET_CMD_ADD` or `IPSET_CMD_DEL` of one member, without `NLM_F_EXCL`, to `buf`.
-fn member_request(buf: &mut Vec<u8>, cmd: u16, seq: u32, set: &str, e: &Entry) {
+/// The attributes are those the type's `uadt` reads (`ip_set_hash_*.c`, `ip_set_bitmap_port.c`).
+fn member_request(buf: &mut Vec<u8>, cmd: u16, seq: u32, set: &str, m: &Member) {
     let mut w = Writer::new(buf);
     let msg = start(&mut w, cmd, NLM_F_REQUEST | NLM_F_ACK, seq, set);
     let data = w.begin_nest(IPSET_ATTR_DATA | NLA_F_NESTED);
-    put_addr(&mut w, IPSET_ATTR_IP, e.src);
-    put_addr(&mut w, IPSET_ATTR_IP2, e.dst);
-    w.put(IPSET_ATTR_CIDR, &[e.src_prefix]);
-    w.put(IPSET_ATTR_CIDR2, &[e.dst_prefix]);
+    let port = |w: &mut Writer<'_>, protocol: u8, port: u16| {
+        w.put(IPSET_ATTR_PORT | NLA_F_NET_BYTEORDER, &port.to_be_bytes());
+        w.put(IPSET_ATTR_PROTO, &[protocol]);
+    };
+    match *m {
+        Member::NetNet(e) => {
+            put_addr(&mut w, IPSET_ATTR_IP, e.src);
+            put_addr(&mut w, IPSET_ATTR_IP2, e.dst);
+            w.put(IPSET_ATTR_CIDR, &[e.src_prefix]);
+            w.put(IPSET_ATTR_CIDR2, &[e.dst_prefix]);
+        }
+        Member::Ip(a) => put_addr(&mut w, IPSET_ATTR_IP, a),
+        Member::IpPort {
+            addr,
+            protocol,
+            port: p,
+        } => {
+            put_addr(&mut w, IPSET_ATTR_IP, addr);
+            port(&mut w, protocol, p);
+        }
+        Member::IpPortNet {
+            addr,
+            protocol,
+            port: p,
+            net,
+            prefix,
+        } => {
+            put_addr(&mut w, IPSET_ATTR_IP, addr);
+            port(&mut w, protocol, p);
+            put_addr(&mut w, IPSET_ATTR_IP2, net);
+            w.put(IPSET_ATTR_CIDR2, &[prefix]);
+        }
+        Member::Port(p) => {
+            w.put(IPSET_ATTR_PORT | NLA_F_NET_BYTEORDER, &p.to_be_bytes());
+        }
+    }
     w.end_nest(data);
     w.end_msg(msg);
 }
@@ -451,7 +687,7 @@ fn list_step(
     buf: &[u8],
     seq: Option<u32>,
     set: &str,
-    entries: &mut Vec<Entry>,
+    entries: &mut Vec<Member>,
 ) -> Result<ListStep> {
     let op = || format!("ipset {set}: list");
     match dump_step(buf, seq, &op, |payload| {
@@ -476,25 +712,46 @@ fn parse_addr(nested: &[u8]) -> Option<IpAddr> {
     })
 }
 
-/// One member from the attributes of a `DATA` container; `None` without both addresses.
-/// Missing prefix lengths are host prefixes (the kernel's default).
-fn parse_member(data: &[u8]) -> Option<Entry> {
-    let (mut src, mut dst, mut sp, mut dp) = (None, None, None, None);
+/// One member from the attributes of a `DATA` container, its kind told by the attributes
+/// present: two addresses and a port are `ip,port,net`, two addresses `net,net`, an address
+/// and a port `ip,port`, an address alone `ip`, a port alone `port`. Missing prefix lengths are
+/// host prefixes (the kernel's default); `None` when nothing identifies a member.
+fn parse_member(data: &[u8]) -> Option<Member> {
+    let (mut ip, mut ip2, mut cidr, mut cidr2, mut port, mut proto) =
+        (None, None, None, None, None, None);
     for (kind, p, _) in wire::attrs(data) {
         match (kind, p) {
-            (IPSET_ATTR_IP, _) => src = parse_addr(p),
-            (IPSET_ATTR_IP2, _) => dst = parse_addr(p),
-            (IPSET_ATTR_CIDR, [c, ..]) => sp = Some(*c),
-            (IPSET_ATTR_CIDR2, [c, ..]) => dp = Some(*c),
+            (IPSET_ATTR_IP, _) => ip = parse_addr(p),
+            (IPSET_ATTR_IP2, _) => ip2 = parse_addr(p),
+            (IPSET_ATTR_CIDR, [c, ..]) => cidr = Some(*c),
+            (IPSET_ATTR_CIDR2, [c, ..]) => cidr2 = Some(*c),
+            (IPSET_ATTR_PORT, &[a, b]) => port = Some(u16::from_be_bytes([a, b])),
+            (IPSET_ATTR_PROTO, [c, ..]) => proto = Some(*c),
             _ => {}
         }
     }
-    let (src, dst) = (src?, dst?);
-    Some(Entry {
-        src,
-        src_prefix: sp.unwrap_or_else(|| host_prefix(src)),
-        dst,
-        dst_prefix: dp.unwrap_or_else(|| host_prefix(dst)),
+    Some(match (ip, ip2, port) {
+        (Some(addr), Some(net), Some(port)) => Member::IpPortNet {
+            addr,
+            protocol: proto?,
+            port,
+            net,
+            prefix: cidr2.unwrap_or_else(|| host_prefix(net)),
+        },
+        (Some(src), Some(dst), None) => Member::NetNet(Entry {
+            src,
+            src_prefix: cidr.unwrap_or_else(|| host_prefix(src)),
+            dst,
+            dst_prefix: cidr2.unwrap_or_else(|| host_prefix(dst)),
+        }),
+        (Some(addr), None, Some(port)) => Member::IpPort {
+            addr,
+            protocol: proto?,
+            port,
+        },
+        (Some(addr), None, None) => Member::Ip(addr),
+        (None, None, Some(port)) => Member::Port(port),
+        (None, _, _) => return None,
     })
 }
 
@@ -502,7 +759,7 @@ fn parse_member(data: &[u8]) -> Option<Entry> {
 /// of its `ADT` container. The first message of a set also carries its header (type, family,
 /// `DATA` with sizes), which is skipped, as are unknown attributes. A malformed attribute ends
 /// the container it is in (the framing's attribute reader stops there).
-fn parse_list_message(payload: &[u8]) -> Vec<Entry> {
+fn parse_list_message(payload: &[u8]) -> Vec<Member> {
     let Some(body) = payload.get(4..) else {
         return Vec::new();
     };
@@ -538,9 +795,9 @@ mod tests {
     fn put_addr(b: &mut Vec<u8>, kind: u16, addr: IpAddr) {
         super::put_addr(&mut Writer::new(b), kind, addr);
     }
-    fn member_request(cmd: u16, seq: u32, set: &str, e: &Entry) -> Vec<u8> {
+    fn member_request(cmd: u16, seq: u32, set: &str, e: impl Into<Member>) -> Vec<u8> {
         let mut b = Vec::new();
-        super::member_request(&mut b, cmd, seq, set, e);
+        super::member_request(&mut b, cmd, seq, set, &e.into());
         b
     }
     struct Attr {
@@ -566,7 +823,7 @@ mod tests {
     #[cfg(target_endian = "little")]
     #[test]
     fn create_request_bytes() {
-        let got = create_request(7, "KUBE-IPVS-HAIRPIN", Family::V4);
+        let got = create_request(7, "KUBE-IPVS-HAIRPIN", Family::V4, SetKind::NetNet);
         let mut want: Vec<u8> = Vec::new();
         // nlmsghdr: length 100, type IPSET (6) << 8 | CREATE (2), REQUEST|ACK, seq 7, pid 0.
         want.extend([100, 0, 0, 0, 0x02, 0x06, 0x05, 0x00, 7, 0, 0, 0, 0, 0, 0, 0]);
@@ -588,14 +845,14 @@ mod tests {
         assert_eq!(want.len(), 100);
         assert_eq!(got, want);
         // The IPv6 set differs in the name and the family only.
-        let v6 = create_request(7, "KUBE-IPVS-HAIRPIN6", Family::V6);
+        let v6 = create_request(7, "KUBE-IPVS-HAIRPIN6", Family::V6, SetKind::NetNet);
         assert_eq!(v6[16 + 4 + 8 + 24 + 20 + 8 + 4], NFPROTO_IPV6);
     }
 
     #[cfg(target_endian = "little")]
     #[test]
     fn add_request_bytes() {
-        let got = member_request(IPSET_CMD_ADD, 3, "S", &Entry::hairpin(ip("10.244.1.5")));
+        let got = member_request(IPSET_CMD_ADD, 3, "S", Entry::hairpin(ip("10.244.1.5")));
         let mut want: Vec<u8> = Vec::new();
         want.extend([80, 0, 0, 0, 0x09, 0x06, 0x05, 0x00, 3, 0, 0, 0, 0, 0, 0, 0]);
         want.extend([2, 0, 0, 0]);
@@ -613,7 +870,7 @@ mod tests {
         want.extend([5, 0, 21, 0, 32, 0, 0, 0]);
         assert_eq!(got, want);
 
-        let del = member_request(IPSET_CMD_DEL, 4, "S", &Entry::hairpin(ip("fd00::5")));
+        let del = member_request(IPSET_CMD_DEL, 4, "S", Entry::hairpin(ip("fd00::5")));
         assert_eq!(&del[4..6], &le16(0x060a));
         // IPv6: IP { IPADDR_IPV6 (2 | NET_BYTEORDER), 16 bytes } and prefix 128.
         let ip_attr = &del[40..64];
@@ -683,7 +940,13 @@ mod tests {
             },
             Entry::hairpin(ip("fd00::5")),
         ];
-        let got = parse_list_message(&dump_payload(&members));
+        let got: Vec<Entry> = parse_list_message(&dump_payload(&members))
+            .into_iter()
+            .map(|m| match m {
+                Member::NetNet(e) => e,
+                other => panic!("not a net,net member: {other}"),
+            })
+            .collect();
         assert_eq!(got, members);
         assert_eq!(got[0].hairpin_addr(), Some(ip("10.244.1.5")));
         assert_eq!(got[1].hairpin_addr(), None, "not a hairpin member");
@@ -691,7 +954,7 @@ mod tests {
         assert_eq!(got[2].to_string(), "fd00::5,fd00::5");
     }
 
-    fn list_fixture(hex: &str) -> (Vec<Entry>, ListStep) {
+    fn list_fixture(hex: &str) -> (Vec<Member>, ListStep) {
         let mut entries = Vec::new();
         let mut step = ListStep::More;
         for d in datagrams(hex) {
@@ -708,7 +971,7 @@ mod tests {
         let (v4, step) = list_fixture(include_str!("../../tests/fixtures/ipset_list_v4.hex"));
         assert_eq!(step, ListStep::Done);
         assert_eq!(
-            v4.iter().map(Entry::to_string).collect::<Vec<_>>(),
+            v4.iter().map(Member::to_string).collect::<Vec<_>>(),
             [
                 "10.0.0.0/8,10.244.2.7",
                 "10.244.1.5,10.244.1.5",
@@ -718,10 +981,10 @@ mod tests {
         let (v6, step) = list_fixture(include_str!("../../tests/fixtures/ipset_list_v6.hex"));
         assert_eq!(step, ListStep::Done);
         assert_eq!(
-            v6.iter().map(Entry::to_string).collect::<Vec<_>>(),
+            v6.iter().map(Member::to_string).collect::<Vec<_>>(),
             ["fd00::/8,fd00:10:244::7", "fd00:10:244::5,fd00:10:244::5"]
         );
-        assert_eq!(v6[1].hairpin_addr(), Some(ip("fd00:10:244::5")));
+        assert_eq!(v6[1], Member::NetNet(Entry::hairpin(ip("fd00:10:244::5"))));
         // The set header in the first message (type, family, sizes) is not a member, and the
         // kernel's message for each set is the layout our own dump test builds.
         let first = &datagrams(include_str!("../../tests/fixtures/ipset_list_v4.hex"))[0];
@@ -781,10 +1044,130 @@ mod tests {
         let mut d = Vec::new();
         put_addr(&mut d, IPSET_ATTR_IP, ip("10.0.0.9"));
         put_addr(&mut d, IPSET_ATTR_IP2, ip("10.0.0.9"));
-        assert_eq!(parse_member(&d), Some(Entry::hairpin(ip("10.0.0.9"))));
+        assert_eq!(
+            parse_member(&d),
+            Some(Member::NetNet(Entry::hairpin(ip("10.0.0.9"))))
+        );
         let mut only_one = Vec::new();
         put_addr(&mut only_one, IPSET_ATTR_IP, ip("10.0.0.9"));
-        assert_eq!(parse_member(&only_one), None);
+        assert_eq!(parse_member(&only_one), Some(Member::Ip(ip("10.0.0.9"))));
+        // A protocol without a port or address identifies nothing.
+        let mut nothing = Vec::new();
+        put_attr(&mut nothing, IPSET_ATTR_PROTO, &[6]);
+        assert_eq!(parse_member(&nothing), None);
+        // A port with an address but no protocol is not a member either (the kernel always
+        // sends the protocol of an `ip,port` member).
+        let mut no_proto = Vec::new();
+        put_addr(&mut no_proto, IPSET_ATTR_IP, ip("10.0.0.9"));
+        put_attr(
+            &mut no_proto,
+            IPSET_ATTR_PORT | NLA_F_NET_BYTEORDER,
+            &80u16.to_be_bytes(),
+        );
+        assert_eq!(parse_member(&no_proto), None);
+    }
+
+    #[cfg(target_endian = "little")]
+    #[test]
+    fn ip_port_and_port_set_request_bytes() {
+        let member = Member::IpPort {
+            addr: ip("10.96.0.10"),
+            protocol: 132,
+            port: 53,
+        };
+        let got = member_request(IPSET_CMD_ADD, 3, "S", member);
+        let mut want: Vec<u8> = Vec::new();
+        want.extend([68, 0, 0, 0, 0x09, 0x06, 0x05, 0x00, 3, 0, 0, 0, 0, 0, 0, 0]);
+        want.extend([2, 0, 0, 0]);
+        want.extend([5, 0, 1, 0, 6, 0, 0, 0]);
+        want.extend([6, 0, 2, 0, b'S', 0, 0, 0]);
+        // DATA (7 | NESTED): 4 + IP 12 + PORT 8 + PROTO 8 = 32.
+        want.extend([32, 0, 7, 0x80]);
+        want.extend([12, 0, 1, 0x80, 8, 0, 1, 0x40, 10, 96, 0, 10]);
+        // PORT (4 | NET_BYTEORDER) 53 big-endian, padded; PROTO (7) 132 (SCTP), padded.
+        want.extend([6, 0, 4, 0x40, 0, 53, 0, 0]);
+        want.extend([5, 0, 7, 0, 132, 0, 0, 0]);
+        assert_eq!(got, want);
+
+        // ip,port,net: the network goes in IP2 with its prefix in CIDR2.
+        let net = member_request(
+            IPSET_CMD_DEL,
+            4,
+            "S",
+            Member::IpPortNet {
+                addr: ip("203.0.113.7"),
+                protocol: 6,
+                port: 443,
+                net: ip("198.51.100.0"),
+                prefix: 24,
+            },
+        );
+        assert_eq!(&net[36..40], &[52, 0, 7, 0x80]);
+        assert_eq!(
+            &net[net.len() - 20..],
+            &[
+                12, 0, 20, 0x80, 8, 0, 1, 0x40, 198, 51, 100, 0, 5, 0, 21, 0, 24, 0, 0, 0
+            ]
+        );
+
+        // bitmap:port: created over every port, family unspecified, no size limit.
+        let create = create_request(1, "P", Family::V6, SetKind::Port);
+        let tail: Vec<u8> = [
+            vec![16, 0, 3, 0],
+            b"bitmap:port\0".to_vec(),
+            vec![5, 0, 4, 0, 0, 0, 0, 0],
+            vec![5, 0, 5, 0, NFPROTO_UNSPEC, 0, 0, 0],
+            vec![20, 0, 7, 0x80],
+            vec![6, 0, 4, 0x40, 0, 0, 0, 0],
+            vec![6, 0, 5, 0x40, 0xff, 0xff, 0, 0],
+        ]
+        .concat();
+        assert_eq!(&create[create.len() - tail.len()..], &tail[..]);
+        let port = member_request(IPSET_CMD_ADD, 2, "P", Member::Port(30080));
+        assert_eq!(
+            &port[port.len() - 12..],
+            &[12, 0, 7, 0x80, 6, 0, 4, 0x40, 0x75, 0x80, 0, 0]
+        );
+    }
+
+    #[test]
+    fn members_of_every_kind_read_back_and_print_as_ipset_does() {
+        let members = [
+            Member::Ip(ip("10.96.0.1")),
+            Member::IpPort {
+                addr: ip("fd00::a"),
+                protocol: 17,
+                port: 53,
+            },
+            Member::IpPortNet {
+                addr: ip("203.0.113.7"),
+                protocol: 132,
+                port: 80,
+                net: ip("198.51.100.0"),
+                prefix: 24,
+            },
+            Member::Port(30080),
+        ];
+        for m in members {
+            let req = member_request(IPSET_CMD_ADD, 1, "S", m);
+            // The DATA container of the request is what a dump message carries per member.
+            let body = &req[16 + 4..];
+            let data = wire::attrs(body)
+                .find(|a| a.0 == IPSET_ATTR_DATA)
+                .expect("data")
+                .1;
+            assert_eq!(parse_member(data), Some(m), "{m}");
+        }
+        let text: Vec<String> = members.iter().map(Member::to_string).collect();
+        assert_eq!(
+            text,
+            [
+                "10.96.0.1",
+                "fd00::a,udp:53",
+                "203.0.113.7,sctp:80,198.51.100.0/24",
+                "30080"
+            ]
+        );
     }
 
     #[test]

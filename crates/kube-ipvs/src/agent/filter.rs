@@ -1,0 +1,498 @@
+//! The members of the filter sets ([`kube_ipvs_host::filter`]) as the agent keeps them: worked
+//! out per Service from the engine's inputs for the Services a change set touched, counted per
+//! member (an address or a port can belong to several Services), and applied to the kernel as a
+//! delta. A Service change is a few netlink messages; the `filter` rules never change.
+//!
+//! What a Service contributes, per family of its own:
+//! - [`FilterSet::Services`]: each virtual server the engine programs for it (ClusterIPs,
+//!   external and load-balancer addresses, NodePorts on each NodePort address), as
+//!   [`service_table`] decides them, so the filter and IPVS cannot disagree;
+//! - [`FilterSet::Addresses`]: the addresses that table binds to `kube-ipvs0`;
+//! - [`FilterSet::LbFirewall`] and [`FilterSet::LbSources`]: with `loadBalancerSourceRanges`,
+//!   each load-balancer address and port, and each (address, port, range) allowed. Ranges of
+//!   the other family than the address are ignored, as kube-proxy does;
+//! - [`FilterSet::HealthCheckPorts`]: its `healthCheckNodePort` under the Local policy.
+//!
+//! NodePort members depend on the node's NodePort addresses: when those change every Service is
+//! worked out again. Forced syncs (startup, reconcile) make each set exactly its members (list,
+//! compare, add and delete), which also repairs someone flushing a set.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+
+use kube_ipvs_diff::{Inputs, ServiceKind, ServiceName, TrafficPolicy, VirtualKey, service_table};
+use kube_ipvs_host::filter::FilterSet;
+use kube_ipvs_netlink::Family;
+use kube_ipvs_netlink::nfnl::ipset::Member;
+
+use crate::kernel::{Kernel, KernelError};
+
+/// One member of one set: the set's name and the member.
+pub type Keyed = (&'static str, Member);
+
+/// What one Service puts in the filter sets, sorted and without repeats.
+pub fn contribution(name: &ServiceName, inputs: &Inputs) -> Vec<Keyed> {
+    let mut out = Vec::new();
+    let Some(info) = inputs.service(name) else {
+        return out;
+    };
+    let table = service_table(Some(info), &[], inputs.node());
+    for (server, _) in &table.servers {
+        if let VirtualKey::Inet {
+            protocol,
+            addr,
+            port,
+        } = server.key
+        {
+            out.push((
+                FilterSet::Services.name(Family::of(addr)),
+                Member::IpPort {
+                    addr,
+                    protocol: protocol.number(),
+                    port,
+                },
+            ));
+        }
+    }
+    for &a in &table.addresses {
+        out.push((FilterSet::Addresses.name(Family::of(a)), Member::Ip(a)));
+    }
+    if info.kind == ServiceKind::LoadBalancer && !info.load_balancer_source_ranges.is_empty() {
+        // Only the load-balancer addresses the engine programs (those of the Service's
+        // families) are filtered.
+        let programmed = |a: &IpAddr| table.addresses.contains(a);
+        for &lb in info.load_balancer_ips.iter().filter(|a| programmed(a)) {
+            let family = Family::of(lb);
+            for p in info.ports.iter().filter(|p| p.port != 0) {
+                let (protocol, port) = (p.protocol.number(), p.port);
+                out.push((
+                    FilterSet::LbFirewall.name(family),
+                    Member::IpPort {
+                        addr: lb,
+                        protocol,
+                        port,
+                    },
+                ));
+                for range in &info.load_balancer_source_ranges {
+                    if Family::of(range.addr()) != family {
+                        continue;
+                    }
+                    out.push((
+                        FilterSet::LbSources.name(family),
+                        Member::IpPortNet {
+                            addr: lb,
+                            protocol,
+                            port,
+                            net: range.addr(),
+                            prefix: range.prefix(),
+                        },
+                    ));
+                }
+            }
+        }
+    }
+    if info.external_traffic_policy == TrafficPolicy::Local
+        && let Some(hc) = info.health_check_node_port.filter(|p| *p != 0)
+    {
+        out.push((
+            FilterSet::HealthCheckPorts.name(Family::V4),
+            Member::Port(hc),
+        ));
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// The filter sets' members, kept from change sets.
+#[derive(Debug, Default)]
+pub struct FilterSets {
+    by_service: HashMap<ServiceName, Vec<Keyed>>,
+    /// How many Services hold each member.
+    refs: HashMap<Keyed, u32>,
+    /// Members whose count went from or to zero since the kernel was last changed.
+    dirty: HashSet<Keyed>,
+    /// The NodePort addresses the contributions were worked out with.
+    node_ips: Vec<IpAddr>,
+    /// Whether the kernel's sets were made exact by the last forced sync and every delta since
+    /// applied; after a failure, deltas wait for the next forced sync.
+    synced: bool,
+}
+
+fn node_ips(inputs: &Inputs) -> Vec<IpAddr> {
+    let mut ips: Vec<IpAddr> = inputs.node().node_ips().collect();
+    ips.sort_unstable();
+    ips.dedup();
+    ips
+}
+
+impl FilterSets {
+    /// Works out these Services' contributions again.
+    pub fn update<'a>(
+        &mut self,
+        names: impl IntoIterator<Item = &'a ServiceName>,
+        inputs: &Inputs,
+    ) {
+        if self.node_ips_changed(inputs) {
+            self.update_all(inputs);
+            return;
+        }
+        for name in names {
+            let new = contribution(name, inputs);
+            let old = if new.is_empty() {
+                self.by_service.remove(name)
+            } else {
+                self.by_service.insert(name.clone(), new.clone())
+            }
+            .unwrap_or_default();
+            if old == new {
+                continue;
+            }
+            // Both are sorted and without repeats: only the members that differ change a count.
+            let (mut i, mut j) = (0, 0);
+            while i < old.len() || j < new.len() {
+                match (old.get(i), new.get(j)) {
+                    (Some(x), Some(y)) if x == y => (i, j) = (i + 1, j + 1),
+                    (Some(x), Some(y)) if x < y => {
+                        self.release(*x);
+                        i += 1;
+                    }
+                    (Some(x), None) => {
+                        self.release(*x);
+                        i += 1;
+                    }
+                    (_, Some(y)) => {
+                        self.hold(*y);
+                        j += 1;
+                    }
+                    (None, None) => break,
+                }
+            }
+        }
+    }
+
+    /// Whether the NodePort addresses differ from those the contributions were worked out with.
+    pub fn node_ips_changed(&self, inputs: &Inputs) -> bool {
+        self.node_ips != node_ips(inputs)
+    }
+
+    /// Works out every Service again (the node or its NodePort addresses changed).
+    pub fn update_all(&mut self, inputs: &Inputs) {
+        self.node_ips = node_ips(inputs);
+        let old: Vec<Keyed> = self.refs.drain().map(|(k, _)| k).collect();
+        self.dirty.extend(old);
+        self.by_service.clear();
+        let names: Vec<ServiceName> = inputs.service_names().cloned().collect();
+        for name in &names {
+            let c = contribution(name, inputs);
+            for k in &c {
+                self.hold(*k);
+            }
+            if !c.is_empty() {
+                self.by_service.insert(name.clone(), c);
+            }
+        }
+    }
+
+    fn hold(&mut self, k: Keyed) {
+        let n = self.refs.entry(k).or_insert(0);
+        *n += 1;
+        if *n == 1 {
+            self.dirty.insert(k);
+        }
+    }
+
+    fn release(&mut self, k: Keyed) {
+        if let Some(n) = self.refs.get_mut(&k) {
+            *n -= 1;
+            if *n == 0 {
+                self.refs.remove(&k);
+                self.dirty.insert(k);
+            }
+        }
+    }
+
+    /// The members a set must hold now.
+    pub fn members<'a>(&'a self, set: &'a str) -> impl Iterator<Item = Member> + 'a {
+        self.refs
+            .keys()
+            .filter(move |(s, _)| *s == set)
+            .map(|(_, m)| *m)
+    }
+
+    /// Creates every set that is absent.
+    pub fn create(kernel: &mut dyn Kernel) -> Result<(), KernelError> {
+        for (name, family, kind) in kube_ipvs_host::filter::sets() {
+            kernel.create_named_set(name, family, kind)?;
+        }
+        Ok(())
+    }
+
+    /// Brings the kernel's sets up to date: when forced, creates absent sets and makes each
+    /// exactly its members; otherwise applies the delta since the last change (nothing after a
+    /// failure until the next forced sync). Returns whether a member was added or deleted.
+    pub fn sync(&mut self, kernel: &mut dyn Kernel, force: bool) -> Result<bool, KernelError> {
+        if !force && (!self.synced || self.dirty.is_empty()) {
+            if !self.synced {
+                self.dirty.clear();
+            }
+            return Ok(false);
+        }
+        let result = if force {
+            self.sync_exact(kernel)
+        } else {
+            self.sync_delta(kernel)
+        };
+        self.dirty.clear();
+        self.synced = result.is_ok();
+        result
+    }
+
+    fn sync_exact(&self, kernel: &mut dyn Kernel) -> Result<bool, KernelError> {
+        Self::create(kernel)?;
+        let mut changed = false;
+        for (name, _, _) in kube_ipvs_host::filter::sets() {
+            let have: HashSet<Member> = kernel.list_named_set(name)?.into_iter().collect();
+            let want: HashSet<Member> = self.members(name).collect();
+            let del: Vec<Member> = have.difference(&want).copied().collect();
+            let add: Vec<Member> = want.difference(&have).copied().collect();
+            changed |= apply(kernel, name, &add, &del)?;
+        }
+        Ok(changed)
+    }
+
+    fn sync_delta(&self, kernel: &mut dyn Kernel) -> Result<bool, KernelError> {
+        let mut by_set: HashMap<&'static str, (Vec<Member>, Vec<Member>)> = HashMap::new();
+        for k in &self.dirty {
+            let (add, del) = by_set.entry(k.0).or_default();
+            if self.refs.contains_key(k) {
+                add.push(k.1);
+            } else {
+                del.push(k.1);
+            }
+        }
+        let mut changed = false;
+        for (name, (add, del)) in by_set {
+            changed |= apply(kernel, name, &add, &del)?;
+        }
+        Ok(changed)
+    }
+}
+
+/// Deletes, then adds (a member moving between Services is in neither list).
+fn apply(
+    kernel: &mut dyn Kernel,
+    name: &'static str,
+    add: &[Member],
+    del: &[Member],
+) -> Result<bool, KernelError> {
+    if !del.is_empty() {
+        kernel.change_named_set(name, false, del)?;
+    }
+    if !add.is_empty() {
+        kernel.change_named_set(name, true, add)?;
+    }
+    Ok(!add.is_empty() || !del.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::mem::MemKernel;
+    use kube_ipvs_diff::{NodeContext, Protocol, ServiceInfo, ServicePort};
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("literal")
+    }
+
+    fn inputs(node_ip: &str) -> Inputs {
+        let mut node = NodeContext::new("node-1");
+        node.node_ips_v4 = vec![node_ip.parse().expect("literal")];
+        Inputs::new(node).expect("node")
+    }
+
+    fn lb(ranges: &[&str]) -> ServiceInfo {
+        ServiceInfo {
+            kind: ServiceKind::LoadBalancer,
+            cluster_ips: vec![ip("10.96.0.20")],
+            ports: vec![ServicePort {
+                name: String::new(),
+                protocol: Protocol::Tcp,
+                port: 80,
+                node_port: Some(30080),
+            }],
+            load_balancer_ips: vec![ip("203.0.113.7")],
+            load_balancer_source_ranges: ranges.iter().map(|r| r.parse().expect("cidr")).collect(),
+            external_traffic_policy: TrafficPolicy::Local,
+            health_check_node_port: Some(31000),
+            ..ServiceInfo::default()
+        }
+    }
+
+    fn tcp(addr: &str, port: u16) -> Member {
+        Member::IpPort {
+            addr: ip(addr),
+            protocol: 6,
+            port,
+        }
+    }
+
+    fn members(k: &MemKernel, set: &str) -> Vec<String> {
+        k.state()
+            .named_sets
+            .get(set)
+            .map(|(_, m)| m.iter().map(Member::to_string).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_load_balancer_contributes_its_servers_addresses_ranges_and_health_port() {
+        let mut inputs = inputs("192.168.1.10");
+        let name = ServiceName::new("default", "web");
+        inputs
+            .upsert_service(name.clone(), lb(&["198.51.100.0/24", "fd00::/8"]))
+            .expect("service");
+        let c = contribution(&name, &inputs);
+        let text: Vec<String> = c.iter().map(|(s, m)| format!("{s} {m}")).collect();
+        assert_eq!(
+            text,
+            [
+                "KUBE-IPVS-ADDRS 10.96.0.20",
+                "KUBE-IPVS-ADDRS 203.0.113.7",
+                "KUBE-IPVS-HC-PORTS 31000",
+                "KUBE-IPVS-LB-FW 203.0.113.7,tcp:80",
+                // The IPv6 range cannot apply to an IPv4 address and is left out.
+                "KUBE-IPVS-LB-SRC 203.0.113.7,tcp:80,198.51.100.0/24",
+                "KUBE-IPVS-SERVICES 10.96.0.20,tcp:80",
+                "KUBE-IPVS-SERVICES 192.168.1.10,tcp:30080",
+                "KUBE-IPVS-SERVICES 203.0.113.7,tcp:80",
+            ]
+        );
+        // Without ranges there is no firewall entry, and a Cluster policy has no health port.
+        let open = ServiceInfo {
+            external_traffic_policy: TrafficPolicy::Cluster,
+            ..lb(&[])
+        };
+        inputs.upsert_service(name.clone(), open).expect("service");
+        let c = contribution(&name, &inputs);
+        assert!(
+            c.iter()
+                .all(|(s, _)| s.starts_with("KUBE-IPVS-SERVICES")
+                    || s.starts_with("KUBE-IPVS-ADDRS")),
+            "{c:?}"
+        );
+    }
+
+    #[test]
+    fn a_change_is_a_delta_of_the_changed_members_only() {
+        let mut inputs = inputs("192.168.1.10");
+        let mut k = MemKernel::default();
+        let a = ServiceName::new("default", "a");
+        let b = ServiceName::new("default", "b");
+        inputs
+            .upsert_service(a.clone(), lb(&["198.51.100.0/24"]))
+            .expect("a");
+        // b shares a's load-balancer address on another port.
+        let other_port = ServiceInfo {
+            cluster_ips: vec![ip("10.96.0.21")],
+            ports: vec![ServicePort {
+                name: String::new(),
+                protocol: Protocol::Udp,
+                port: 53,
+                node_port: None,
+            }],
+            health_check_node_port: None,
+            load_balancer_source_ranges: Vec::new(),
+            ..lb(&[])
+        };
+        inputs.upsert_service(b.clone(), other_port).expect("b");
+        let mut sets = FilterSets::default();
+        sets.update_all(&inputs);
+        assert!(sets.sync(&mut k, true).expect("forced"));
+        assert_eq!(
+            members(&k, "KUBE-IPVS-ADDRS"),
+            ["10.96.0.20", "10.96.0.21", "203.0.113.7"]
+        );
+        assert_eq!(members(&k, "KUBE-IPVS-LB-FW"), ["203.0.113.7,tcp:80"]);
+        k.state().named_set_log.clear();
+
+        // A's ranges change: two members of one set, nothing else.
+        inputs
+            .upsert_service(a.clone(), lb(&["192.0.2.0/24"]))
+            .expect("a");
+        sets.update([&a], &inputs);
+        assert!(sets.sync(&mut k, false).expect("delta"));
+        assert_eq!(
+            k.state().named_set_log,
+            ["del KUBE-IPVS-LB-SRC 1", "add KUBE-IPVS-LB-SRC 1"]
+        );
+        assert_eq!(
+            members(&k, "KUBE-IPVS-LB-SRC"),
+            ["203.0.113.7,tcp:80,192.0.2.0/24"]
+        );
+        k.state().named_set_log.clear();
+
+        // A goes: the shared address stays (b holds it), a's own members go.
+        inputs.remove_service(&a);
+        sets.update([&a], &inputs);
+        assert!(sets.sync(&mut k, false).expect("delta"));
+        assert_eq!(
+            members(&k, "KUBE-IPVS-ADDRS"),
+            ["10.96.0.21", "203.0.113.7"]
+        );
+        assert!(members(&k, "KUBE-IPVS-LB-FW").is_empty());
+        assert!(members(&k, "KUBE-IPVS-HC-PORTS").is_empty());
+        assert_eq!(
+            members(&k, "KUBE-IPVS-SERVICES"),
+            ["10.96.0.21,udp:53", "203.0.113.7,udp:53"]
+        );
+        // Nothing changed: nothing sent.
+        k.state().named_set_log.clear();
+        sets.update([&a, &b], &inputs);
+        assert!(!sets.sync(&mut k, false).expect("nothing"));
+        assert!(k.state().named_set_log.is_empty());
+    }
+
+    #[test]
+    fn new_node_addresses_move_the_node_ports_and_a_forced_sync_repairs_a_flush() {
+        let mut inputs = inputs("192.168.1.10");
+        let mut k = MemKernel::default();
+        let a = ServiceName::new("default", "a");
+        inputs.upsert_service(a.clone(), lb(&[])).expect("a");
+        let mut sets = FilterSets::default();
+        sets.update_all(&inputs);
+        sets.sync(&mut k, true).expect("forced");
+        let mut node = inputs.node().clone();
+        node.node_ips_v4 = vec!["192.168.1.11".parse().expect("literal")];
+        inputs.set_node(node).expect("node");
+        assert!(sets.node_ips_changed(&inputs));
+        // Any update notices the new addresses and works every Service out again.
+        sets.update(std::iter::empty(), &inputs);
+        sets.sync(&mut k, false).expect("delta");
+        let services = members(&k, "KUBE-IPVS-SERVICES");
+        assert!(services.contains(&tcp("192.168.1.11", 30080).to_string()));
+        assert!(!services.contains(&tcp("192.168.1.10", 30080).to_string()));
+
+        // Someone flushes a set and adds a stray member: a forced sync puts it right.
+        k.state()
+            .named_sets
+            .get_mut("KUBE-IPVS-SERVICES")
+            .expect("set")
+            .1 = [tcp("10.1.1.1", 1)].into_iter().collect();
+        sets.sync(&mut k, true).expect("forced");
+        assert_eq!(members(&k, "KUBE-IPVS-SERVICES"), services);
+
+        // A failed delta is not retried blindly: the next forced sync repairs the whole set.
+        k.state().named_sets.clear();
+        inputs.remove_service(&a);
+        sets.update([&a], &inputs);
+        assert!(sets.sync(&mut k, false).is_err(), "the sets are gone");
+        assert!(
+            !sets.sync(&mut k, false).expect("waits"),
+            "no delta after a failure"
+        );
+        sets.sync(&mut k, true).expect("forced recreates");
+        assert!(members(&k, "KUBE-IPVS-SERVICES").is_empty());
+        assert!(k.state().named_sets.contains_key("KUBE-IPVS-HC-PORTS"));
+    }
+}
