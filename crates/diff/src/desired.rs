@@ -548,7 +548,8 @@ pub fn dest_keys(table: &ServiceTable, key: &VirtualKey) -> Vec<DestKey> {
         .unwrap_or_default()
 }
 
-/// Whether a protocol's destinations drain gracefully: only TCP has connections to wait for.
+/// Whether a protocol's destinations drain gracefully: TCP connections and SCTP associations
+/// are waited for (IPVS counts both); UDP has none, and its flows move at once.
 pub fn drains(protocol: Protocol) -> bool {
-    protocol == Protocol::Tcp
+    matches!(protocol, Protocol::Tcp | Protocol::Sctp)
 }

@@ -112,6 +112,9 @@ pub struct Engine {
     started: bool,
     /// The graceful-termination timeout of the current sync (from the node options).
     drain_timeout: Duration,
+    /// Draining real servers deleted because the timeout passed while they still had
+    /// connections, not yet taken by [`Engine::take_timed_out`].
+    timed_out: Vec<(VirtualKey, DestKey)>,
 }
 
 impl Engine {
@@ -196,9 +199,14 @@ impl Engine {
         ops: &mut Sink,
     ) {
         let timeout = inputs.node().options.graceful_termination_timeout;
+        let timed_out = &mut self.timed_out;
         self.draining.retain(|(service, dest), d| {
-            let done = counts.connections(service, dest) == Some(0)
-                || now.saturating_sub(d.since) >= timeout;
+            let drained = counts.connections(service, dest) == Some(0);
+            let late = now.saturating_sub(d.since) >= timeout;
+            if late && !drained {
+                timed_out.push((*service, *dest));
+            }
+            let done = drained || late;
             if done {
                 ops.push(Op::DeleteDest {
                     service: *service,
@@ -213,6 +221,13 @@ impl Engine {
     pub fn next_deadline(&self, inputs: &Inputs) -> Option<Duration> {
         let timeout = inputs.node().options.graceful_termination_timeout;
         self.draining.values().map(|d| d.since + timeout).min()
+    }
+
+    /// The draining real servers deleted since the last call because the graceful-termination
+    /// timeout passed while they still had connections (or their count was unknown), for the
+    /// caller to log and count.
+    pub fn take_timed_out(&mut self) -> Vec<(VirtualKey, DestKey)> {
+        std::mem::take(&mut self.timed_out)
     }
 
     /// The real servers currently draining.
@@ -417,7 +432,7 @@ impl Engine {
         }
     }
 
-    /// Removes a real server: UDP and SCTP at once; TCP at once only if it is known to have no
+    /// Removes a real server: UDP at once; TCP and SCTP at once only if it is known to have no
     /// connections, else it goes to weight 0 and drains.
     fn remove_dest(
         &mut self,

@@ -561,8 +561,8 @@ impl fmt::Display for Scheduler {
 /// Engine options that come from the command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
-    /// How long a removed TCP destination with connections keeps weight 0 before it is deleted
-    /// anyway (kube-proxy's graceful termination; 15 minutes there).
+    /// How long a removed TCP or SCTP destination with connections keeps weight 0 before it is
+    /// deleted anyway (`--graceful-termination-timeout`, 15 minutes by default).
     pub graceful_termination_timeout: Duration,
     /// Virtual servers and interface addresses in these networks are never touched: they belong
     /// to someone else (`--ipvs-exclude-cidrs`).

@@ -143,7 +143,71 @@ fn draining_dest_is_deleted_after_the_timeout_even_with_connections() {
         rig.sync(T0 + timeout - Duration::from_secs(1), &busy)
             .is_empty()
     );
+    assert!(rig.engine.take_timed_out().is_empty(), "not yet");
     let ops = rig.sync(T0 + timeout, &busy);
+    assert_eq!(
+        ops,
+        vec![Op::DeleteDest {
+            service: key,
+            dest: dest("10.1.0.1")
+        }]
+    );
+    // The deletion at the cap is reported once, for the caller to log and count.
+    assert_eq!(rig.engine.take_timed_out(), vec![(key, dest("10.1.0.1"))]);
+    assert!(rig.engine.take_timed_out().is_empty());
+}
+
+#[test]
+fn a_drained_dest_is_not_reported_as_timed_out() {
+    let mut rig = Rig::new();
+    let web = name("web");
+    rig.inputs
+        .upsert_service(web.clone(), svc("10.96.0.10"))
+        .expect("valid");
+    rig.inputs
+        .set_endpoints(web.clone(), vec![ep("10.1.0.1")])
+        .expect("valid");
+    rig.sync(T0, &UnknownCounts);
+    rig.inputs.set_endpoints(web, vec![]).expect("valid");
+    let key = tcp("10.96.0.10", 80);
+    rig.sync(T0, &counts(&[(key, "10.1.0.1", 1)]));
+    let timeout = rig.inputs.node().options.graceful_termination_timeout;
+    // Idle exactly when the time is up: drained, not cut off.
+    let ops = rig.sync(T0 + timeout, &counts(&[(key, "10.1.0.1", 0)]));
+    assert_eq!(ops.len(), 1);
+    assert!(rig.engine.take_timed_out().is_empty());
+}
+
+#[test]
+fn removed_sctp_dest_drains_like_tcp() {
+    let mut rig = Rig::new();
+    let sig = name("sig");
+    let mut s = svc("10.96.0.60");
+    s.ports[0].protocol = Protocol::Sctp;
+    let mut e = ep("10.1.0.1");
+    let mut ports = e.ports.to_vec();
+    ports[0].protocol = Protocol::Sctp;
+    e.ports = ports.into();
+    rig.inputs.upsert_service(sig.clone(), s).expect("valid");
+    rig.inputs
+        .set_endpoints(sig.clone(), vec![e])
+        .expect("valid");
+    rig.sync(T0, &UnknownCounts);
+    rig.inputs.set_endpoints(sig, vec![]).expect("valid");
+    let key = VirtualKey::inet(Protocol::Sctp, ip("10.96.0.60"), 80);
+    let ops = rig.sync(T0, &counts(&[(key, "10.1.0.1", 2)]));
+    assert_eq!(
+        ops,
+        vec![Op::UpdateDest {
+            service: key,
+            dest: RealServer::masq(ip("10.1.0.1"), 8080, 0)
+        }],
+        "an SCTP association keeps its real server at weight 0"
+    );
+    let ops = rig.sync(
+        T0 + Duration::from_secs(5),
+        &counts(&[(key, "10.1.0.1", 0)]),
+    );
     assert_eq!(
         ops,
         vec![Op::DeleteDest {

@@ -219,9 +219,274 @@ pub fn required_sysctls(strict_arp: bool) -> Vec<(&'static str, &'static str)> {
     out
 }
 
+/// kube-proxy's `conntrack` settings (`KubeProxyConfiguration.conntrack` and the
+/// `--conntrack-*` flags), with its defaults. `None` or zero leaves the kernel's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conntrack {
+    /// Table size per CPU (`maxPerCore`, default 32768).
+    pub max_per_core: u32,
+    /// The least table size (`min`, default 131072).
+    pub min: u32,
+    /// `tcpEstablishedTimeout` in seconds (default 24 h).
+    pub tcp_established: u64,
+    /// `tcpCloseWaitTimeout` in seconds (default 1 h).
+    pub tcp_close_wait: u64,
+    /// `tcpBeLiberal` (default false: left alone).
+    pub tcp_be_liberal: bool,
+    /// `udpTimeout` in seconds (default 0: left alone).
+    pub udp: u64,
+    /// `udpStreamTimeout` in seconds (default 0: left alone).
+    pub udp_stream: u64,
+}
+
+impl Default for Conntrack {
+    fn default() -> Self {
+        Self {
+            max_per_core: 32_768,
+            min: 131_072,
+            tcp_established: 24 * 3600,
+            tcp_close_wait: 3600,
+            tcp_be_liberal: false,
+            udp: 0,
+            udp_stream: 0,
+        }
+    }
+}
+
+impl Conntrack {
+    /// The table size kube-proxy sets: `maxPerCore` times the CPUs, at least `min`; `None`
+    /// when `maxPerCore` is 0 (left alone).
+    #[must_use]
+    pub fn max(&self, cpus: usize) -> Option<u64> {
+        (self.max_per_core > 0).then(|| {
+            let cpus = u64::try_from(cpus.max(1)).unwrap_or(u64::MAX);
+            (u64::from(self.max_per_core).saturating_mul(cpus)).max(u64::from(self.min))
+        })
+    }
+
+    /// The sysctls these settings ask for, as (dotted name, value), in the order kube-proxy
+    /// sets them; zero and false settings are left out.
+    #[must_use]
+    pub fn sysctls(&self, cpus: usize) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        if let Some(max) = self.max(cpus) {
+            out.push(("net.netfilter.nf_conntrack_max", max.to_string()));
+        }
+        let timeouts = [
+            (
+                "net.netfilter.nf_conntrack_tcp_timeout_established",
+                self.tcp_established,
+            ),
+            (
+                "net.netfilter.nf_conntrack_tcp_timeout_close_wait",
+                self.tcp_close_wait,
+            ),
+            ("net.netfilter.nf_conntrack_udp_timeout", self.udp),
+            (
+                "net.netfilter.nf_conntrack_udp_timeout_stream",
+                self.udp_stream,
+            ),
+        ];
+        for (name, secs) in timeouts {
+            if secs > 0 {
+                out.push((name, secs.to_string()));
+            }
+        }
+        if self.tcp_be_liberal {
+            out.push(("net.netfilter.nf_conntrack_tcp_be_liberal", "1".to_owned()));
+        }
+        out
+    }
+}
+
+/// `net.ipv4.vs.conn_reuse_mode=0` on kernels 4.1 to 5.8, as kube-proxy sets it: there, mode 1
+/// (the default) drops the first packet of a reused connection to a deleted or changed real
+/// server, which stalls clients for a second; from 5.9 the kernel no longer needs it.
+/// `osrelease` is `/proc/sys/kernel/osrelease`.
+#[must_use]
+pub fn conn_reuse_sysctl(osrelease: &str) -> Option<(&'static str, &'static str)> {
+    let mut parts = osrelease
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().ok());
+    let major = parts.next().flatten()?;
+    let minor = parts.next().flatten()?;
+    ((4, 1) <= (major, minor) && (major, minor) < (5, 9))
+        .then_some(("net.ipv4.vs.conn_reuse_mode", "0"))
+}
+
+impl Host {
+    /// The CPUs the kernel has online (`/sys/devices/system/cpu/online`, e.g. `0-3,6`); 1 if
+    /// unreadable.
+    #[must_use]
+    pub fn cpus(&self) -> usize {
+        let text = std::fs::read_to_string(self.sys_root.join("devices/system/cpu/online"))
+            .unwrap_or_default();
+        let n: usize = text
+            .trim()
+            .split(',')
+            .filter(|r| !r.is_empty())
+            .map(|r| match r.split_once('-') {
+                Some((a, b)) => match (a.parse::<usize>(), b.parse::<usize>()) {
+                    (Ok(a), Ok(b)) if b >= a => b - a + 1,
+                    _ => 0,
+                },
+                None => usize::from(r.parse::<usize>().is_ok()),
+            })
+            .sum();
+        n.max(1)
+    }
+
+    /// Sets kube-proxy's conntrack and IPVS tuning sysctls, going on after a failure; returns
+    /// each failure (naming the sysctl). `nf_conntrack_max` is writable only in the initial
+    /// network namespace; when it is raised, the hash table is grown to a quarter of it as
+    /// kube-proxy does (`/sys/module/nf_conntrack/parameters/hashsize`).
+    pub fn set_tuning_sysctls(&self, conntrack: &Conntrack) -> Vec<SetupError> {
+        let mut wanted = conntrack.sysctls(self.cpus());
+        let release = std::fs::read_to_string(self.proc_root.join("sys/kernel/osrelease"))
+            .unwrap_or_default();
+        if let Some((name, value)) = conn_reuse_sysctl(&release) {
+            wanted.push((name, value.to_owned()));
+        }
+        let mut failed = Vec::new();
+        for (name, value) in &wanted {
+            match self.set_sysctls(&[(name, value.as_str())]) {
+                Ok(()) => {
+                    if *name == "net.netfilter.nf_conntrack_max" {
+                        if let Err(e) = self.grow_conntrack_hash(value) {
+                            failed.push(e);
+                        }
+                    }
+                }
+                Err(e) => failed.push(e),
+            }
+        }
+        failed
+    }
+
+    /// Grows the conntrack hash table to a quarter of `max` if it is smaller.
+    fn grow_conntrack_hash(&self, max: &str) -> Result<(), SetupError> {
+        let path = self
+            .sys_root
+            .join("module/nf_conntrack/parameters/hashsize");
+        let want = max.parse::<u64>().unwrap_or(0) / 4;
+        let err = |source| SetupError::Sysctl {
+            name: "nf_conntrack hashsize".to_owned(),
+            value: want.to_string(),
+            source,
+        };
+        let have: u64 = std::fs::read_to_string(&path)
+            .map_err(err)?
+            .trim()
+            .parse()
+            .unwrap_or(0);
+        if have >= want {
+            return Ok(());
+        }
+        std::fs::write(&path, format!("{want}\n")).map_err(err)?;
+        tracing::info!("set nf_conntrack hashsize={want} (was {have})");
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn conntrack_settings_give_kube_proxys_sysctls() {
+        let d = Conntrack::default();
+        assert_eq!(d.max(2), Some(131_072), "the minimum wins on a small node");
+        assert_eq!(d.max(8), Some(262_144));
+        let zero = Conntrack {
+            max_per_core: 0,
+            ..d
+        };
+        assert_eq!(
+            zero.max(64),
+            None,
+            "maxPerCore 0 leaves the table size alone"
+        );
+        let names: Vec<String> = d
+            .sysctls(4)
+            .into_iter()
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "net.netfilter.nf_conntrack_max=131072",
+                "net.netfilter.nf_conntrack_tcp_timeout_established=86400",
+                "net.netfilter.nf_conntrack_tcp_timeout_close_wait=3600",
+            ]
+        );
+        let all = Conntrack {
+            tcp_be_liberal: true,
+            udp: 30,
+            udp_stream: 120,
+            ..zero
+        };
+        let names: Vec<&str> = all.sysctls(4).into_iter().map(|(n, _)| n).collect();
+        assert!(names.contains(&"net.netfilter.nf_conntrack_tcp_be_liberal"));
+        assert!(names.contains(&"net.netfilter.nf_conntrack_udp_timeout"));
+        assert!(names.contains(&"net.netfilter.nf_conntrack_udp_timeout_stream"));
+        assert!(!names.contains(&"net.netfilter.nf_conntrack_max"));
+    }
+
+    #[test]
+    fn conn_reuse_mode_only_on_the_kernels_that_need_it() {
+        assert_eq!(conn_reuse_sysctl("4.0.9"), None);
+        assert!(conn_reuse_sysctl("4.1.0").is_some());
+        assert!(conn_reuse_sysctl("5.8.18-100.fc31.x86_64").is_some());
+        assert_eq!(conn_reuse_sysctl("5.9.0"), None);
+        assert_eq!(conn_reuse_sysctl("6.1.0-28-amd64"), None);
+        assert_eq!(conn_reuse_sysctl("garbage"), None);
+    }
+
+    #[test]
+    fn tuning_sysctls_are_set_and_each_failure_is_named() {
+        let h = host("tuning");
+        let sys = h.proc_root.join("sys");
+        std::fs::create_dir_all(sys.join("net/netfilter")).expect("mkdir");
+        std::fs::create_dir_all(sys.join("net/ipv4/vs")).expect("mkdir");
+        std::fs::create_dir_all(h.sys_root.join("module/nf_conntrack/parameters")).expect("mkdir");
+        std::fs::create_dir_all(h.sys_root.join("devices/system/cpu")).expect("mkdir");
+        std::fs::write(h.sys_root.join("devices/system/cpu/online"), "0-7\n").expect("write");
+        std::fs::write(sys.join("kernel/osrelease"), "5.4.0-1\n").expect("write");
+        std::fs::write(
+            h.sys_root.join("module/nf_conntrack/parameters/hashsize"),
+            "16384\n",
+        )
+        .expect("write");
+        for f in [
+            "net/netfilter/nf_conntrack_max",
+            "net/netfilter/nf_conntrack_tcp_timeout_established",
+            "net/ipv4/vs/conn_reuse_mode",
+        ] {
+            std::fs::write(sys.join(f), "1\n").expect("write");
+        }
+        // close_wait is missing: its failure is named, and the others are still set.
+        let failed = h.set_tuning_sysctls(&Conntrack::default());
+        let read = |f: &str| std::fs::read_to_string(sys.join(f)).expect("read");
+        assert_eq!(read("net/netfilter/nf_conntrack_max").trim(), "262144");
+        assert_eq!(
+            read("net/netfilter/nf_conntrack_tcp_timeout_established").trim(),
+            "86400"
+        );
+        assert_eq!(read("net/ipv4/vs/conn_reuse_mode").trim(), "0");
+        let hash =
+            std::fs::read_to_string(h.sys_root.join("module/nf_conntrack/parameters/hashsize"))
+                .expect("read");
+        assert_eq!(hash.trim(), "65536");
+        assert_eq!(failed.len(), 1, "{failed:?}");
+        assert!(
+            failed[0]
+                .to_string()
+                .starts_with("sysctl net.netfilter.nf_conntrack_tcp_timeout_close_wait=3600"),
+            "{}",
+            failed[0]
+        );
+    }
 
     /// A fake `/proc`, `/sys` and `/lib/modules` in a directory of the test's own.
     fn host(name: &str) -> Host {

@@ -198,6 +198,8 @@ fn flags_change_what_they_should() {
             "127.0.0.1",
             "--metrics-bind-address",
             "127.0.0.1:10249",
+            "--conntrack-tcp-timeout-close-wait",
+            "10m",
         ],
     );
     agent.wait_healthy();
@@ -221,6 +223,24 @@ fn flags_change_what_they_should() {
     );
     let timeouts = ipvsadm(&["-L", "--timeout"]);
     assert!(timeouts.contains("901 61 301"), "{timeouts}");
+    // kube-proxy's conntrack defaults and one flag. The table size is global: outside the
+    // initial network namespace (where each kernel test runs) the kernel refuses it, and the
+    // agent names the sysctl and goes on.
+    let log = agent.log();
+    assert!(
+        log.contains("conntrack tuning left as it is: sysctl net.netfilter.nf_conntrack_max="),
+        "{log}"
+    );
+    for (sysctl, want) in [
+        (
+            "net/netfilter/nf_conntrack_tcp_timeout_established",
+            "86400",
+        ),
+        ("net/netfilter/nf_conntrack_tcp_timeout_close_wait", "600"),
+    ] {
+        let got = std::fs::read_to_string(format!("/proc/sys/{sysctl}")).expect("read sysctl");
+        assert_eq!(got.trim(), want, "{sysctl}");
+    }
     for (sysctl, want) in [
         ("net/ipv4/conf/all/arp_ignore", "1"),
         ("net/ipv4/conf/all/arp_announce", "2"),
@@ -451,7 +471,10 @@ fn a_kube_proxy_config_file_is_applied_and_flags_win() {
          healthzBindAddress: 127.0.0.1:10256\n\
          metricsBindAddress: 127.0.0.1:10249\n\
          ipvs:\n  scheduler: wlc\n  syncPeriod: 2s\n  excludeCIDRs: [10.200.0.0/16]\n  \
-         tcpTimeout: 902s\n  udpTimeout: 0s\n",
+         tcpTimeout: 902s\n  udpTimeout: 0s\n\
+         conntrack:\n  maxPerCore: 0\n  tcpEstablishedTimeout: 2h0m0s\n  \
+         tcpCloseWaitTimeout: 30m0s\n  tcpBeLiberal: true\n  udpTimeout: 45s\n  \
+         udpStreamTimeout: 3m\n",
     )
     .expect("write config");
     ipvsadm(&["-A", "-t", "10.200.0.1:80", "-s", "rr"]);
@@ -470,6 +493,22 @@ fn a_kube_proxy_config_file_is_applied_and_flags_win() {
     assert!(
         ipvsadm(&["-L", "--timeout"]).contains("902 "),
         "ipvs.tcpTimeout"
+    );
+    for (sysctl, want) in [
+        ("nf_conntrack_tcp_timeout_established", "7200"),
+        ("nf_conntrack_tcp_timeout_close_wait", "1800"),
+        ("nf_conntrack_tcp_be_liberal", "1"),
+        ("nf_conntrack_udp_timeout", "45"),
+        ("nf_conntrack_udp_timeout_stream", "180"),
+    ] {
+        let got = std::fs::read_to_string(format!("/proc/sys/net/netfilter/{sysctl}"))
+            .expect("read sysctl");
+        assert_eq!(got.trim(), want, "conntrack: {sysctl}");
+    }
+    assert!(
+        !agent.log().contains("nf_conntrack_max"),
+        "maxPerCore 0 leaves the table size alone:\n{}",
+        agent.log()
     );
     // ipvs.syncPeriod 2s: a cleared table is back within a few seconds.
     ipvsadm(&["-D", "-t", "10.96.0.10:80"]);

@@ -138,6 +138,11 @@ pub struct RunArgs {
     /// The minimum interval between incremental syncs (changes are batched meanwhile).
     #[arg(long, value_name = "DURATION")]
     pub min_sync_period: Option<String>,
+    /// How long a removed TCP or SCTP real server with open connections keeps weight 0 before
+    /// it is deleted anyway (e.g. `1h`; default `15m`); `0s` deletes at once. Each deletion at
+    /// this cap is logged and counted (`kube_ipvs_drain_timeouts_total`).
+    #[arg(long, value_name = "DURATION")]
+    pub graceful_termination_timeout: Option<String>,
     /// Set `arp_ignore=1` and `arp_announce=2` so Service addresses on `kube-ipvs0` are not
     /// answered for by ARP (needed by some load balancers).
     #[arg(long)]
@@ -164,6 +169,41 @@ pub struct RunArgs {
     /// Take only Services labelled `service.kubernetes.io/service-proxy-name` with this value.
     #[arg(long, value_name = "NAME")]
     pub service_proxy_name: Option<String>,
+    /// Conntrack table entries per CPU (`nf_conntrack_max` = this x CPUs, at least
+    /// `--conntrack-min`); 0 leaves the table size alone. Default 32768.
+    #[arg(long, value_name = "N")]
+    pub conntrack_max_per_core: Option<u32>,
+    /// The least conntrack table size. Default 131072.
+    #[arg(long, value_name = "N")]
+    pub conntrack_min: Option<u32>,
+    /// Idle timeout of established TCP conntrack entries; 0 leaves the kernel's. Default 24h.
+    #[arg(long, value_name = "DURATION")]
+    pub conntrack_tcp_timeout_established: Option<String>,
+    /// Timeout of TCP conntrack entries in CLOSE_WAIT; 0 leaves the kernel's. Default 1h.
+    #[arg(long, value_name = "DURATION")]
+    pub conntrack_tcp_timeout_close_wait: Option<String>,
+    /// Let conntrack accept TCP packets outside the window instead of marking them INVALID.
+    #[arg(long)]
+    pub conntrack_tcp_be_liberal: bool,
+    /// Timeout of unreplied UDP conntrack entries; 0 (default) leaves the kernel's.
+    #[arg(long, value_name = "DURATION")]
+    pub conntrack_udp_timeout: Option<String>,
+    /// Timeout of UDP conntrack entries that saw replies; 0 (default) leaves the kernel's.
+    #[arg(long, value_name = "DURATION")]
+    pub conntrack_udp_timeout_stream: Option<String>,
+}
+
+/// The `conntrack` section of `KubeProxyConfiguration`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ConntrackSection {
+    max_per_core: Option<u32>,
+    min: Option<u32>,
+    tcp_established_timeout: Option<String>,
+    tcp_close_wait_timeout: Option<String>,
+    tcp_be_liberal: Option<bool>,
+    udp_timeout: Option<String>,
+    udp_stream_timeout: Option<String>,
 }
 
 /// The `ipvs` section of `KubeProxyConfiguration`.
@@ -238,7 +278,7 @@ struct ProxyConfig {
     bind_address: Option<IgnoredAny>,
     bind_address_hard_fail: Option<IgnoredAny>,
     config_sync_period: Option<IgnoredAny>,
-    conntrack: Option<IgnoredAny>,
+    conntrack: Option<ConntrackSection>,
     detect_local: Option<IgnoredAny>,
     detect_local_mode: Option<IgnoredAny>,
     enable_profiling: Option<IgnoredAny>,
@@ -377,6 +417,67 @@ fn timeout_secs(v: Option<Named<String>>) -> Result<Option<u32>, ConfigError> {
     Ok((secs > 0).then_some(secs))
 }
 
+/// A conntrack timeout in whole seconds (rounded down, as kube-proxy does); `default` when
+/// neither the flag nor the key is set, 0 meaning "leave the kernel's".
+fn conntrack_secs(v: Option<Named<String>>, default: u64) -> Result<u64, ConfigError> {
+    match v {
+        None => Ok(default),
+        Some(v) => Ok(duration(&v)?.as_secs()),
+    }
+}
+
+/// The `conntrack` settings: each flag wins over its key, kube-proxy's defaults otherwise.
+fn conntrack_settings(
+    args: &RunArgs,
+    file: ConntrackSection,
+) -> Result<kube_ipvs_host::setup::Conntrack, ConfigError> {
+    let d = kube_ipvs_host::setup::Conntrack::default();
+    Ok(kube_ipvs_host::setup::Conntrack {
+        max_per_core: args
+            .conntrack_max_per_core
+            .or(file.max_per_core)
+            .unwrap_or(d.max_per_core),
+        min: args.conntrack_min.or(file.min).unwrap_or(d.min),
+        tcp_established: conntrack_secs(
+            pick(
+                args.conntrack_tcp_timeout_established.as_deref(),
+                "conntrack-tcp-timeout-established",
+                file.tcp_established_timeout.as_deref(),
+                "conntrack.tcpEstablishedTimeout",
+            ),
+            d.tcp_established,
+        )?,
+        tcp_close_wait: conntrack_secs(
+            pick(
+                args.conntrack_tcp_timeout_close_wait.as_deref(),
+                "conntrack-tcp-timeout-close-wait",
+                file.tcp_close_wait_timeout.as_deref(),
+                "conntrack.tcpCloseWaitTimeout",
+            ),
+            d.tcp_close_wait,
+        )?,
+        tcp_be_liberal: args.conntrack_tcp_be_liberal || file.tcp_be_liberal.unwrap_or(false),
+        udp: conntrack_secs(
+            pick(
+                args.conntrack_udp_timeout.as_deref(),
+                "conntrack-udp-timeout",
+                file.udp_timeout.as_deref(),
+                "conntrack.udpTimeout",
+            ),
+            d.udp,
+        )?,
+        udp_stream: conntrack_secs(
+            pick(
+                args.conntrack_udp_timeout_stream.as_deref(),
+                "conntrack-udp-timeout-stream",
+                file.udp_stream_timeout.as_deref(),
+                "conntrack.udpStreamTimeout",
+            ),
+            d.udp_stream,
+        )?,
+    })
+}
+
 /// `IP:PORT`, or an IP alone with the default's port (kube-proxy accepts both).
 fn bind_address(v: Option<Named<String>>, default: &str) -> Result<SocketAddr, ConfigError> {
     let Some((value, setting)) = v else {
@@ -449,6 +550,8 @@ pub struct Settings {
     pub strict_arp: bool,
     /// IPVS timeouts to set.
     pub timeouts: Timeouts,
+    /// kube-proxy's conntrack tuning.
+    pub conntrack: kube_ipvs_host::setup::Conntrack,
     /// `/healthz` and `/livez`.
     pub healthz: SocketAddr,
     /// `/metrics`.
@@ -581,6 +684,7 @@ impl Settings {
                 "ipvs.udpTimeout",
             ))?,
         };
+        let conntrack = conntrack_settings(args, file.conntrack.unwrap_or_default())?;
         let healthz = bind_address(
             pick(
                 args.healthz_bind_address.as_deref(),
@@ -628,6 +732,7 @@ impl Settings {
             cluster_cidr: cluster.map(|(v, _)| v),
             exclude_cidrs: exclude.map(|(v, _)| v),
             service_proxy_name: args.service_proxy_name.clone(),
+            graceful_termination_timeout: args.graceful_termination_timeout.clone(),
         };
         scheduler
             .0
@@ -659,6 +764,7 @@ impl Settings {
             min_sync_period,
             strict_arp: args.strict_arp || ipvs.strict_arp.unwrap_or(false),
             timeouts,
+            conntrack,
             healthz,
             metrics,
         })
@@ -715,7 +821,7 @@ mod tests {
     #[test]
     fn bad_flag_values_name_the_flag() {
         type Edit = fn(&mut RunArgs);
-        let cases: [(Edit, &str); 6] = [
+        let cases: [(Edit, &str); 7] = [
             (
                 |a| a.scheduler = Some("fastest".into()),
                 "--scheduler \"fastest\"",
@@ -739,6 +845,10 @@ mod tests {
             (
                 |a| a.tcp_timeout = Some("1.5s".into()),
                 "--tcp-timeout \"1.5s\"",
+            ),
+            (
+                |a| a.graceful_termination_timeout = Some("-1m".into()),
+                "--graceful-termination-timeout \"-1m\"",
             ),
         ];
         for (set, want) in cases {

@@ -145,6 +145,8 @@ pub struct Metrics {
     pub conntrack_errors: u64,
     /// UDP conntrack entries deleted after their real or virtual server was deleted.
     pub conntrack_flushed: u64,
+    /// Draining real servers deleted at the graceful-termination timeout with connections left.
+    pub drain_timeouts: u64,
 }
 
 impl Default for Metrics {
@@ -164,6 +166,7 @@ impl Default for Metrics {
             masquerade_errors: 0,
             conntrack_errors: 0,
             conntrack_flushed: 0,
+            drain_timeouts: 0,
         }
     }
 }
@@ -248,6 +251,12 @@ impl Metrics {
             "kube_ipvs_conntrack_entries_deleted_total",
             "UDP conntrack entries deleted because their real or virtual server was deleted",
             self.conntrack_flushed,
+        );
+        counter(
+            &mut out,
+            "kube_ipvs_drain_timeouts_total",
+            "Draining real servers deleted at --graceful-termination-timeout with connections left",
+            self.drain_timeouts,
         );
         counter(
             &mut out,

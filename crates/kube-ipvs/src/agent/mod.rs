@@ -109,9 +109,14 @@ fn prepare_kernel(settings: &Settings) -> Result<RealKernel, String> {
         settings.strict_arp,
     ))
     .map_err(|e| e.to_string())?;
-    if settings.masquerade && settings.node_pod_cidrs.is_empty() {
+    // Tuning, not correctness: a sysctl that cannot be set (nf_conntrack_max is read-only
+    // outside the initial network namespace) is named and the agent goes on.
+    for e in host.set_tuning_sysctls(&settings.conntrack) {
+        tracing::warn!("conntrack tuning left as it is: {e}");
+    }
+    if settings.masquerade {
         for e in host.load_optional_modules(&kube_ipvs_host::setup::set_modules()) {
-            tracing::warn!("hairpin ipset: {e}");
+            tracing::warn!("ipset and iptables matches: {e}");
         }
     }
     let mut ipvs = Ipvs::new().map_err(|e| format!("opening IPVS netlink: {e}"))?;

@@ -406,6 +406,7 @@ impl<K: Kernel> Agent<K> {
         };
         let now = self.now();
         let ops = self.engine.sync(&mut self.inputs, now, &counts);
+        self.note_drain_timeouts();
         if ops.is_empty() {
             self.programmed(&[], false);
             self.finish(SyncKind::Incremental, start, 0, &[]);
@@ -460,6 +461,7 @@ impl<K: Kernel> Agent<K> {
         let ops = self
             .engine
             .resync(&mut self.inputs, &observed.table, now, &counts);
+        self.note_drain_timeouts();
         let diffed = start.elapsed();
         let failures = self.apply(&ops);
         if kind == SyncKind::Startup {
@@ -509,6 +511,26 @@ impl<K: Kernel> Agent<K> {
         }
         self.programmed(&failures, true);
         self.finish(kind, start, ops.len(), &failures);
+    }
+
+    /// Logs and counts the draining real servers the engine deleted at the graceful-termination
+    /// timeout while they still had connections.
+    fn note_drain_timeouts(&mut self) {
+        let cut = self.engine.take_timed_out();
+        if cut.is_empty() {
+            return;
+        }
+        let timeout = self.inputs.node().options.graceful_termination_timeout;
+        for (service, dest) in &cut {
+            tracing::warn!(
+                "graceful termination: {service} real server {} still had connections after \
+                 {:?} (--graceful-termination-timeout); deleting it",
+                std::net::SocketAddr::new(dest.addr, dest.port),
+                timeout
+            );
+        }
+        self.shared
+            .with_metrics(|m| m.drain_timeouts += cut.len() as u64);
     }
 
     /// Applies ops; failures are logged with their Services and counted.

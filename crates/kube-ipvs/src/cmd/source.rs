@@ -82,6 +82,11 @@ pub struct SourceArgs {
     /// (default: only unlabelled Services, as kube-proxy).
     #[arg(long, value_name = "NAME")]
     pub service_proxy_name: Option<String>,
+    /// How long a removed TCP or SCTP real server with open connections keeps weight 0 before
+    /// it is deleted anyway (e.g. `1h`; default `15m`); `0s` deletes at once. Each deletion at
+    /// the cap is logged and counted (`kube_ipvs_drain_timeouts_total`).
+    #[arg(long, value_name = "DURATION")]
+    pub graceful_termination_timeout: Option<String>,
 }
 
 fn cidr_list(flag: &'static str, value: Option<&str>) -> Result<Vec<Cidr>, SourceError> {
@@ -159,9 +164,20 @@ impl SourceArgs {
         ctx.zone.clone_from(&self.node_zone);
         self.override_ips(&mut ctx);
         ctx.default_scheduler = default_scheduler;
+        let defaults = Options::default();
+        let graceful_termination_timeout = match &self.graceful_termination_timeout {
+            None => defaults.graceful_termination_timeout,
+            Some(v) => {
+                crate::agent::config::parse_duration(v).map_err(|reason| SourceError::Flag {
+                    flag: "graceful-termination-timeout",
+                    value: v.clone(),
+                    reason,
+                })?
+            }
+        };
         ctx.options = Options {
             exclude_cidrs: cidr_list("exclude-cidrs", self.exclude_cidrs.as_deref())?,
-            ..Options::default()
+            graceful_termination_timeout,
         };
         Ok(ctx)
     }
