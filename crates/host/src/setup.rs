@@ -350,15 +350,15 @@ impl Host {
         }
         let mut failed = Vec::new();
         for (name, value) in &wanted {
-            match self.set_sysctls(&[(name, value.as_str())]) {
-                Ok(()) => {
-                    if *name == "net.netfilter.nf_conntrack_max" {
-                        if let Err(e) = self.grow_conntrack_hash(value) {
-                            failed.push(e);
-                        }
-                    }
+            let result = self.set_sysctls(&[(name, value.as_str())]).and_then(|()| {
+                if *name == "net.netfilter.nf_conntrack_max" {
+                    self.grow_conntrack_hash(value)
+                } else {
+                    Ok(())
                 }
-                Err(e) => failed.push(e),
+            });
+            if let Err(e) = result {
+                failed.push(e);
             }
         }
         failed
