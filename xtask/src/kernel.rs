@@ -37,6 +37,7 @@ pub(crate) const BOOT_MODULES: &[&str] = &[
     // Links for tests and the optional user-mode network.
     "dummy",
     "veth",
+    "bridge",
     "virtio_pci",
     "virtio_net",
     // Conntrack, iptables (legacy and nft) and the matches a service proxy uses.

@@ -593,6 +593,9 @@ pub struct NodeContext {
     pub default_scheduler: Scheduler,
     /// Engine options.
     pub options: Options,
+    /// The Node's `spec.podCIDRs` (not used by the engine; `detectLocalMode: NodeCIDR` reads
+    /// it).
+    pub pod_cidrs: Vec<Cidr>,
 }
 
 impl NodeContext {
@@ -605,6 +608,7 @@ impl NodeContext {
             node_ips_v6: Vec::new(),
             default_scheduler: Scheduler::RR,
             options: Options::default(),
+            pod_cidrs: Vec::new(),
         }
     }
 

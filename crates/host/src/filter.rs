@@ -12,15 +12,15 @@
 //! [`INPUT_CHAIN`], jumped to first from `INPUT`:
 //!
 //! 1. sends packets to a load-balancer address and port with `loadBalancerSourceRanges`
-//!    ([`FilterSet::LbFirewall`]) through [`SOURCE_RANGES_CHAIN`], which lets through sources in
-//!    a range ([`FilterSet::LbSources`], `dst,dst,src`) and the node itself (`--src-type LOCAL`,
+//!    ([`crate::sets::ServiceSet::LbFirewall`]) through [`SOURCE_RANGES_CHAIN`], which lets through sources in
+//!    a range ([`crate::sets::ServiceSet::LbSources`], `dst,dst,src`) and the node itself (`--src-type LOCAL`,
 //!    kube-proxy's rule that a node may always reach its own load-balancer addresses) and drops
 //!    the rest;
-//! 2. accepts packets to a virtual server, NodePorts included ([`FilterSet::Services`],
+//! 2. accepts packets to a virtual server, NodePorts included ([`crate::sets::ServiceSet::Services`],
 //!    `dst,dst`), so a host whose `INPUT` policy is `DROP` still serves its Services;
-//! 3. accepts TCP to a `healthCheckNodePort` on a local address ([`FilterSet::HealthCheckPorts`]);
+//! 3. accepts TCP to a `healthCheckNodePort` on a local address ([`crate::sets::ServiceSet::HealthCheckPorts`]);
 //! 4. rejects new connections to any other port of a `kube-ipvs0` address
-//!    ([`FilterSet::Addresses`]).
+//!    ([`crate::sets::ServiceSet::Addresses`]).
 //!
 //! [`FORWARD_CHAIN`], jumped to first from `FORWARD`, accepts packets carrying the masquerade
 //! mark and packets of established connections: the replies of a real server on another host
@@ -31,13 +31,13 @@
 //!
 //! Every Service-dependent fact is a member of an ipset, kept over netlink by the caller
 //! ([`kube_ipvs_netlink::nfnl::ipset`]): a Service change is a set delta, never a rule rewrite.
-//! The sets must exist before the rules reference them and outlive them: [`SETS`] lists them for
-//! creation and for [`crate::masquerade::cleanup_sets`].
+//! The sets ([`crate::sets`]) must exist before the rules reference them and outlive them.
 
 use std::fmt::Write as _;
 
 use kube_ipvs_netlink::Family;
-use kube_ipvs_netlink::nfnl::ipset::SetKind;
+
+use crate::sets::ServiceSet as FilterSet;
 
 /// Our chain jumped to first from `INPUT`.
 pub const INPUT_CHAIN: &str = "KUBE-IPVS-INPUT";
@@ -55,89 +55,6 @@ pub const FORWARD_COMMENT: &str = "kube-ipvs service forwarding";
 pub const JUMPS: [(&str, &str, &str); 2] = [
     ("INPUT", INPUT_CHAIN, INPUT_COMMENT),
     ("FORWARD", FORWARD_CHAIN, FORWARD_COMMENT),
-];
-
-/// The sets the filter rules match; their members are kept by the caller.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum FilterSet {
-    /// `hash:ip,port`: every virtual server (address, protocol, port), NodePorts included.
-    Services,
-    /// `hash:ip`: every address bound to `kube-ipvs0`.
-    Addresses,
-    /// `hash:ip,port`: the load-balancer virtual servers of Services with
-    /// `loadBalancerSourceRanges`.
-    LbFirewall,
-    /// `hash:ip,port,net`: (load-balancer address, protocol, port, allowed source range).
-    LbSources,
-    /// `bitmap:port`, both families: the `healthCheckNodePort`s this node serves.
-    HealthCheckPorts,
-}
-
-impl FilterSet {
-    /// Every filter set.
-    pub const ALL: [FilterSet; 5] = [
-        Self::Services,
-        Self::Addresses,
-        Self::LbFirewall,
-        Self::LbSources,
-        Self::HealthCheckPorts,
-    ];
-
-    /// The set's name for `family` (the port set has one name for both).
-    #[must_use]
-    pub fn name(self, family: Family) -> &'static str {
-        match (self, family) {
-            (Self::Services, Family::V4) => "KUBE-IPVS-SERVICES",
-            (Self::Services, Family::V6) => "KUBE-IPVS-SERVICES6",
-            (Self::Addresses, Family::V4) => "KUBE-IPVS-ADDRS",
-            (Self::Addresses, Family::V6) => "KUBE-IPVS-ADDRS6",
-            (Self::LbFirewall, Family::V4) => "KUBE-IPVS-LB-FW",
-            (Self::LbFirewall, Family::V6) => "KUBE-IPVS-LB-FW6",
-            (Self::LbSources, Family::V4) => "KUBE-IPVS-LB-SRC",
-            (Self::LbSources, Family::V6) => "KUBE-IPVS-LB-SRC6",
-            (Self::HealthCheckPorts, _) => "KUBE-IPVS-HC-PORTS",
-        }
-    }
-
-    /// The set's type.
-    #[must_use]
-    pub fn kind(self) -> SetKind {
-        match self {
-            Self::Services | Self::LbFirewall => SetKind::IpPort,
-            Self::Addresses => SetKind::Ip,
-            Self::LbSources => SetKind::IpPortNet,
-            Self::HealthCheckPorts => SetKind::Port,
-        }
-    }
-
-    /// The families the set exists for: one set for both when it holds ports only.
-    #[must_use]
-    pub fn families(self) -> &'static [Family] {
-        match self {
-            Self::HealthCheckPorts => &[Family::V4],
-            _ => &[Family::V4, Family::V6],
-        }
-    }
-}
-
-/// Every filter set as (name, family, kind), in creation order.
-pub fn sets() -> impl Iterator<Item = (&'static str, Family, SetKind)> {
-    FilterSet::ALL
-        .into_iter()
-        .flat_map(|s| s.families().iter().map(move |&f| (s.name(f), f, s.kind())))
-}
-
-/// The names of every set, for cleanup.
-pub const SETS: [&str; 9] = [
-    "KUBE-IPVS-SERVICES",
-    "KUBE-IPVS-SERVICES6",
-    "KUBE-IPVS-ADDRS",
-    "KUBE-IPVS-ADDRS6",
-    "KUBE-IPVS-LB-FW",
-    "KUBE-IPVS-LB-FW6",
-    "KUBE-IPVS-LB-SRC",
-    "KUBE-IPVS-LB-SRC6",
-    "KUBE-IPVS-HC-PORTS",
 ];
 
 /// The `*filter` section of the `iptables-restore --noflush` input for one family: our chains
@@ -241,14 +158,5 @@ mod tests {
         assert!(r6.contains("-I FORWARD -m comment"));
         assert!(!r6.contains("-I INPUT"));
         assert!(r6.contains("--mark 0x1/0x1"));
-    }
-
-    #[test]
-    fn the_set_list_matches_the_catalogue() {
-        let names: Vec<&str> = sets().map(|(n, _, _)| n).collect();
-        assert_eq!(names, SETS);
-        for n in SETS {
-            assert!(n.len() < 32, "{n} is too long for an ipset name");
-        }
     }
 }

@@ -14,4 +14,5 @@
 
 pub mod filter;
 pub mod masquerade;
+pub mod sets;
 pub mod setup;

@@ -59,6 +59,20 @@ pub const POSTROUTING_CHAIN: &str = "KUBE-IPVS-POSTROUTING";
 pub const MASQ_CHAIN: &str = "KUBE-IPVS-MASQ";
 /// The comment on the jump rule from `POSTROUTING`, by which it is found again.
 pub const JUMP_COMMENT: &str = "kube-ipvs service traffic requiring SNAT";
+/// Our chain jumped to from `PREROUTING` and `OUTPUT` (with the service sets): marks Service
+/// traffic for masquerade while its destination is still the virtual address.
+pub const SERVICES_CHAIN: &str = "KUBE-IPVS-SERVICES";
+/// Our chain deciding whether ClusterIP traffic comes from a local Pod (`detectLocalMode`).
+pub const CLUSTER_MASQ_CHAIN: &str = "KUBE-IPVS-CLUSTER-MASQ";
+/// The comment on the jumps from `PREROUTING` and `OUTPUT`.
+pub const SERVICES_COMMENT: &str = "kube-ipvs service masquerade marks";
+/// The jumps from built-in `nat` chains: (built-in chain, our chain, comment). The last two
+/// only with the service sets.
+pub const NAT_JUMPS: [(&str, &str, &str); 3] = [
+    ("POSTROUTING", POSTROUTING_CHAIN, JUMP_COMMENT),
+    ("PREROUTING", SERVICES_CHAIN, SERVICES_COMMENT),
+    ("OUTPUT", SERVICES_CHAIN, SERVICES_COMMENT),
+];
 /// The sysctl that makes IPVS keep conntrack entries, which the `ipvs` match and `MASQUERADE` need.
 const IPVS_CONNTRACK_SYSCTL: &str = "/proc/sys/net/ipv4/vs/conntrack";
 
@@ -184,6 +198,33 @@ pub struct LocalVirtualServer {
     pub port: u16,
 }
 
+/// How traffic from this node's Pods is told apart (kube-proxy's `detectLocalMode`): ClusterIP
+/// traffic from a local Pod keeps its address, the rest is masqueraded.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum LocalDetect {
+    /// Sources in [`Config::cluster_cidrs`] (`ClusterCIDR`, the default).
+    #[default]
+    ClusterCidr,
+    /// Sources in this node's Pod CIDRs (`NodeCIDR`: the Node's `spec.podCIDRs`).
+    NodeCidr(Vec<Cidr>),
+    /// Packets entering through this bridge (`BridgeInterface`).
+    Bridge(String),
+    /// Packets entering through an interface whose name starts with this
+    /// (`InterfaceNamePrefix`).
+    InterfacePrefix(String),
+}
+
+/// Whether `name` is a Linux interface name iptables takes as it is: 1 to 15 bytes of letters,
+/// digits, `-`, `_` and `.` (no `+`, which iptables reads as a wildcard, and no spaces or
+/// quotes).
+#[must_use]
+pub fn valid_interface_name(name: &str) -> bool {
+    (1..=15).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
 /// What to masquerade, and with which tools.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -207,8 +248,16 @@ pub struct Config {
     /// The packet mark bit used for masquerade (kube-proxy's `--iptables-masquerade-bit`,
     /// default 14, i.e. `0x4000`).
     pub mark_bit: u8,
-    /// Also program the `filter` table ([`crate::filter`]); its sets must exist first.
-    pub filter: bool,
+    /// The service sets ([`crate::sets`]) exist: Service traffic is marked for masquerade
+    /// before IPVS by matching them (and the `filter` table, [`crate::filter`], is
+    /// programmed). Without them the older `POSTROUTING` rules decide, which know only the
+    /// cluster CIDR and cost one rule per Local-policy NodePort and address.
+    pub service_sets: bool,
+    /// How local Pods are recognised (with the service sets; without them only the CIDR modes
+    /// apply).
+    pub local_detect: LocalDetect,
+    /// Masquerade with `--random-fully` (iptables 1.6.2 and later; [`probe`] tells).
+    pub random_fully: bool,
     /// The iptables backend.
     pub backend: Backend,
     /// Where the iptables tools are; `None` looks them up on `PATH`.
@@ -226,7 +275,9 @@ impl Default for Config {
             local_virtual_servers: Vec::new(),
             hairpin: Hairpin::Endpoints(Vec::new()),
             mark_bit: 14,
-            filter: false,
+            service_sets: false,
+            local_detect: LocalDetect::ClusterCidr,
+            random_fully: true,
             backend: Backend::Auto,
             bin_dir: None,
         }
@@ -277,16 +328,12 @@ impl Masquerade {
         for &family in &self.config.families {
             let save = |table| run_tool(&self.tool(family, "-save"), &["-t", table], None);
             let nat = save("nat")?;
-            let has_jump = !jump_lines(&nat, &NAT).is_empty();
-            let mut rules = restore_input(&self.config, family, !has_jump)?;
-            if self.config.filter {
+            let missing = NAT_JUMPS.map(|(builtin, chain, _)| !has_jump(&nat, builtin, chain));
+            let mut rules = restore_input(&self.config, family, missing)?;
+            if self.config.service_sets {
                 let filter = save("filter")?;
-                let missing = crate::filter::JUMPS.map(|(builtin, chain, _)| {
-                    !filter.lines().any(|l| {
-                        l.starts_with(&format!("-A {builtin} "))
-                            && l.ends_with(&format!("-j {chain}"))
-                    })
-                });
+                let missing = crate::filter::JUMPS
+                    .map(|(builtin, chain, _)| !has_jump(&filter, builtin, chain));
                 rules.push_str(&crate::filter::restore_section(
                     family,
                     1u32 << self.config.mark_bit,
@@ -342,7 +389,7 @@ pub fn cleanup_everywhere(bin_dir: Option<&Path>) -> Result<Vec<Removed>> {
 pub fn all_sets() -> impl Iterator<Item = &'static str> {
     [ipset::SET_V4, ipset::SET_V6]
         .into_iter()
-        .chain(crate::filter::SETS)
+        .chain(crate::sets::SETS)
 }
 
 /// Destroys our ipsets ([`all_sets`]) that exist; run after the rules referencing them are gone
@@ -439,8 +486,13 @@ struct Table {
 
 const NAT: Table = Table {
     name: "nat",
-    chains: &[POSTROUTING_CHAIN, MASQ_CHAIN],
-    jump_targets: &[POSTROUTING_CHAIN],
+    chains: &[
+        POSTROUTING_CHAIN,
+        MASQ_CHAIN,
+        SERVICES_CHAIN,
+        CLUSTER_MASQ_CHAIN,
+    ],
+    jump_targets: &[POSTROUTING_CHAIN, SERVICES_CHAIN],
 };
 
 const FILTER: Table = Table {
@@ -527,6 +579,12 @@ fn jump_lines<'a>(save: &'a str, table: &Table) -> Vec<&'a str> {
         .collect()
 }
 
+/// Whether `iptables-save` output has a rule in `builtin` jumping to `chain`.
+fn has_jump(save: &str, builtin: &str, chain: &str) -> bool {
+    save.lines()
+        .any(|l| l.starts_with(&format!("-A {builtin} ")) && l.ends_with(&format!("-j {chain}")))
+}
+
 fn validate(config: &Config) -> Result<()> {
     let bad = |s: String| Err(MasqueradeError::Config(s));
     if config.mark_bit > 31 {
@@ -537,6 +595,13 @@ fn validate(config: &Config) -> Result<()> {
     }
     if config.families.is_empty() {
         return bad("no IP family to program".into());
+    }
+    if let LocalDetect::Bridge(name) | LocalDetect::InterfacePrefix(name) = &config.local_detect
+        && !valid_interface_name(name)
+    {
+        return bad(format!(
+            "interface name {name:?} is not 1 to 15 letters, digits, '-', '_' or '.'"
+        ));
     }
     for ip in config.node_ips.iter().chain(match &config.hairpin {
         Hairpin::Endpoints(eps) => eps.as_slice(),
@@ -582,22 +647,25 @@ fn host_text(ip: IpAddr) -> String {
     format!("{ip}/{}", Family::of(ip).host_prefix())
 }
 
-/// The `iptables-restore --noflush` input for one family: our two chains declared (which empties
-/// them and only them), their rules, and the jump from `POSTROUTING` when `add_jump`.
-pub fn restore_input(config: &Config, family: Family, add_jump: bool) -> Result<String> {
+/// The `iptables-restore --noflush` input for one family's `nat` table: our chains declared
+/// (which empties them and only them), their rules, and each jump of [`NAT_JUMPS`] whose
+/// `add_jump` entry is true (the `PREROUTING` and `OUTPUT` ones only with the service sets).
+pub fn restore_input(config: &Config, family: Family, add_jump: [bool; 3]) -> Result<String> {
     validate(config)?;
     let mark = 1u32 << config.mark_bit;
-    let in_family = |ip: &IpAddr| Family::of(*ip) == family;
     let ipvs = "-m ipvs --vdir ORIGINAL --vmethod MASQ";
     let mut r = String::new();
     r.push_str("*nat\n");
-    let _ = writeln!(r, ":{POSTROUTING_CHAIN} - [0:0]");
-    let _ = writeln!(r, ":{MASQ_CHAIN} - [0:0]");
-    if add_jump {
-        let _ = writeln!(
-            r,
-            "-I POSTROUTING -m comment --comment \"{JUMP_COMMENT}\" -j {POSTROUTING_CHAIN}"
-        );
+    for c in NAT.chains {
+        let _ = writeln!(r, ":{c} - [0:0]");
+    }
+    for (i, ((builtin, chain, comment), add)) in NAT_JUMPS.iter().zip(add_jump).enumerate() {
+        if add && (i == 0 || config.service_sets) {
+            let _ = writeln!(
+                r,
+                "-I {builtin} -m comment --comment \"{comment}\" -j {chain}"
+            );
+        }
     }
     let _ = writeln!(r, "-A {POSTROUTING_CHAIN} {ipvs} -j {MASQ_CHAIN}");
     let _ = writeln!(
@@ -607,11 +675,22 @@ pub fn restore_input(config: &Config, family: Family, add_jump: bool) -> Result<
     // The bit is cleared so that a packet that is encapsulated and comes through POSTROUTING
     // again is not masqueraded twice.
     let _ = writeln!(r, "-A {POSTROUTING_CHAIN} -j MARK --xor-mark {mark:#x}");
+    let random = if config.random_fully {
+        " --random-fully"
+    } else {
+        ""
+    };
     let _ = writeln!(
         r,
-        "-A {POSTROUTING_CHAIN} -m comment --comment \"kube-ipvs masquerade\" -j MASQUERADE --random-fully"
+        "-A {POSTROUTING_CHAIN} -m comment --comment \"kube-ipvs masquerade\" -j MASQUERADE{random}"
     );
-
+    if config.service_sets {
+        hairpin_rules(&mut r, config, family, mark);
+        service_marks(&mut r, config, family, mark);
+        r.push_str("COMMIT\n");
+        return Ok(r);
+    }
+    let in_family = |ip: &IpAddr| Family::of(*ip) == family;
     let mark_it = format!("-j MARK --or-mark {mark:#x}");
     if config.masquerade_all {
         let _ = writeln!(
@@ -622,33 +701,7 @@ pub fn restore_input(config: &Config, family: Family, add_jump: bool) -> Result<
         return Ok(r);
     }
     // Hairpin first: it is masqueraded whatever the source network or policy.
-    match &config.hairpin {
-        Hairpin::LocalPodCidrs(cidrs) => {
-            for c in cidrs.iter().filter(|c| in_family(&c.addr())) {
-                let c = cidr_text(c);
-                let _ = writeln!(
-                    r,
-                    "-A {MASQ_CHAIN} -s {c} -d {c} -m comment --comment \"hairpin\" {mark_it}"
-                );
-            }
-        }
-        Hairpin::Endpoints(eps) => {
-            for ep in eps.iter().filter(|ip| in_family(ip)) {
-                let h = host_text(*ep);
-                let _ = writeln!(
-                    r,
-                    "-A {MASQ_CHAIN} -s {h} -d {h} -m comment --comment \"hairpin\" {mark_it}"
-                );
-            }
-        }
-        Hairpin::Set => {
-            let set = ipset::set_name(family);
-            let _ = writeln!(
-                r,
-                "-A {MASQ_CHAIN} -m set --match-set {set} src,dst -m comment --comment \"hairpin\" {mark_it}"
-            );
-        }
-    }
+    hairpin_rules(&mut r, config, family, mark);
     for v in config
         .local_virtual_servers
         .iter()
@@ -697,12 +750,151 @@ pub fn restore_input(config: &Config, family: Family, add_jump: bool) -> Result<
     Ok(r)
 }
 
+/// The hairpin rules of [`MASQ_CHAIN`] (after IPVS: source and destination are the same
+/// endpoint), masqueraded whatever the source network or policy.
+fn hairpin_rules(r: &mut String, config: &Config, family: Family, mark: u32) {
+    let in_family = |ip: &IpAddr| Family::of(*ip) == family;
+    let mark_it = format!("-j MARK --or-mark {mark:#x}");
+    match &config.hairpin {
+        Hairpin::LocalPodCidrs(cidrs) => {
+            for c in cidrs.iter().filter(|c| in_family(&c.addr())) {
+                let c = cidr_text(c);
+                let _ = writeln!(
+                    r,
+                    "-A {MASQ_CHAIN} -s {c} -d {c} -m comment --comment \"hairpin\" {mark_it}"
+                );
+            }
+        }
+        Hairpin::Endpoints(eps) => {
+            for ep in eps.iter().filter(|ip| in_family(ip)) {
+                let h = host_text(*ep);
+                let _ = writeln!(
+                    r,
+                    "-A {MASQ_CHAIN} -s {h} -d {h} -m comment --comment \"hairpin\" {mark_it}"
+                );
+            }
+        }
+        Hairpin::Set => {
+            let set = ipset::set_name(family);
+            let _ = writeln!(
+                r,
+                "-A {MASQ_CHAIN} -m set --match-set {set} src,dst -m comment --comment \"hairpin\" {mark_it}"
+            );
+        }
+    }
+}
+
+/// The CIDRs that are local Pods' in `family` under the CIDR modes; `None` for the interface
+/// modes.
+fn local_cidrs<'a>(config: &'a Config, family: Family) -> Option<Vec<&'a Cidr>> {
+    let cidrs = match &config.local_detect {
+        LocalDetect::ClusterCidr => &config.cluster_cidrs,
+        LocalDetect::NodeCidr(c) => c,
+        LocalDetect::Bridge(_) | LocalDetect::InterfacePrefix(_) => return None,
+    };
+    Some(
+        cidrs
+            .iter()
+            .filter(|c| Family::of(c.addr()) == family)
+            .collect(),
+    )
+}
+
+/// [`SERVICES_CHAIN`] and [`CLUSTER_MASQ_CHAIN`]: Service traffic marked for masquerade before
+/// IPVS, while the destination is the virtual server, by set membership. External-IP,
+/// load-balancer and NodePort traffic of Cluster-policy Services is always masqueraded (the
+/// endpoint may be on another node, whose reply must come back here); that of Local-policy
+/// Services never is (it keeps the client's address). ClusterIP traffic is masqueraded unless
+/// it comes from a local Pod, or always with `--masquerade-all`; without any way to tell local
+/// Pods (no cluster CIDR of this family) it is not, as kube-proxy does.
+fn service_marks(r: &mut String, config: &Config, family: Family, mark: u32) {
+    let mark_it = format!("-j MARK --or-mark {mark:#x}");
+    let set = |s: crate::sets::ServiceSet| s.name(family);
+    let _ = writeln!(
+        r,
+        "-A {SERVICES_CHAIN} -m set --match-set {} dst,dst -m comment --comment \"external, Cluster policy\" {mark_it}",
+        set(crate::sets::ServiceSet::External)
+    );
+    let _ = writeln!(
+        r,
+        "-A {SERVICES_CHAIN} -m set --match-set {} dst,dst -j {CLUSTER_MASQ_CHAIN}",
+        set(crate::sets::ServiceSet::ClusterIps)
+    );
+    if config.masquerade_all {
+        let _ = writeln!(
+            r,
+            "-A {CLUSTER_MASQ_CHAIN} -m comment --comment \"masquerade-all\" {mark_it}"
+        );
+        return;
+    }
+    match (&config.local_detect, local_cidrs(config, family)) {
+        (_, Some(cidrs)) if cidrs.is_empty() => {}
+        (_, Some(cidrs)) => {
+            for c in cidrs {
+                let _ = writeln!(r, "-A {CLUSTER_MASQ_CHAIN} -s {} -j RETURN", cidr_text(c));
+            }
+            let _ = writeln!(
+                r,
+                "-A {CLUSTER_MASQ_CHAIN} -m comment --comment \"not a local pod\" {mark_it}"
+            );
+        }
+        (LocalDetect::Bridge(name), None) | (LocalDetect::InterfacePrefix(name), None) => {
+            let wildcard = if matches!(config.local_detect, LocalDetect::InterfacePrefix(_)) {
+                "+"
+            } else {
+                ""
+            };
+            let _ = writeln!(r, "-A {CLUSTER_MASQ_CHAIN} -i {name}{wildcard} -j RETURN");
+            let _ = writeln!(
+                r,
+                "-A {CLUSTER_MASQ_CHAIN} -m comment --comment \"not a local pod\" {mark_it}"
+            );
+        }
+        (_, None) => {}
+    }
+}
+
 fn tool_path(bin_dir: Option<&Path>, backend: Backend, family: Family, what: &str) -> PathBuf {
     let name = format!("{}{}{what}", tool_prefix(family), backend.suffix());
     match bin_dir {
         Some(d) => d.join(name),
         None => PathBuf::from(name),
     }
+}
+
+/// Whether `iptables --version` output names a version with `MASQUERADE --random-fully`
+/// (1.6.2 and later, as kube-proxy checks).
+#[must_use]
+pub fn random_fully_in(version_output: &str) -> bool {
+    let Some((_, rest)) = version_output.split_once(" v") else {
+        return false;
+    };
+    let numbers: Vec<u32> = rest
+        .split(|c: char| !c.is_ascii_digit() && c != '.')
+        .next()
+        .unwrap_or("")
+        .split('.')
+        .map_while(|n| n.parse().ok())
+        .collect();
+    match numbers.as_slice() {
+        [major, minor, patch, ..] => (*major, *minor, *patch) >= (1, 6, 2),
+        [major, minor] => (*major, *minor) >= (1, 7),
+        _ => false,
+    }
+}
+
+/// Runs `<bin_dir>/iptables --version` once: the backend and whether `--random-fully` is
+/// supported.
+pub fn probe(bin_dir: Option<&Path>) -> Result<(Backend, bool)> {
+    let tool = tool_path(bin_dir, Backend::Auto, Family::V4, "");
+    let out = run_tool(&tool, &["--version"], None)?;
+    let backend = Backend::from_version_output(out.trim()).ok_or_else(|| {
+        MasqueradeError::UnknownBackend {
+            tool: tool.display().to_string(),
+            output: out.trim().to_owned(),
+        }
+    })?;
+    Ok((backend, random_fully_in(out.trim())))
 }
 
 /// Runs `<bin_dir>/iptables --version` and reads the backend from it.
@@ -775,7 +967,7 @@ mod tests {
     }
 
     fn rules(config: &Config, family: Family) -> Vec<String> {
-        restore_input(config, family, false)
+        restore_input(config, family, [false; 3])
             .expect("valid config")
             .lines()
             .filter(|l| l.starts_with("-A "))
@@ -906,11 +1098,125 @@ mod tests {
         );
     }
 
+    fn with_sets(local_detect: LocalDetect) -> Config {
+        Config {
+            service_sets: true,
+            cluster_cidrs: vec![cidr("10.244.0.0/16"), cidr("fd00:244::/56")],
+            local_detect,
+            hairpin: Hairpin::Set,
+            ..Config::default()
+        }
+    }
+
+    fn chain(config: &Config, family: Family, chain: &str) -> Vec<String> {
+        let prefix = format!("-A {chain} ");
+        rules(config, family)
+            .into_iter()
+            .filter(|l| l.starts_with(&prefix))
+            .collect()
+    }
+
+    #[test]
+    fn with_the_sets_service_traffic_is_marked_by_membership_before_ipvs() {
+        let config = with_sets(LocalDetect::ClusterCidr);
+        assert_eq!(
+            chain(&config, Family::V4, SERVICES_CHAIN),
+            [
+                "-A KUBE-IPVS-SERVICES -m set --match-set KUBE-IPVS-EXTERNAL dst,dst -m comment --comment \"external, Cluster policy\" -j MARK --or-mark 0x4000",
+                "-A KUBE-IPVS-SERVICES -m set --match-set KUBE-IPVS-CLUSTER-IPS dst,dst -j KUBE-IPVS-CLUSTER-MASQ",
+            ]
+        );
+        assert_eq!(
+            chain(&config, Family::V4, CLUSTER_MASQ_CHAIN),
+            [
+                "-A KUBE-IPVS-CLUSTER-MASQ -s 10.244.0.0/16 -j RETURN",
+                "-A KUBE-IPVS-CLUSTER-MASQ -m comment --comment \"not a local pod\" -j MARK --or-mark 0x4000",
+            ]
+        );
+        // Only hairpin is left after IPVS; no rule names a Service, a NodePort or a node.
+        assert_eq!(
+            chain(&config, Family::V4, MASQ_CHAIN),
+            [
+                "-A KUBE-IPVS-MASQ -m set --match-set KUBE-IPVS-HAIRPIN src,dst -m comment --comment \"hairpin\" -j MARK --or-mark 0x4000"
+            ]
+        );
+        assert!(chain(&config, Family::V6, SERVICES_CHAIN)[0].contains("KUBE-IPVS-EXTERNAL6"));
+        // The jumps from PREROUTING and OUTPUT, only with the sets.
+        let all = restore_input(&config, Family::V4, [true; 3]).expect("valid");
+        assert!(all.contains("-I PREROUTING -m comment --comment \"kube-ipvs service masquerade marks\" -j KUBE-IPVS-SERVICES"));
+        assert!(all.contains("-I OUTPUT -m comment --comment \"kube-ipvs service masquerade marks\" -j KUBE-IPVS-SERVICES"));
+        let old = restore_input(&Config::default(), Family::V4, [true; 3]).expect("valid");
+        assert!(!old.contains("-I PREROUTING"));
+    }
+
+    #[test]
+    fn each_detect_local_mode_decides_which_cluster_ip_traffic_is_local() {
+        let node = with_sets(LocalDetect::NodeCidr(vec![cidr("10.244.7.0/24")]));
+        assert_eq!(
+            chain(&node, Family::V4, CLUSTER_MASQ_CHAIN)[0],
+            "-A KUBE-IPVS-CLUSTER-MASQ -s 10.244.7.0/24 -j RETURN"
+        );
+        // No Pod CIDR of this family: nothing tells local Pods, so nothing is masqueraded.
+        assert!(chain(&node, Family::V6, CLUSTER_MASQ_CHAIN).is_empty());
+        let bridge = with_sets(LocalDetect::Bridge("cbr0".into()));
+        assert_eq!(
+            chain(&bridge, Family::V6, CLUSTER_MASQ_CHAIN),
+            [
+                "-A KUBE-IPVS-CLUSTER-MASQ -i cbr0 -j RETURN",
+                "-A KUBE-IPVS-CLUSTER-MASQ -m comment --comment \"not a local pod\" -j MARK --or-mark 0x4000",
+            ]
+        );
+        let prefix = with_sets(LocalDetect::InterfacePrefix("veth".into()));
+        assert_eq!(
+            chain(&prefix, Family::V4, CLUSTER_MASQ_CHAIN)[0],
+            "-A KUBE-IPVS-CLUSTER-MASQ -i veth+ -j RETURN"
+        );
+        // --masquerade-all marks every ClusterIP connection and still leaves Local-policy
+        // external traffic (in no set) alone.
+        let all = Config {
+            masquerade_all: true,
+            ..with_sets(LocalDetect::ClusterCidr)
+        };
+        assert_eq!(
+            chain(&all, Family::V4, CLUSTER_MASQ_CHAIN),
+            [
+                "-A KUBE-IPVS-CLUSTER-MASQ -m comment --comment \"masquerade-all\" -j MARK --or-mark 0x4000"
+            ]
+        );
+        assert_eq!(chain(&all, Family::V4, SERVICES_CHAIN).len(), 2);
+        // Interface names reach iptables only if they are plain names.
+        for bad in ["", "veth+", "a b", "x\"y", "sixteen-chars-xx"] {
+            let c = with_sets(LocalDetect::Bridge(bad.into()));
+            assert!(
+                restore_input(&c, Family::V4, [false; 3]).is_err(),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn random_fully_only_when_supported() {
+        let without = Config {
+            random_fully: false,
+            ..Config::default()
+        };
+        assert!(
+            rules(&without, Family::V4)
+                .iter()
+                .any(|l| l.ends_with("-j MASQUERADE"))
+        );
+        assert!(
+            rules(&Config::default(), Family::V4)
+                .iter()
+                .any(|l| l.ends_with("-j MASQUERADE --random-fully"))
+        );
+    }
+
     #[test]
     fn jump_is_inserted_only_when_asked() {
         let config = Config::default();
-        let with = restore_input(&config, Family::V4, true).expect("valid");
-        let without = restore_input(&config, Family::V4, false).expect("valid");
+        let with = restore_input(&config, Family::V4, [true; 3]).expect("valid");
+        let without = restore_input(&config, Family::V4, [false; 3]).expect("valid");
         let jump = "-I POSTROUTING -m comment --comment \"kube-ipvs service traffic requiring SNAT\" -j KUBE-IPVS-POSTROUTING";
         assert!(with.lines().any(|l| l == jump));
         assert!(!without.contains("-I POSTROUTING"));
@@ -928,7 +1234,7 @@ mod tests {
                 ..Config::default()
             },
             Family::V4,
-            false,
+            [false; 3],
         )
         .expect_err("bit 32");
         assert!(e.to_string().contains("mark bit 32"), "{e}");
@@ -938,10 +1244,20 @@ mod tests {
                 ..Config::default()
             },
             Family::V4,
-            false,
+            [false; 3],
         )
         .expect_err("unspecified");
         assert!(e.to_string().contains("0.0.0.0"), "{e}");
+    }
+
+    #[test]
+    fn random_fully_from_the_version() {
+        assert!(random_fully_in("iptables v1.8.9 (nf_tables)"));
+        assert!(random_fully_in("iptables v1.6.2"));
+        assert!(!random_fully_in("iptables v1.6.1"));
+        assert!(!random_fully_in("iptables v1.4.21"));
+        assert!(random_fully_in("ip6tables v1.8.7 (legacy)"));
+        assert!(!random_fully_in("command not found"));
     }
 
     #[test]

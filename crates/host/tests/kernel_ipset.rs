@@ -250,7 +250,7 @@ fn hundred_thousand_members_cost() {
 /// binary: `ipset save` prints what we added, and what `ipset add` writes we read back.
 #[test]
 fn every_filter_set_kind_agrees_with_the_ipset_binary() {
-    use kube_ipvs_host::filter::{self, FilterSet};
+    use kube_ipvs_host::sets::{self as filter, ServiceSet as FilterSet};
     use kube_ipvs_netlink::nfnl::ipset::Member;
 
     let mut h = Ipset::new().expect("netlink");

@@ -27,6 +27,11 @@ fn virtual_servers() -> Vec<String> {
 
 /// Every installed backend's and family's `nat` table.
 fn all_nat_rules() -> String {
+    all_rules("nat")
+}
+
+/// Every installed backend's and family's `table`.
+fn all_rules(table: &str) -> String {
     let mut all = String::new();
     for tool in [
         "iptables-legacy-save",
@@ -35,7 +40,7 @@ fn all_nat_rules() -> String {
         "ip6tables-nft-save",
     ] {
         // Not every tool is in the guest (ip6tables-legacy is not); a missing one holds nothing.
-        if let Ok(out) = Command::new(tool).args(["-t", "nat"]).output() {
+        if let Ok(out) = Command::new(tool).args(["-t", table]).output() {
             all += &String::from_utf8_lossy(&out.stdout);
         }
     }
@@ -89,8 +94,7 @@ fn cleanup_removes_what_run_created_and_nothing_else() {
         .spawn()
         .expect("start kube-ipvs run");
     let converged = || {
-        virtual_servers().len() == foreign.len() + 7
-            && all_nat_rules().contains("outside cluster-cidr")
+        virtual_servers().len() == foreign.len() + 7 && all_nat_rules().contains("not a local pod")
     };
     let deadline = Instant::now() + Duration::from_secs(60);
     while !(healthy() && converged()) {
@@ -138,10 +142,19 @@ fn cleanup_removes_what_run_created_and_nothing_else() {
         dry_text.contains("would remove link kube-ipvs0"),
         "{dry_text}"
     );
-    assert!(
-        dry_text.contains("would remove iptables chain KUBE-IPVS-MASQ"),
-        "{dry_text}"
-    );
+    for what in [
+        "iptables chain KUBE-IPVS-MASQ",
+        "iptables chain KUBE-IPVS-SERVICES",
+        "iptables chain KUBE-IPVS-INPUT",
+        "iptables chain KUBE-IPVS-FORWARD",
+        "ipset KUBE-IPVS-SERVICES",
+        "ipset KUBE-IPVS-HC-PORTS",
+    ] {
+        assert!(
+            dry_text.contains(&format!("would remove {what}")),
+            "{what}:\n{dry_text}"
+        );
+    }
     assert!(converged(), "--dry-run changes nothing");
 
     let out = cleanup(&[]);
@@ -167,6 +180,12 @@ fn cleanup_removes_what_run_created_and_nothing_else() {
             .success()
     );
     assert!(!all_nat_rules().contains("KUBE-IPVS"));
+    assert!(!all_rules("filter").contains("KUBE-IPVS"));
+    let sets = stdout(&run("/usr/sbin/ipset", &["list", "-n"]));
+    assert!(
+        !sets.contains("KUBE-IPVS"),
+        "every ipset of ours is gone:\n{sets}"
+    );
 
     let again = cleanup(&[]);
     assert_eq!(again.status.code(), Some(0));

@@ -135,12 +135,20 @@ impl Lab {
     /// A host `name` holding `addr`/32 (or /128), reached from the node through a veth whose node end is
     /// the gateway.
     fn host(&mut self, name: &str, addr: &str) {
+        let node_end = format!("{}h{}", self.tag, self.links + 1);
+        self.host_via(name, addr, &node_end, None);
+    }
+
+    /// [`Lab::host`] with the node end of the veth named `node_end`, and with `bridge`
+    /// enslaved to that bridge, which then holds the gateway and the host's route (packets
+    /// from the host enter the node through the bridge).
+    fn host_via(&mut self, name: &str, addr: &str, node_end: &str, bridge: Option<&str>) {
         let ns = self.ns(name);
         let _ = run(IP, &["netns", "del", &ns]);
         ok(IP, &["netns", "add", &ns]);
         self.namespaces.push(ns.clone());
         self.links += 1;
-        let node_end = format!("{}h{}", self.tag, self.links);
+        let node_end = node_end.to_owned();
         let host_end = format!("{}p{}", self.tag, self.links);
         ok(
             IP,
@@ -168,8 +176,19 @@ impl Lab {
         );
         ok(IP, &["link", "set", &node_end, "up"]);
         let gateway = format!("{GATEWAY}/32");
-        ok(IP, &["addr", "add", &gateway, "dev", &node_end]);
-        ok(IP, &["route", "add", &host_addr, "dev", &node_end]);
+        let via = match bridge {
+            Some(br) => {
+                ok(IP, &["link", "set", &node_end, "master", br]);
+                // The bridge may hold the gateway already (one per bridge).
+                let _ = run(IP, &["addr", "add", &gateway, "dev", br]);
+                br.to_owned()
+            }
+            None => {
+                ok(IP, &["addr", "add", &gateway, "dev", &node_end]);
+                node_end.clone()
+            }
+        };
+        ok(IP, &["route", "add", &host_addr, "dev", &via]);
     }
 
     /// The IPv6 half of [`Lab::host`]: the node end holds the link-local gateway fe80::1, and
@@ -602,6 +621,11 @@ impl Agent {
     }
 
     fn start_with(dir: &Path, source: &[&str], cluster_cidr: &str) -> Agent {
+        Agent::start_full(dir, source, cluster_cidr, &[])
+    }
+
+    /// [`Agent::start_with`] with `run_only` flags that `check` does not take.
+    fn start_full(dir: &Path, source: &[&str], cluster_cidr: &str, run_only: &[&str]) -> Agent {
         let healthz = free_port();
         let metrics = loop {
             let p = free_port();
@@ -632,6 +656,7 @@ impl Agent {
             "0s",
         ];
         args.extend_from_slice(source);
+        args.extend_from_slice(run_only);
         println!("$ kube-ipvs {} &", args.join(" "));
         let child = Command::new(kube_ipvs_bin())
             .args(&args)
@@ -1851,4 +1876,93 @@ fn load_balancer_source_ranges_admit_clients_inside_and_drop_the_rest() {
         lab.connect("inside", "203.0.113.50:80").is_some(),
         "repaired by the reconcile"
     );
+}
+
+/// `detectLocalMode`, on real traffic to a ClusterIP: four clients, and for each mode which of
+/// them keeps its own address at the pod (a local Pod) and which arrives masqueraded. `poda`
+/// is on a bridge in node-1's Pod CIDR, `podb` behind a veth named with the Pod prefix in the
+/// same CIDR, `podc` in another node's Pod CIDR (inside the cluster CIDR), `client` outside
+/// the cluster. Each mode gives a different answer, so each is really in force.
+#[test]
+fn each_detect_local_mode_decides_whose_cluster_ip_traffic_is_masqueraded() {
+    let mut lab = Lab::new("dloc");
+    ok(IP, &["link", "add", "dlbr0", "type", "bridge"]);
+    ok(IP, &["link", "set", "dlbr0", "up"]);
+    lab.pod("web1", "10.244.1.70", 8080);
+    lab.host_via("poda", "10.244.1.71", "dlbra", Some("dlbr0"));
+    lab.host_via("podb", "10.244.1.72", "dlpodb", None);
+    lab.host("podc", "10.244.2.73");
+    lab.host("client", CLIENT);
+    let node = "apiVersion: v1\nkind: Node\nmetadata: {name: node-1}\n\
+                spec: {podCIDR: 10.244.1.0/24, podCIDRs: [10.244.1.0/24]}\n\
+                status:\n  addresses:\n  - {type: InternalIP, address: 192.168.56.10}\n";
+    let web = service_yaml(
+        "web",
+        "10.96.0.70",
+        "",
+        WEB_PORTS,
+        &[Ep("10.244.1.70", "node-1", true)],
+    );
+    let dir = manifests("dloc", &[("node.yaml", node.to_owned()), ("web.yaml", web)]);
+    let clients = [
+        ("poda", "10.244.1.71"),
+        ("podb", "10.244.1.72"),
+        ("podc", "10.244.2.73"),
+        ("client", CLIENT),
+    ];
+    // Each mode with the rule that shows it is in force, and who is masqueraded under it.
+    let modes: [(&[&str], &str, [bool; 4]); 4] = [
+        (
+            &["--detect-local-mode", "ClusterCIDR"],
+            "-s 10.244.0.0/16 -j RETURN",
+            [false, false, false, true],
+        ),
+        (
+            &["--detect-local-mode", "NodeCIDR"],
+            "-s 10.244.1.0/24 -j RETURN",
+            [false, false, true, true],
+        ),
+        (
+            &[
+                "--detect-local-mode",
+                "BridgeInterface",
+                "--pod-bridge-interface",
+                "dlbr0",
+            ],
+            "-i dlbr0 -j RETURN",
+            [false, true, true, true],
+        ),
+        (
+            &[
+                "--detect-local-mode",
+                "InterfaceNamePrefix",
+                "--pod-interface-name-prefix",
+                "dlpod",
+            ],
+            "-i dlpod+ -j RETURN",
+            [true, false, true, true],
+        ),
+    ];
+    for (flags, rule, want) in modes {
+        let agent = Agent::start_full(&dir, &[], "10.244.0.0/16", flags);
+        // The table was in sync from the last mode's agent already: wait for this one's rules.
+        wait_for(rule, Duration::from_secs(30), || {
+            String::from_utf8_lossy(&run("/usr/sbin/iptables-save", &["-t", "nat"]).stdout)
+                .lines()
+                .any(|l| l.starts_with("-A KUBE-IPVS-CLUSTER-MASQ") && l.ends_with(rule))
+        });
+        let mut got = [false; 4];
+        for (i, (from, own)) in clients.iter().enumerate() {
+            let (_, peer) = lab
+                .connect(from, "10.96.0.70:80")
+                .unwrap_or_else(|| panic!("{from} is served ({flags:?})"));
+            got[i] = peer != *own;
+        }
+        println!("{flags:?}: masqueraded {got:?}");
+        assert_eq!(
+            got, want,
+            "masqueraded (poda, podb, podc, client) under {flags:?}"
+        );
+        drop(agent);
+    }
 }

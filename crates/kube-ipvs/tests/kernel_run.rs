@@ -627,32 +627,33 @@ fn masquerade_rules_follow_the_settings_and_the_local_policy_set() {
     wait_for(
         "our chains with the cluster-CIDR rule",
         Duration::from_secs(30),
-        || nat_rules().contains("outside cluster-cidr"),
+        || nat_rules().contains("not a local pod"),
     );
     let nat = nat_rules();
     assert!(nat.contains(":KUBE-IPVS-POSTROUTING") && nat.contains(":KUBE-IPVS-MASQ"));
-    assert_eq!(
-        lines_with(&nat, &["-A POSTROUTING", "-j KUBE-IPVS-POSTROUTING"]),
-        1,
-        "one jump:\n{nat}"
+    for (builtin, chain) in [
+        ("POSTROUTING", "KUBE-IPVS-POSTROUTING"),
+        ("PREROUTING", "KUBE-IPVS-SERVICES"),
+        ("OUTPUT", "KUBE-IPVS-SERVICES"),
+    ] {
+        assert_eq!(
+            lines_with(&nat, &[&format!("-A {builtin} "), &format!("-j {chain}")]),
+            1,
+            "one jump from {builtin}:\n{nat}"
+        );
+    }
+    // No rule names a Service: shop's Local NodePort keeps the client address by being in no
+    // masquerade set, web's Cluster one is in the external set.
+    assert!(!nat.contains("30080"), "{nat}");
+    let external = ipset_ok(&["save", "KUBE-IPVS-EXTERNAL"]);
+    assert!(
+        !external.contains("192.168.56.10,tcp:30080"),
+        "shop's Local NodePort is not masqueraded:\n{external}"
     );
     assert_eq!(
         lines_with(
             &nat,
-            &[
-                "-A KUBE-IPVS-MASQ",
-                "192.168.56.10",
-                "30080",
-                "local nodeport"
-            ]
-        ),
-        1,
-        "shop's Local NodePort keeps the client address:\n{nat}"
-    );
-    assert_eq!(
-        lines_with(
-            &nat,
-            &["-A KUBE-IPVS-MASQ", "-s 10.244.0.0/16", "-j RETURN"]
+            &["-A KUBE-IPVS-CLUSTER-MASQ", "-s 10.244.0.0/16", "-j RETURN"]
         ),
         1
     );
@@ -729,12 +730,17 @@ fn masquerade_rules_follow_the_settings_and_the_local_policy_set() {
         ),
     )
     .expect("write shop.yaml");
+    let rules_before = nat_rules().lines().filter(|l| l.starts_with("-A ")).count();
     wait_for(
-        "the Local NodePort rule to go",
+        "shop's NodePort to join the external set",
         Duration::from_secs(30),
-        || !nat_rules().contains("local nodeport"),
+        || ipset_ok(&["save", "KUBE-IPVS-EXTERNAL"]).contains("192.168.56.10,tcp:30080"),
     );
-    assert!(nat_rules().contains("outside cluster-cidr"));
+    assert_eq!(
+        nat_rules().lines().filter(|l| l.starts_with("-A ")).count(),
+        rules_before,
+        "a policy change is a set delta, not a rule change"
+    );
     assert_eq!(agent.terminate(), Some(0));
 
     // Restarted with --masquerade-all and a node Pod CIDR: one rule marks everything; the jump
@@ -748,8 +754,8 @@ fn masquerade_rules_follow_the_settings_and_the_local_policy_set() {
         nat_rules().contains("masquerade-all")
     });
     let nat = nat_rules();
-    assert_eq!(lines_with(&nat, &["-A KUBE-IPVS-MASQ"]), 1, "{nat}");
-    assert!(!nat.contains("outside cluster-cidr") && !nat.contains("hairpin"));
+    assert_eq!(lines_with(&nat, &["-A KUBE-IPVS-CLUSTER-MASQ"]), 1, "{nat}");
+    assert!(!nat.contains("not a local pod"), "{nat}");
     assert_eq!(
         lines_with(&nat, &["-A POSTROUTING", "-j KUBE-IPVS-POSTROUTING"]),
         1
@@ -793,6 +799,10 @@ fn no_masquerade_leaves_the_nat_table_alone() {
         in_sync(&dir, &[])
     });
     assert!(!nat_rules().contains("KUBE-IPVS"));
+    assert!(
+        !stdout(&run("iptables-save", &["-t", "filter"])).contains("KUBE-IPVS"),
+        "nor the filter table"
+    );
     assert_eq!(agent.terminate(), Some(0));
 }
 
@@ -868,7 +878,7 @@ fn removing_a_udp_endpoint_deletes_its_conntrack_entries() {
     let mut agent = Agent::start(&dir, &["--cluster-cidr", "10.244.0.0/16"]);
     agent.wait_healthy();
     wait_for("the masquerade rules", Duration::from_secs(30), || {
-        nat_rules().contains("outside cluster-cidr")
+        nat_rules().contains("not a local pod")
     });
 
     for sport in ["40053", "40054"] {

@@ -430,6 +430,9 @@ async fn an_endpoint_change_on_this_node_is_a_hairpin_set_delta_without_rules() 
         masquerade_all: false,
         node_pod_cidrs: Vec::new(),
         backend: Backend::Legacy,
+        detect_local: kube_ipvs::agent::masq::DetectLocal::ClusterCidr,
+        mark_bit: 14,
+        random_fully: true,
     })
     .with_hairpin_sets(&mut kernel.clone());
     let run = start_with(kernel.clone(), |a| a.with_masquerade(masq));

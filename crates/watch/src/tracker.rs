@@ -76,6 +76,7 @@ impl ChangeSet {
             ctx.zone.clone_from(&n.zone);
             ctx.node_ips_v4.clone_from(&n.ips_v4);
             ctx.node_ips_v6.clone_from(&n.ips_v6);
+            ctx.pod_cidrs.clone_from(&n.pod_cidrs);
             if let Err(e) = inputs.set_node(ctx) {
                 errors.push(e);
             }

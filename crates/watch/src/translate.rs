@@ -568,6 +568,8 @@ pub struct NodeInfo {
     pub ips_v4: Vec<std::net::Ipv4Addr>,
     /// `status.addresses` of type `InternalIP`, IPv6, in the object's order.
     pub ips_v6: Vec<std::net::Ipv6Addr>,
+    /// `spec.podCIDRs` (or the older `spec.podCIDR` alone), in the object's order.
+    pub pod_cidrs: Vec<Cidr>,
 }
 
 /// Translates this node's Node object. An address that does not parse is an error, so a
@@ -594,6 +596,18 @@ pub fn translate_node(node: &Node) -> Result<NodeInfo> {
             IpAddr::V4(v4) => info.ips_v4.push(v4),
             IpAddr::V6(v6) => info.ips_v6.push(v6),
         }
+    }
+    let spec = node.spec.as_ref();
+    let cidrs = spec
+        .and_then(|s| s.pod_cidrs.clone())
+        .filter(|c| !c.is_empty())
+        .or_else(|| spec.and_then(|s| s.pod_cidr.clone()).map(|c| vec![c]))
+        .unwrap_or_default();
+    for c in cidrs {
+        let cidr = c
+            .parse::<Cidr>()
+            .map_err(|e| bad("Node", "", &name, format!("podCIDRs: {c:?}: {e}")))?;
+        info.pod_cidrs.push(cidr);
     }
     Ok(info)
 }

@@ -117,9 +117,25 @@ pub struct RunArgs {
     /// The Pod network(s), comma-separated (for the masquerade rules).
     #[arg(long, value_name = "CIDR[,CIDR]")]
     pub cluster_cidr: Option<String>,
-    /// Masquerade all traffic to Services (for the masquerade rules).
+    /// Masquerade all traffic to ClusterIPs, even from local Pods (Local-policy external
+    /// traffic still keeps the client's address).
     #[arg(long)]
     pub masquerade_all: bool,
+    /// How ClusterIP traffic from this node's Pods is recognised (it keeps its address):
+    /// ClusterCIDR (sources in --cluster-cidr, the default), NodeCIDR (the Node's podCIDRs),
+    /// BridgeInterface (--pod-bridge-interface), InterfaceNamePrefix
+    /// (--pod-interface-name-prefix).
+    #[arg(long, value_name = "MODE")]
+    pub detect_local_mode: Option<String>,
+    /// The bridge Pods are attached to, for --detect-local-mode=BridgeInterface.
+    #[arg(long, value_name = "NAME")]
+    pub pod_bridge_interface: Option<String>,
+    /// The prefix of Pod interfaces, for --detect-local-mode=InterfaceNamePrefix.
+    #[arg(long, value_name = "PREFIX")]
+    pub pod_interface_name_prefix: Option<String>,
+    /// The packet mark bit (0 to 31) meaning "masquerade this" (default 14, i.e. 0x4000).
+    #[arg(long, value_name = "BIT")]
+    pub iptables_masquerade_bit: Option<u8>,
     /// This node's Pod network(s), comma-separated: hairpin traffic is recognised by one
     /// masquerade rule per CIDR. Without it, one rule per endpoint on this node.
     #[arg(long, value_name = "CIDR[,CIDR]")]
@@ -206,6 +222,14 @@ struct ConntrackSection {
     udp_stream_timeout: Option<String>,
 }
 
+/// The `detectLocal` section of `KubeProxyConfiguration`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct DetectLocalSection {
+    bridge_interface: Option<String>,
+    interface_name_prefix: Option<String>,
+}
+
 /// The `ipvs` section of `KubeProxyConfiguration`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -232,7 +256,7 @@ struct IpvsSection {
 )]
 struct IptablesSection {
     masquerade_all: Option<bool>,
-    masquerade_bit: Option<IgnoredAny>,
+    masquerade_bit: Option<u8>,
     localhost_node_ports: Option<IgnoredAny>,
     sync_period: Option<IgnoredAny>,
     min_sync_period: Option<IgnoredAny>,
@@ -279,8 +303,8 @@ struct ProxyConfig {
     bind_address_hard_fail: Option<IgnoredAny>,
     config_sync_period: Option<IgnoredAny>,
     conntrack: Option<ConntrackSection>,
-    detect_local: Option<IgnoredAny>,
-    detect_local_mode: Option<IgnoredAny>,
+    detect_local: Option<DetectLocalSection>,
+    detect_local_mode: Option<String>,
     enable_profiling: Option<IgnoredAny>,
     feature_gates: Option<IgnoredAny>,
     logging: Option<IgnoredAny>,
@@ -417,6 +441,65 @@ fn timeout_secs(v: Option<Named<String>>) -> Result<Option<u32>, ConfigError> {
     Ok((secs > 0).then_some(secs))
 }
 
+/// `detectLocalMode` with its interface, each flag winning over its key.
+fn detect_local(
+    args: &RunArgs,
+    file_mode: Option<&str>,
+    file: DetectLocalSection,
+) -> Result<super::masq::DetectLocal, ConfigError> {
+    use super::masq::DetectLocal;
+    let (mode, setting) = match (&args.detect_local_mode, file_mode) {
+        (Some(m), _) => (m.as_str(), "--detect-local-mode"),
+        (None, Some(m)) => (m, "detectLocalMode"),
+        (None, None) => ("", "detectLocalMode"),
+    };
+    let named = |flag: &Option<String>, flag_name: &str, key: Option<String>, key_name: &str| match (
+        flag, key,
+    ) {
+        (Some(v), _) => Some((v.clone(), flag_name.to_owned())),
+        (None, Some(v)) if !v.is_empty() => Some((v, key_name.to_owned())),
+        (None, _) => None,
+    };
+    let interface = |v: Option<(String, String)>, needs: &str| match v {
+        None => Err(ConfigError::setting(
+            setting,
+            mode,
+            format!("needs {needs}"),
+        )),
+        Some((name, from)) if !kube_ipvs_host::masquerade::valid_interface_name(&name) => Err(
+            ConfigError::setting(&from, &name, "not 1 to 15 letters, digits, '-', '_' or '.'"),
+        ),
+        Some((name, _)) => Ok(name),
+    };
+    match mode {
+        "" | "ClusterCIDR" => Ok(DetectLocal::ClusterCidr),
+        "NodeCIDR" => Ok(DetectLocal::NodeCidr),
+        "BridgeInterface" => Ok(DetectLocal::BridgeInterface(interface(
+            named(
+                &args.pod_bridge_interface,
+                "--pod-bridge-interface",
+                file.bridge_interface,
+                "detectLocal.bridgeInterface",
+            ),
+            "--pod-bridge-interface or detectLocal.bridgeInterface",
+        )?)),
+        "InterfaceNamePrefix" => Ok(DetectLocal::InterfaceNamePrefix(interface(
+            named(
+                &args.pod_interface_name_prefix,
+                "--pod-interface-name-prefix",
+                file.interface_name_prefix,
+                "detectLocal.interfaceNamePrefix",
+            ),
+            "--pod-interface-name-prefix or detectLocal.interfaceNamePrefix",
+        )?)),
+        other => Err(ConfigError::setting(
+            setting,
+            other,
+            "one of ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix",
+        )),
+    }
+}
+
 /// A conntrack timeout in whole seconds (rounded down, as kube-proxy does); `default` when
 /// neither the flag nor the key is set, 0 meaning "leave the kernel's".
 fn conntrack_secs(v: Option<Named<String>>, default: u64) -> Result<u64, ConfigError> {
@@ -538,6 +621,10 @@ pub struct Settings {
     pub masquerade_all: bool,
     /// This node's Pod networks (`--node-pod-cidr`), for constant-size hairpin rules.
     pub node_pod_cidrs: Vec<Cidr>,
+    /// `detectLocalMode`.
+    pub detect_local: super::masq::DetectLocal,
+    /// The masquerade mark bit.
+    pub masquerade_bit: u8,
     /// Whether the masquerade rules are managed (not `--no-masquerade`).
     pub masquerade: bool,
     /// NodePorts listen on local addresses inside these; empty: the Node object's addresses.
@@ -685,6 +772,24 @@ impl Settings {
             ))?,
         };
         let conntrack = conntrack_settings(args, file.conntrack.unwrap_or_default())?;
+        let detect_local = detect_local(
+            args,
+            file.detect_local_mode.as_deref(),
+            file.detect_local.unwrap_or_default(),
+        )?;
+        let masquerade_bit = match (args.iptables_masquerade_bit, iptables.masquerade_bit) {
+            (Some(b), _) => (b, "--iptables-masquerade-bit"),
+            (None, Some(b)) => (b, "iptables.masqueradeBit"),
+            (None, None) => (14, "default"),
+        };
+        if masquerade_bit.0 > 31 {
+            return Err(ConfigError::setting(
+                masquerade_bit.1,
+                &masquerade_bit.0.to_string(),
+                "a mark bit is 0 to 31",
+            ));
+        }
+        let masquerade_bit = masquerade_bit.0;
         let healthz = bind_address(
             pick(
                 args.healthz_bind_address.as_deref(),
@@ -758,6 +863,8 @@ impl Settings {
             cluster_cidrs,
             masquerade_all: args.masquerade_all || iptables.masquerade_all.unwrap_or(false),
             node_pod_cidrs,
+            detect_local,
+            masquerade_bit,
             masquerade: !args.no_masquerade,
             nodeport_cidrs,
             sync_period,
@@ -821,7 +928,7 @@ mod tests {
     #[test]
     fn bad_flag_values_name_the_flag() {
         type Edit = fn(&mut RunArgs);
-        let cases: [(Edit, &str); 7] = [
+        let cases: [(Edit, &str); 11] = [
             (
                 |a| a.scheduler = Some("fastest".into()),
                 "--scheduler \"fastest\"",
@@ -850,6 +957,25 @@ mod tests {
                 |a| a.graceful_termination_timeout = Some("-1m".into()),
                 "--graceful-termination-timeout \"-1m\"",
             ),
+            (
+                |a| a.detect_local_mode = Some("PodCIDR".into()),
+                "--detect-local-mode \"PodCIDR\"",
+            ),
+            (
+                |a| a.detect_local_mode = Some("BridgeInterface".into()),
+                "--detect-local-mode \"BridgeInterface\"",
+            ),
+            (
+                |a| {
+                    a.detect_local_mode = Some("InterfaceNamePrefix".into());
+                    a.pod_interface_name_prefix = Some("veth+".into());
+                },
+                "--pod-interface-name-prefix \"veth+\"",
+            ),
+            (
+                |a| a.iptables_masquerade_bit = Some(32),
+                "--iptables-masquerade-bit \"32\"",
+            ),
         ];
         for (set, want) in cases {
             let mut a = args();
@@ -858,6 +984,26 @@ mod tests {
             assert!(!err.is_file_error());
             assert!(err.to_string().starts_with(want), "{err} vs {want}");
         }
+    }
+
+    #[test]
+    fn detect_local_modes_and_the_mark_bit_resolve() {
+        use super::super::masq::DetectLocal;
+        let s = Settings::resolve(&args()).expect("defaults");
+        assert_eq!(s.detect_local, DetectLocal::ClusterCidr);
+        assert_eq!(s.masquerade_bit, 14);
+        let mut a = args();
+        a.detect_local_mode = Some("BridgeInterface".into());
+        a.pod_bridge_interface = Some("cbr0".into());
+        a.iptables_masquerade_bit = Some(0);
+        let s = Settings::resolve(&a).expect("bridge");
+        assert_eq!(s.detect_local, DetectLocal::BridgeInterface("cbr0".into()));
+        assert_eq!(s.masquerade_bit, 0);
+        a.detect_local_mode = Some("NodeCIDR".into());
+        assert_eq!(
+            Settings::resolve(&a).expect("node").detect_local,
+            DetectLocal::NodeCidr
+        );
     }
 
     #[test]

@@ -43,11 +43,11 @@ use std::net::IpAddr;
 use kube_ipvs_diff::{Cidr, Inputs, Protocol, ServiceKind, ServiceName, TrafficPolicy};
 
 use kube_ipvs_host::masquerade::{
-    self, Backend, Family, Hairpin, LocalNodePort, LocalVirtualServer,
+    self, Backend, Family, Hairpin, LocalDetect, LocalNodePort, LocalVirtualServer,
 };
 use kube_ipvs_netlink::nfnl::ipset::Entry;
 
-use super::filter::FilterSets;
+use super::sets::ServiceSets;
 use crate::kernel::{Kernel, KernelError};
 
 /// What one Service contributes to the rules.
@@ -121,8 +121,11 @@ pub struct Wanted {
     hairpin_set: bool,
     /// Whether an IPv6 address is in the hairpin set (the IPv6 rules are then needed).
     hairpin_v6: bool,
-    /// Whether the `filter` table rules are programmed ([`super::filter`]).
-    filter: bool,
+    /// Whether the service sets exist ([`super::sets`]): Service traffic is marked by set
+    /// membership and the `filter` table is programmed.
+    service_sets: bool,
+    /// How local Pods are told apart, with this node's Pod CIDRs for `NodeCIDR`.
+    local_detect: LocalDetect,
 }
 
 /// The node's NodePort addresses, as [`Wanted`] holds them.
@@ -144,6 +147,39 @@ pub struct Fixed {
     pub node_pod_cidrs: Vec<Cidr>,
     /// The iptables backend, resolved once at startup when possible.
     pub backend: Backend,
+    /// `detectLocalMode`.
+    pub detect_local: DetectLocal,
+    /// The masquerade mark bit (`--iptables-masquerade-bit`).
+    pub mark_bit: u8,
+    /// Whether iptables has `MASQUERADE --random-fully`.
+    pub random_fully: bool,
+}
+
+/// kube-proxy's `detectLocalMode`, as configured (the Pod CIDRs of `NodeCIDR` come from the
+/// Node object).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum DetectLocal {
+    /// `ClusterCIDR`: sources in `--cluster-cidr`.
+    #[default]
+    ClusterCidr,
+    /// `NodeCIDR`: sources in the Node's `spec.podCIDRs`.
+    NodeCidr,
+    /// `BridgeInterface`: packets from this bridge.
+    BridgeInterface(String),
+    /// `InterfaceNamePrefix`: packets from interfaces named with this prefix.
+    InterfaceNamePrefix(String),
+}
+
+impl DetectLocal {
+    /// The helper's form for this node.
+    fn for_node(&self, inputs: &Inputs) -> LocalDetect {
+        match self {
+            Self::ClusterCidr => LocalDetect::ClusterCidr,
+            Self::NodeCidr => LocalDetect::NodeCidr(inputs.node().pod_cidrs.clone()),
+            Self::BridgeInterface(b) => LocalDetect::Bridge(b.clone()),
+            Self::InterfaceNamePrefix(p) => LocalDetect::InterfacePrefix(p.clone()),
+        }
+    }
 }
 
 /// Per-Service contributions, kept up to date from change sets.
@@ -326,8 +362,10 @@ pub fn config(fixed: &Fixed, wanted: &Wanted) -> masquerade::Config {
         } else {
             Hairpin::Endpoints(wanted.local_endpoints.clone())
         },
-        mark_bit: 14,
-        filter: wanted.filter,
+        mark_bit: fixed.mark_bit,
+        service_sets: wanted.service_sets,
+        local_detect: wanted.local_detect.clone(),
+        random_fully: fixed.random_fully,
         backend: fixed.backend,
         bin_dir: None,
     }
@@ -460,8 +498,9 @@ pub struct Masq {
     /// Whether the sets were made exact by the last forced sync and every delta since applied;
     /// after a failure, deltas wait for the next forced sync, which repairs the whole set.
     sets_synced: bool,
-    /// The filter sets' members, when the `filter` rules are programmed.
-    pub filter: Option<FilterSets>,
+    /// The service sets' members, when they exist (Service traffic is then marked by set
+    /// membership and the `filter` table is programmed).
+    pub sets_for_services: Option<ServiceSets>,
 }
 
 impl Masq {
@@ -475,20 +514,23 @@ impl Masq {
             rules: Applier::Inline,
             sets: false,
             sets_synced: false,
-            filter: None,
+            sets_for_services: None,
         }
     }
 
-    /// Also programs the `filter` table ([`kube_ipvs_host::filter`]): creates its sets now; if
-    /// that fails (no `ip_set` or one of its types), warns and leaves the `filter` table alone.
-    pub fn with_filter(mut self, kernel: &mut dyn Kernel) -> Self {
-        match FilterSets::create(kernel) {
-            Ok(()) => self.filter = Some(FilterSets::default()),
+    /// Marks Service traffic by set membership and programs the `filter` table
+    /// ([`kube_ipvs_host::sets`], [`kube_ipvs_host::filter`]): creates the sets now; if that
+    /// fails (no `ip_set` or one of its types), warns and keeps the older `POSTROUTING` rules
+    /// without a `filter` table.
+    pub fn with_service_sets(mut self, kernel: &mut dyn Kernel) -> Self {
+        match ServiceSets::create(kernel) {
+            Ok(()) => self.sets_for_services = Some(ServiceSets::default()),
             Err(e) => tracing::warn!(
-                "filter: cannot create the ipsets ({e}); are the ip_set_hash_ip, \
+                "service sets: cannot create the ipsets ({e}); are the ip_set_hash_ip, \
                  ip_set_hash_ipport, ip_set_hash_ipportnet and ip_set_bitmap_port modules \
-                 available? Service addresses stay open on every port and \
-                 loadBalancerSourceRanges are not enforced"
+                 available? Service addresses stay open on every port, \
+                 loadBalancerSourceRanges are not enforced, and only --cluster-cidr tells \
+                 local Pods"
             ),
         }
         self
@@ -501,7 +543,7 @@ impl Masq {
         inputs: &Inputs,
     ) {
         self.locals.update(names.clone(), inputs);
-        if let Some(f) = &mut self.filter {
+        if let Some(f) = &mut self.sets_for_services {
             f.update(names, inputs);
         }
     }
@@ -509,7 +551,7 @@ impl Masq {
     /// Works out every Service again (after a Node change).
     pub fn update_all(&mut self, inputs: &Inputs) {
         self.locals.update_all(inputs);
-        if let Some(f) = &mut self.filter {
+        if let Some(f) = &mut self.sets_for_services {
             f.update_all(inputs);
         }
     }
@@ -624,7 +666,7 @@ impl Masq {
         // The sets first: the rules reference them, and a set failure must not keep the other
         // rules from being repaired.
         let mut sets = self.sync_sets(kernel, force);
-        if let Some(f) = &mut self.filter {
+        if let Some(f) = &mut self.sets_for_services {
             if f.node_ips_changed(inputs) {
                 f.update_all(inputs);
             }
@@ -670,7 +712,8 @@ impl Masq {
             return Ok(false);
         }
         let mut wanted = self.locals.wanted(inputs, &self.fixed);
-        wanted.filter = self.filter.is_some();
+        wanted.service_sets = self.sets_for_services.is_some();
+        wanted.local_detect = self.fixed.detect_local.for_node(inputs);
         if !force && self.applied.as_ref() == Some(&wanted) {
             return Ok(false);
         }
@@ -700,7 +743,7 @@ impl Masq {
                 self.applied = Some(wanted);
                 Ok(true)
             }
-            Err(e) if force && wanted.filter => self.without_filter(kernel, inputs, e),
+            Err(e) if force && wanted.service_sets => self.without_service_sets(kernel, inputs, e),
             Err(e) if force && wanted.hairpin_set => self.without_sets(kernel, inputs, e),
             Err(e) => {
                 self.applied = None;
@@ -722,7 +765,8 @@ impl Masq {
     ) -> Result<bool, String> {
         self.locals.in_set = false;
         let mut wanted = self.locals.wanted(inputs, &self.fixed);
-        wanted.filter = self.filter.is_some();
+        wanted.service_sets = self.sets_for_services.is_some();
+        wanted.local_detect = self.fixed.detect_local.for_node(inputs);
         let cfg = config(&self.fixed, &wanted);
         let retry = match &mut self.rules {
             Applier::Inline => kernel.ensure_rules(&cfg).map_err(|e| e.to_string()),
@@ -754,30 +798,31 @@ impl Masq {
         }
     }
 
-    /// A forced apply of rules with the `filter` table failed: perhaps iptables lacks a match
-    /// or target they use (`set`, `addrtype`, `conntrack`, `REJECT`). Tries the rules without
-    /// the `filter` table; if those apply, the filter stays off (warned once) so masquerading
-    /// is not lost with it. Otherwise the filter is kept and the first error returned.
-    fn without_filter(
+    /// A forced apply of rules using the service sets failed: perhaps iptables lacks a match
+    /// or target they use (`set`, `addrtype`, `conntrack`, `REJECT`). Tries the older rules
+    /// without them; if those apply, they stay (warned once) so masquerading is not lost.
+    /// Otherwise the sets are kept and the first error returned.
+    fn without_service_sets(
         &mut self,
         kernel: &mut dyn Kernel,
         inputs: &Inputs,
         first: String,
     ) -> Result<bool, String> {
-        let Some(kept) = self.filter.take() else {
+        let Some(kept) = self.sets_for_services.take() else {
             return Err(first);
         };
         match self.sync_rules(kernel, inputs, true) {
             Ok(changed) => {
                 tracing::warn!(
-                    "filter: the filter table rules were refused ({first}); are the xt_set, \
-                     xt_addrtype, xt_conntrack and REJECT modules available? Service addresses \
-                     stay open on every port and loadBalancerSourceRanges are not enforced"
+                    "service sets: the rules matching them were refused ({first}); are the \
+                     xt_set, xt_addrtype, xt_conntrack and REJECT modules available? Service \
+                     addresses stay open on every port, loadBalancerSourceRanges are not \
+                     enforced, and only --cluster-cidr tells local Pods"
                 );
                 Ok(changed)
             }
             Err(_) => {
-                self.filter = Some(kept);
+                self.sets_for_services = Some(kept);
                 self.locals.changed = true;
                 self.applied = None;
                 Err(first)
@@ -843,6 +888,9 @@ mod tests {
             masquerade_all: false,
             node_pod_cidrs: pod.iter().map(|c| c.parse().expect("literal")).collect(),
             backend: Backend::Legacy,
+            detect_local: DetectLocal::ClusterCidr,
+            mark_bit: 14,
+            random_fully: true,
         }
     }
 

@@ -10,11 +10,11 @@
 //! and counted, never fatal.
 
 pub mod config;
-pub mod filter;
 pub mod hcport;
 pub mod health;
 pub mod masq;
 pub mod metrics;
+pub mod sets;
 pub mod sync;
 
 use std::process::ExitCode;
@@ -135,14 +135,20 @@ fn prepare_kernel(settings: &Settings) -> Result<RealKernel, String> {
     Ok(RealKernel::with(ipvs, rtnl, DEFAULT_DUMMY))
 }
 
-/// The iptables backend, asked once; if `iptables --version` fails now it is asked again at each
-/// attempt to apply the rules, so a tool installed later is picked up.
-fn backend() -> kube_ipvs_host::masquerade::Backend {
-    match kube_ipvs_host::masquerade::detect_backend(None) {
-        Ok(b) => b,
+/// The iptables backend and whether it has `--random-fully`, asked once; if
+/// `iptables --version` fails now the backend is asked again at each attempt to apply the
+/// rules (so a tool installed later is picked up) and `--random-fully` is not used.
+fn probe_iptables() -> (kube_ipvs_host::masquerade::Backend, bool) {
+    match kube_ipvs_host::masquerade::probe(None) {
+        Ok((backend, random_fully)) => {
+            if !random_fully {
+                tracing::info!("masquerade: iptables before 1.6.2 has no --random-fully");
+            }
+            (backend, random_fully)
+        }
         Err(e) => {
             tracing::warn!("masquerade: {e}; asking again when the rules are applied");
-            kube_ipvs_host::masquerade::Backend::Auto
+            (kube_ipvs_host::masquerade::Backend::Auto, false)
         }
     }
 }
@@ -244,14 +250,18 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
             Ok(k) => k,
             Err(e) => return fail(exit::START, format!("masquerade rules: {e}")),
         };
+        let (backend, random_fully) = probe_iptables();
         let masq = masq::Masq::new(masq::Fixed {
             cluster_cidrs: settings.cluster_cidrs.clone(),
             masquerade_all: settings.masquerade_all,
             node_pod_cidrs: settings.node_pod_cidrs.clone(),
-            backend: backend(),
+            backend,
+            detect_local: settings.detect_local.clone(),
+            mark_bit: settings.masquerade_bit,
+            random_fully,
         })
         .with_hairpin_sets(&mut kernel)
-        .with_filter(&mut kernel);
+        .with_service_sets(&mut kernel);
         match masq.in_background(Box::new(worker)) {
             Ok(masq) => Some(masq),
             Err(e) => return fail(exit::START, format!("masquerade rules: {e}")),

@@ -367,6 +367,7 @@ mod tests {
                 zone: Some("zone-b".into()),
                 ips_v4: vec![std::net::Ipv4Addr::new(10, 0, 0, 7)],
                 ips_v6: vec![],
+                pod_cidrs: vec![],
             }),
             ..ChangeSet::default()
         };

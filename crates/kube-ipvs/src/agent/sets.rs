@@ -1,17 +1,20 @@
-//! The members of the filter sets ([`kube_ipvs_host::filter`]) as the agent keeps them: worked
+//! The members of the service sets ([`kube_ipvs_host::sets`]) as the agent keeps them: worked
 //! out per Service from the engine's inputs for the Services a change set touched, counted per
 //! member (an address or a port can belong to several Services), and applied to the kernel as a
 //! delta. A Service change is a few netlink messages; the `filter` rules never change.
 //!
 //! What a Service contributes, per family of its own:
-//! - [`FilterSet::Services`]: each virtual server the engine programs for it (ClusterIPs,
+//! - [`ServiceSet::Services`]: each virtual server the engine programs for it (ClusterIPs,
 //!   external and load-balancer addresses, NodePorts on each NodePort address), as
 //!   [`service_table`] decides them, so the filter and IPVS cannot disagree;
-//! - [`FilterSet::Addresses`]: the addresses that table binds to `kube-ipvs0`;
-//! - [`FilterSet::LbFirewall`] and [`FilterSet::LbSources`]: with `loadBalancerSourceRanges`,
+//! - [`ServiceSet::Addresses`]: the addresses that table binds to `kube-ipvs0`;
+//! - [`ServiceSet::LbFirewall`] and [`ServiceSet::LbSources`]: with `loadBalancerSourceRanges`,
 //!   each load-balancer address and port, and each (address, port, range) allowed. Ranges of
 //!   the other family than the address are ignored, as kube-proxy does;
-//! - [`FilterSet::HealthCheckPorts`]: its `healthCheckNodePort` under the Local policy.
+//! - [`ServiceSet::HealthCheckPorts`]: its `healthCheckNodePort` under the Local policy;
+//! - [`ServiceSet::ClusterIps`]: its ClusterIP virtual servers, and [`ServiceSet::External`]:
+//!   its other virtual servers (external and load-balancer addresses, NodePorts) when its
+//!   `externalTrafficPolicy` is Cluster (for the `nat` marks of [`kube_ipvs_host::masquerade`]).
 //!
 //! NodePort members depend on the node's NodePort addresses: when those change every Service is
 //! worked out again. Forced syncs (startup, reconcile) make each set exactly its members (list,
@@ -21,7 +24,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 use kube_ipvs_diff::{Inputs, ServiceKind, ServiceName, TrafficPolicy, VirtualKey, service_table};
-use kube_ipvs_host::filter::FilterSet;
+use kube_ipvs_host::sets::ServiceSet;
 use kube_ipvs_netlink::Family;
 use kube_ipvs_netlink::nfnl::ipset::Member;
 
@@ -44,18 +47,22 @@ pub fn contribution(name: &ServiceName, inputs: &Inputs) -> Vec<Keyed> {
             port,
         } = server.key
         {
-            out.push((
-                FilterSet::Services.name(Family::of(addr)),
-                Member::IpPort {
-                    addr,
-                    protocol: protocol.number(),
-                    port,
-                },
-            ));
+            let member = Member::IpPort {
+                addr,
+                protocol: protocol.number(),
+                port,
+            };
+            let family = Family::of(addr);
+            out.push((ServiceSet::Services.name(family), member));
+            if info.cluster_ips.contains(&addr) {
+                out.push((ServiceSet::ClusterIps.name(family), member));
+            } else if info.external_traffic_policy == TrafficPolicy::Cluster {
+                out.push((ServiceSet::External.name(family), member));
+            }
         }
     }
     for &a in &table.addresses {
-        out.push((FilterSet::Addresses.name(Family::of(a)), Member::Ip(a)));
+        out.push((ServiceSet::Addresses.name(Family::of(a)), Member::Ip(a)));
     }
     if info.kind == ServiceKind::LoadBalancer && !info.load_balancer_source_ranges.is_empty() {
         // Only the load-balancer addresses the engine programs (those of the Service's
@@ -66,7 +73,7 @@ pub fn contribution(name: &ServiceName, inputs: &Inputs) -> Vec<Keyed> {
             for p in info.ports.iter().filter(|p| p.port != 0) {
                 let (protocol, port) = (p.protocol.number(), p.port);
                 out.push((
-                    FilterSet::LbFirewall.name(family),
+                    ServiceSet::LbFirewall.name(family),
                     Member::IpPort {
                         addr: lb,
                         protocol,
@@ -78,7 +85,7 @@ pub fn contribution(name: &ServiceName, inputs: &Inputs) -> Vec<Keyed> {
                         continue;
                     }
                     out.push((
-                        FilterSet::LbSources.name(family),
+                        ServiceSet::LbSources.name(family),
                         Member::IpPortNet {
                             addr: lb,
                             protocol,
@@ -95,7 +102,7 @@ pub fn contribution(name: &ServiceName, inputs: &Inputs) -> Vec<Keyed> {
         && let Some(hc) = info.health_check_node_port.filter(|p| *p != 0)
     {
         out.push((
-            FilterSet::HealthCheckPorts.name(Family::V4),
+            ServiceSet::HealthCheckPorts.name(Family::V4),
             Member::Port(hc),
         ));
     }
@@ -106,7 +113,7 @@ pub fn contribution(name: &ServiceName, inputs: &Inputs) -> Vec<Keyed> {
 
 /// The filter sets' members, kept from change sets.
 #[derive(Debug, Default)]
-pub struct FilterSets {
+pub struct ServiceSets {
     by_service: HashMap<ServiceName, Vec<Keyed>>,
     /// How many Services hold each member.
     refs: HashMap<Keyed, u32>,
@@ -126,7 +133,7 @@ fn node_ips(inputs: &Inputs) -> Vec<IpAddr> {
     ips
 }
 
-impl FilterSets {
+impl ServiceSets {
     /// Works out these Services' contributions again.
     pub fn update<'a>(
         &mut self,
@@ -222,7 +229,7 @@ impl FilterSets {
 
     /// Creates every set that is absent.
     pub fn create(kernel: &mut dyn Kernel) -> Result<(), KernelError> {
-        for (name, family, kind) in kube_ipvs_host::filter::sets() {
+        for (name, family, kind) in kube_ipvs_host::sets::sets() {
             kernel.create_named_set(name, family, kind)?;
         }
         Ok(())
@@ -251,7 +258,7 @@ impl FilterSets {
     fn sync_exact(&self, kernel: &mut dyn Kernel) -> Result<bool, KernelError> {
         Self::create(kernel)?;
         let mut changed = false;
-        for (name, _, _) in kube_ipvs_host::filter::sets() {
+        for (name, _, _) in kube_ipvs_host::sets::sets() {
             let have: HashSet<Member> = kernel.list_named_set(name)?.into_iter().collect();
             let want: HashSet<Member> = self.members(name).collect();
             let del: Vec<Member> = have.difference(&want).copied().collect();
@@ -359,6 +366,7 @@ mod tests {
             [
                 "KUBE-IPVS-ADDRS 10.96.0.20",
                 "KUBE-IPVS-ADDRS 203.0.113.7",
+                "KUBE-IPVS-CLUSTER-IPS 10.96.0.20,tcp:80",
                 "KUBE-IPVS-HC-PORTS 31000",
                 "KUBE-IPVS-LB-FW 203.0.113.7,tcp:80",
                 // The IPv6 range cannot apply to an IPv4 address and is left out.
@@ -368,17 +376,23 @@ mod tests {
                 "KUBE-IPVS-SERVICES 203.0.113.7,tcp:80",
             ]
         );
-        // Without ranges there is no firewall entry, and a Cluster policy has no health port.
+        // Without ranges there is no firewall entry, a Cluster policy has no health port, and
+        // its external virtual servers are always masqueraded.
         let open = ServiceInfo {
             external_traffic_policy: TrafficPolicy::Cluster,
             ..lb(&[])
         };
         inputs.upsert_service(name.clone(), open).expect("service");
         let c = contribution(&name, &inputs);
+        let external: Vec<String> = c
+            .iter()
+            .filter(|(s, _)| *s == "KUBE-IPVS-EXTERNAL")
+            .map(|(_, m)| m.to_string())
+            .collect();
+        assert_eq!(external, ["192.168.1.10,tcp:30080", "203.0.113.7,tcp:80"]);
         assert!(
-            c.iter()
-                .all(|(s, _)| s.starts_with("KUBE-IPVS-SERVICES")
-                    || s.starts_with("KUBE-IPVS-ADDRS")),
+            !c.iter()
+                .any(|(s, _)| s.starts_with("KUBE-IPVS-LB-") || s.starts_with("KUBE-IPVS-HC")),
             "{c:?}"
         );
     }
@@ -406,7 +420,7 @@ mod tests {
             ..lb(&[])
         };
         inputs.upsert_service(b.clone(), other_port).expect("b");
-        let mut sets = FilterSets::default();
+        let mut sets = ServiceSets::default();
         sets.update_all(&inputs);
         assert!(sets.sync(&mut k, true).expect("forced"));
         assert_eq!(
@@ -459,7 +473,7 @@ mod tests {
         let mut k = MemKernel::default();
         let a = ServiceName::new("default", "a");
         inputs.upsert_service(a.clone(), lb(&[])).expect("a");
-        let mut sets = FilterSets::default();
+        let mut sets = ServiceSets::default();
         sets.update_all(&inputs);
         sets.sync(&mut k, true).expect("forced");
         let mut node = inputs.node().clone();
