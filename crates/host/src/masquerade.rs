@@ -786,7 +786,7 @@ fn hairpin_rules(r: &mut String, config: &Config, family: Family, mark: u32) {
 
 /// The CIDRs that are local Pods' in `family` under the CIDR modes; `None` for the interface
 /// modes.
-fn local_cidrs<'a>(config: &'a Config, family: Family) -> Option<Vec<&'a Cidr>> {
+fn local_cidrs(config: &Config, family: Family) -> Option<Vec<&Cidr>> {
     let cidrs = match &config.local_detect {
         LocalDetect::ClusterCidr => &config.cluster_cidrs,
         LocalDetect::NodeCidr(c) => c,
