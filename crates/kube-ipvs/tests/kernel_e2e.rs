@@ -1871,6 +1871,17 @@ fn load_balancer_source_ranges_admit_clients_inside_and_drop_the_rest() {
     // Someone empties the set: both clients are dropped until a reconcile puts it back.
     ok("/usr/sbin/ipset", &["flush", "KUBE-IPVS-LB-SRC"]);
     assert_eq!(lab.connect("inside", "203.0.113.50:80"), None, "flushed");
+    // `check` names what is missing, under the Service that wants it (unless the reconcile
+    // already put it back).
+    let out = agent.check();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.code() == Some(0)
+            || text.contains(
+                "default/lb:\n  missing member 203.0.113.50,tcp:80,192.168.56.0/24 of ipset KUBE-IPVS-LB-SRC"
+            ),
+        "{text}"
+    );
     agent.wait_full_syncs(2);
     assert!(
         lab.connect("inside", "203.0.113.50:80").is_some(),

@@ -20,7 +20,7 @@
 //! worked out again. Forced syncs (startup, reconcile) make each set exactly its members (list,
 //! compare, add and delete), which also repairs someone flushing a set.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
 use kube_ipvs_diff::{Inputs, ServiceKind, ServiceName, TrafficPolicy, VirtualKey, service_table};
@@ -259,7 +259,11 @@ impl ServiceSets {
         Self::create(kernel)?;
         let mut changed = false;
         for (name, _, _) in kube_ipvs_host::sets::sets() {
-            let have: HashSet<Member> = kernel.list_named_set(name)?.into_iter().collect();
+            let have: HashSet<Member> = kernel
+                .list_named_set(name)?
+                .ok_or_else(|| KernelError::Refused(format!("ipset {name}: the set is gone")))?
+                .into_iter()
+                .collect();
             let want: HashSet<Member> = self.members(name).collect();
             let del: Vec<Member> = have.difference(&want).copied().collect();
             let add: Vec<Member> = want.difference(&have).copied().collect();
@@ -284,6 +288,88 @@ impl ServiceSets {
         }
         Ok(changed)
     }
+}
+
+/// Every member every Service wants, with the Services that want it (for `check` and `plan`).
+pub fn desired_members(inputs: &Inputs) -> BTreeMap<Keyed, Vec<ServiceName>> {
+    let mut out: BTreeMap<Keyed, Vec<ServiceName>> = BTreeMap::new();
+    for name in inputs.service_names() {
+        for k in contribution(name, inputs) {
+            out.entry(k).or_default().push(name.clone());
+        }
+    }
+    out
+}
+
+/// The kernel's sets by name; `None` for a set that does not exist.
+pub type ObservedSets = BTreeMap<&'static str, Option<BTreeSet<Member>>>;
+
+/// Reads every service set from the kernel.
+pub fn read_sets(kernel: &mut dyn Kernel) -> Result<ObservedSets, KernelError> {
+    kube_ipvs_host::sets::sets()
+        .map(|(name, _, _)| {
+            Ok((
+                name,
+                kernel
+                    .list_named_set(name)?
+                    .map(|m| m.into_iter().collect()),
+            ))
+        })
+        .collect()
+}
+
+/// How the kernel's sets differ from what the Services want.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct SetDiff {
+    /// Members to add, with the Services that want them.
+    pub missing: Vec<(Keyed, Vec<ServiceName>)>,
+    /// Members no Service wants.
+    pub extra: Vec<Keyed>,
+    /// Sets that do not exist (while others do).
+    pub absent: Vec<&'static str>,
+    /// No set exists at all: kube-ipvs does not manage iptables here (`--no-masquerade`), or
+    /// the agent has not started.
+    pub unmanaged: bool,
+}
+
+impl SetDiff {
+    /// Whether the sets hold exactly what is wanted (or are not managed at all).
+    pub fn is_empty(&self) -> bool {
+        self.missing.is_empty() && self.extra.is_empty() && self.absent.is_empty()
+    }
+}
+
+/// Compares the wanted members with the kernel's sets.
+pub fn diff_sets(desired: &BTreeMap<Keyed, Vec<ServiceName>>, observed: &ObservedSets) -> SetDiff {
+    if observed.values().all(Option::is_none) {
+        return SetDiff {
+            unmanaged: true,
+            ..SetDiff::default()
+        };
+    }
+    let mut diff = SetDiff::default();
+    for (name, members) in observed {
+        match members {
+            None => diff.absent.push(name),
+            Some(have) => {
+                for m in have {
+                    if !desired.contains_key(&(*name, *m)) {
+                        diff.extra.push((*name, *m));
+                    }
+                }
+            }
+        }
+    }
+    for (k, owners) in desired {
+        let present = observed
+            .get(k.0)
+            .and_then(Option::as_ref)
+            .is_some_and(|set| set.contains(&k.1));
+        if !present {
+            diff.missing.push((*k, owners.clone()));
+        }
+    }
+    diff
 }
 
 /// Deletes, then adds (a member moving between Services is in neither list).
@@ -465,6 +551,54 @@ mod tests {
         sets.update([&a, &b], &inputs);
         assert!(!sets.sync(&mut k, false).expect("nothing"));
         assert!(k.state().named_set_log.is_empty());
+    }
+
+    #[test]
+    fn the_difference_names_missing_members_with_their_services_and_extra_ones() {
+        let mut inputs = inputs("192.168.1.10");
+        let web = ServiceName::new("default", "web");
+        inputs.upsert_service(web.clone(), lb(&[])).expect("web");
+        let desired = desired_members(&inputs);
+        let mut k = MemKernel::default();
+        // Nothing exists: not managed, not drift.
+        let none = diff_sets(&desired, &read_sets(&mut k).expect("read"));
+        assert!(none.unmanaged && none.is_empty());
+        let mut sets = ServiceSets::default();
+        sets.update_all(&inputs);
+        sets.sync(&mut k, true).expect("forced");
+        assert!(diff_sets(&desired, &read_sets(&mut k).expect("read")).is_empty());
+        // One member lost, one stray added, one set destroyed.
+        {
+            let mut st = k.state();
+            st.named_sets
+                .get_mut("KUBE-IPVS-SERVICES")
+                .expect("set")
+                .1
+                .remove(&tcp("10.96.0.20", 80));
+            st.named_sets
+                .get_mut("KUBE-IPVS-ADDRS")
+                .expect("set")
+                .1
+                .insert(Member::Ip(ip("10.96.9.9")));
+            st.named_sets.remove("KUBE-IPVS-HC-PORTS");
+        }
+        let d = diff_sets(&desired, &read_sets(&mut k).expect("read"));
+        assert_eq!(
+            d.missing,
+            vec![
+                (
+                    ("KUBE-IPVS-HC-PORTS", Member::Port(31000)),
+                    vec![web.clone()]
+                ),
+                (("KUBE-IPVS-SERVICES", tcp("10.96.0.20", 80)), vec![web])
+            ]
+        );
+        assert_eq!(
+            d.extra,
+            vec![("KUBE-IPVS-ADDRS", Member::Ip(ip("10.96.9.9")))]
+        );
+        assert_eq!(d.absent, vec!["KUBE-IPVS-HC-PORTS"]);
+        assert!(!d.unmanaged);
     }
 
     #[test]

@@ -7,6 +7,11 @@
 //! `(no Service)`. Real servers at weight 0 that no Service wants are draining (graceful
 //! termination) and reported as notes, not as drift. Exit 0 in sync, 1 not, 2 on error.
 //!
+//! The service ipsets (the members the `filter` and `nat` rules match) are compared the same
+//! way ([`check_sets`]): a member a Service needs is filed under it, a stray one under
+//! `(no Service)`; a node where none of them exists is not managed by kube-ipvs's iptables
+//! side and gets a note.
+//!
 //! Findings say which side is wrong: an empty virtual server with a note "no usable
 //! endpoints" is the control plane's doing (the API has no ready endpoint), a missing or stale
 //! entry while the API is fine is the node's (its rules are stale).
@@ -24,6 +29,9 @@ use kube_ipvs_diff::{
 };
 use kube_ipvs_netlink::link::DEFAULT_DUMMY;
 
+use kube_ipvs_netlink::nfnl::ipset::Member;
+
+use crate::agent::sets::{ObservedSets, desired_members, diff_sets, read_sets};
 use crate::apply::Owners;
 use crate::cmd::source::SourceArgs;
 use crate::kernel::RealKernel;
@@ -107,6 +115,22 @@ pub enum Finding {
     MissingAddress(IpAddr),
     /// An address on `kube-ipvs0` that no Service asks for.
     ExtraAddress(IpAddr),
+    /// A member a Service needs in one of the service ipsets (filter and masquerade rules).
+    MissingSetMember {
+        /// The set.
+        set: &'static str,
+        /// The member, as `ipset` prints it.
+        member: Member,
+    },
+    /// A member of a service ipset that no Service asks for.
+    ExtraSetMember {
+        /// The set.
+        set: &'static str,
+        /// The member.
+        member: Member,
+    },
+    /// A service ipset that does not exist while the others do.
+    MissingSet(&'static str),
 }
 
 impl Finding {
@@ -122,6 +146,9 @@ impl Finding {
             Finding::WrongForwarding { .. } => "wrong-forwarding",
             Finding::MissingAddress(_) => "missing-address",
             Finding::ExtraAddress(_) => "extra-address",
+            Finding::MissingSetMember { .. } => "missing-set-member",
+            Finding::ExtraSetMember { .. } => "extra-set-member",
+            Finding::MissingSet(_) => "missing-set",
         }
     }
 }
@@ -171,6 +198,13 @@ impl fmt::Display for Finding {
             ),
             Finding::MissingAddress(a) => write!(f, "missing address {a} on kube-ipvs0"),
             Finding::ExtraAddress(a) => write!(f, "extra address {a} on kube-ipvs0"),
+            Finding::MissingSetMember { set, member } => {
+                write!(f, "missing member {member} of ipset {set}")
+            }
+            Finding::ExtraSetMember { set, member } => {
+                write!(f, "extra member {member} of ipset {set}")
+            }
+            Finding::MissingSet(set) => write!(f, "missing ipset {set}"),
         }
     }
 }
@@ -379,6 +413,47 @@ pub fn check(inputs: &mut Inputs, observed: &Observed) -> Report {
     report
 }
 
+/// Adds the differences of the service ipsets ([`crate::agent::sets`]) to `report`: members a
+/// Service needs under that Service, members and sets nobody has under `(no Service)`. When
+/// no set exists at all, kube-ipvs does not manage iptables on this node (`--no-masquerade`)
+/// and that is a note, not drift.
+pub fn check_sets(report: &mut Report, inputs: &Inputs, observed: &ObservedSets) {
+    let diff = diff_sets(&desired_members(inputs), observed);
+    if diff.unmanaged {
+        report.notes.push(
+            "no service ipsets: iptables is not managed by kube-ipvs here (--no-masquerade), \
+             or the agent has not run yet"
+                .to_owned(),
+        );
+        return;
+    }
+    for ((set, member), owners) in diff.missing {
+        if diff.absent.contains(&set) {
+            continue;
+        }
+        report
+            .groups
+            .entry(crate::apply::names_label(&owners))
+            .or_default()
+            .findings
+            .push(Finding::MissingSetMember { set, member });
+    }
+    let none = report.groups.entry("(no Service)".to_owned()).or_default();
+    for (set, member) in diff.extra {
+        none.findings.push(Finding::ExtraSetMember { set, member });
+    }
+    for set in diff.absent {
+        none.findings.push(Finding::MissingSet(set));
+    }
+    if report
+        .groups
+        .get("(no Service)")
+        .is_some_and(|g| g.findings.is_empty() && g.notes.is_empty())
+    {
+        report.groups.remove("(no Service)");
+    }
+}
+
 /// The finding for one op of the diff; `Some(Err(note))` for what is not drift, `None` for an
 /// op already covered by another finding (the real servers of a missing virtual server).
 fn finding_for(
@@ -461,12 +536,14 @@ pub fn main(args: &CheckArgs) -> ExitCode {
     };
     desired.report("kube-ipvs check");
     let mut inputs = desired.inputs;
-    let observed = RealKernel::open(DEFAULT_DUMMY).and_then(|mut k| k.read());
-    let observed = match observed {
+    let observed =
+        RealKernel::open(DEFAULT_DUMMY).and_then(|mut k| Ok((k.read()?, read_sets(&mut k)?)));
+    let (observed, sets) = match observed {
         Ok(o) => o,
         Err(e) => return fail(e.to_string()),
     };
     let mut report = check(&mut inputs, &observed);
+    check_sets(&mut report, &inputs, &sets);
     report.skipped = desired
         .skipped
         .iter()
@@ -558,6 +635,56 @@ mod tests {
 
     fn web_key() -> VirtualKey {
         VirtualKey::inet(Protocol::Tcp, ip("10.96.0.10"), 80)
+    }
+
+    #[test]
+    fn service_set_drift_is_filed_under_its_service_and_absent_sets_are_only_a_note() {
+        let inputs = inputs();
+        let mut report = check(&mut inputs.clone(), &synced_kernel());
+        check_sets(&mut report, &inputs, &ObservedSets::new());
+        let all_absent: ObservedSets = kube_ipvs_host::sets::sets()
+            .map(|(n, _, _)| (n, None))
+            .collect();
+        check_sets(&mut report, &inputs, &all_absent);
+        assert!(report.in_sync(), "{}", report.render());
+        assert!(report.notes.iter().any(|n| n.contains("no service ipsets")));
+
+        // Every set exists and holds what is wanted, except web's member and a stray one.
+        let mut sets: ObservedSets = all_absent
+            .keys()
+            .map(|n| (*n, Some(Default::default())))
+            .collect();
+        for ((set, member), _) in desired_members(&inputs) {
+            if let Some(Some(m)) = sets.get_mut(set) {
+                m.insert(member);
+            }
+        }
+        let web = Member::IpPort {
+            addr: ip("10.96.0.10"),
+            protocol: 6,
+            port: 80,
+        };
+        for set in ["KUBE-IPVS-SERVICES", "KUBE-IPVS-CLUSTER-IPS"] {
+            if let Some(Some(m)) = sets.get_mut(set) {
+                m.remove(&web);
+            }
+        }
+        if let Some(Some(m)) = sets.get_mut("KUBE-IPVS-ADDRS") {
+            m.insert(Member::Ip(ip("10.96.7.7")));
+        }
+        let mut report = check(&mut inputs.clone(), &synced_kernel());
+        check_sets(&mut report, &inputs, &sets);
+        assert!(!report.in_sync());
+        let text = report.render();
+        assert!(
+            text.contains("default/web:\n  missing member 10.96.0.10,tcp:80 of ipset KUBE-IPVS-CLUSTER-IPS\n  missing member 10.96.0.10,tcp:80 of ipset KUBE-IPVS-SERVICES\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("(no Service):\n  extra member 10.96.7.7 of ipset KUBE-IPVS-ADDRS\n"),
+            "{text}"
+        );
+        assert!(!text.contains("kube-system/dns"), "{text}");
     }
 
     fn dest(addr: &str) -> DestKey {

@@ -2,6 +2,9 @@
 //! `--apply` applied once through the executor (the first piece of `run`: one resync, no
 //! watch, no timers).
 //!
+//! After the IPVS operations come the changes to the service ipsets (the members the `filter`
+//! and `nat` rules match) that `run` would make; `--apply` applies the IPVS operations only.
+//!
 //! The ops come from the engine's own `resync` against the observed table, so what is printed
 //! is exactly what the daemon would do at startup. This module owns the command line and the
 //! text; the engine decides, [`crate::apply`] executes, [`crate::kernel::observe`] reads.
@@ -13,6 +16,7 @@ use std::time::Duration;
 use kube_ipvs_diff::{Engine, Inputs, Op, Table, UnknownCounts};
 use kube_ipvs_netlink::link::DEFAULT_DUMMY;
 
+use crate::agent::sets::{SetDiff, desired_members, diff_sets, read_sets};
 use crate::apply::{self, Owners};
 use crate::cmd::source::SourceArgs;
 use crate::kernel::RealKernel;
@@ -67,6 +71,31 @@ pub fn render(ops: &[Op]) -> String {
     out
 }
 
+/// The changes to the service ipsets `run` would make, one per line, then a count; nothing when
+/// kube-ipvs does not manage iptables on this node (no set exists). `plan --apply` applies
+/// only the IPVS operations: the sets and rules are `run`'s.
+pub fn render_sets(diff: &SetDiff) -> String {
+    if diff.unmanaged {
+        return String::new();
+    }
+    let mut out = String::new();
+    for set in &diff.absent {
+        out.push_str(&format!("create ipset {set}\n"));
+    }
+    for ((set, member), _) in &diff.missing {
+        out.push_str(&format!("add ipset member {set} {member}\n"));
+    }
+    for (set, member) in &diff.extra {
+        out.push_str(&format!("delete ipset member {set} {member}\n"));
+    }
+    let n = diff.absent.len() + diff.missing.len() + diff.extra.len();
+    out.push_str(&format!(
+        "{}\n",
+        crate::words::count(n, "ipset change", "ipset changes")
+    ));
+    out
+}
+
 fn kind_name(op: &Op) -> &'static str {
     match op {
         Op::AddAddress(_) => "add address",
@@ -111,6 +140,10 @@ pub fn main(args: &PlanArgs) -> ExitCode {
     let owners = Owners::from_inputs(&inputs);
     let ops = compute(&mut inputs, &observed.table);
     print(&render(&ops));
+    match read_sets(&mut kernel) {
+        Ok(sets) => print(&render_sets(&diff_sets(&desired_members(&inputs), &sets))),
+        Err(e) => eprintln!("kube-ipvs plan: reading the service ipsets: {e}"),
+    }
     if !args.apply {
         return ExitCode::SUCCESS;
     }

@@ -274,14 +274,13 @@ impl Kernel for MemKernel {
         Ok(())
     }
 
-    fn list_named_set(&mut self, name: &'static str) -> Result<Vec<Member>, KernelError> {
+    fn list_named_set(&mut self, name: &'static str) -> Result<Option<Vec<Member>>, KernelError> {
         let mut st = self.state();
         st.named_set_log.push(format!("list {name}"));
-        let (_, set) = st
+        Ok(st
             .named_sets
             .get(name)
-            .ok_or_else(|| Self::refused(format!("ipset {name}: the set is gone")))?;
-        Ok(set.iter().copied().collect())
+            .map(|(_, set)| set.iter().copied().collect()))
     }
 
     fn change_named_set(

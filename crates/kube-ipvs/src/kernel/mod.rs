@@ -156,8 +156,8 @@ pub trait Kernel: Send {
         family: Family,
         kind: SetKind,
     ) -> Result<(), KernelError>;
-    /// The members of the set `name`; an error if the set is gone.
-    fn list_named_set(&mut self, name: &'static str) -> Result<Vec<Member>, KernelError>;
+    /// The members of the set `name`, or `None` if there is no such set.
+    fn list_named_set(&mut self, name: &'static str) -> Result<Option<Vec<Member>>, KernelError>;
     /// Adds (`add`) or deletes members of the set `name` (present or absent ones are fine).
     fn change_named_set(
         &mut self,
@@ -337,9 +337,8 @@ impl Kernel for RealKernel {
         self.with_ipset(|h| h.create_kind(name, family, kind))
     }
 
-    fn list_named_set(&mut self, name: &'static str) -> Result<Vec<Member>, KernelError> {
-        self.with_ipset(|h| h.list_members(name))?
-            .ok_or_else(|| KernelError::Refused(format!("ipset {name}: the set is gone")))
+    fn list_named_set(&mut self, name: &'static str) -> Result<Option<Vec<Member>>, KernelError> {
+        self.with_ipset(|h| h.list_members(name))
     }
 
     fn change_named_set(
