@@ -180,19 +180,7 @@ fn a_drained_dest_is_not_reported_as_timed_out() {
 
 #[test]
 fn removed_sctp_dest_drains_like_tcp() {
-    let mut rig = Rig::new();
-    let sig = name("sig");
-    let mut s = svc("10.96.0.60");
-    s.ports[0].protocol = Protocol::Sctp;
-    let mut e = ep("10.1.0.1");
-    let mut ports = e.ports.to_vec();
-    ports[0].protocol = Protocol::Sctp;
-    e.ports = ports.into();
-    rig.inputs.upsert_service(sig.clone(), s).expect("valid");
-    rig.inputs
-        .set_endpoints(sig.clone(), vec![e])
-        .expect("valid");
-    rig.sync(T0, &UnknownCounts);
+    let (mut rig, sig) = one_endpoint_service("sig", "10.96.0.60", Protocol::Sctp);
     rig.inputs.set_endpoints(sig, vec![]).expect("valid");
     let key = VirtualKey::inet(Protocol::Sctp, ip("10.96.0.60"), 80);
     let ops = rig.sync(T0, &counts(&[(key, "10.1.0.1", 2)]));
@@ -242,19 +230,7 @@ fn tcp_dest_known_idle_is_deleted_at_once() {
 
 #[test]
 fn udp_dest_goes_at_once() {
-    let mut rig = Rig::new();
-    let dns = name("dns");
-    let mut s = svc("10.96.0.53");
-    s.ports[0].protocol = Protocol::Udp;
-    let mut e = ep("10.1.0.1");
-    let mut ports = e.ports.to_vec();
-    ports[0].protocol = Protocol::Udp;
-    e.ports = ports.into();
-    rig.inputs.upsert_service(dns.clone(), s).expect("valid");
-    rig.inputs
-        .set_endpoints(dns.clone(), vec![e])
-        .expect("valid");
-    rig.sync(T0, &UnknownCounts);
+    let (mut rig, dns) = one_endpoint_service("dns", "10.96.0.53", Protocol::Udp);
     rig.inputs.set_endpoints(dns, vec![]).expect("valid");
     let ops = rig.sync(T0, &UnknownCounts);
     assert_eq!(
@@ -264,6 +240,26 @@ fn udp_dest_goes_at_once() {
             dest: dest("10.1.0.1")
         }]
     );
+}
+
+/// A rig with one Service of `protocol` at `vip`:80 and its one endpoint 10.1.0.1, synced.
+fn one_endpoint_service(
+    svc_name: &str,
+    vip: &str,
+    protocol: Protocol,
+) -> (Rig, kube_ipvs_diff::ServiceName) {
+    let mut rig = Rig::new();
+    let n = name(svc_name);
+    let mut s = svc(vip);
+    s.ports[0].protocol = protocol;
+    let mut e = ep("10.1.0.1");
+    let mut ports = e.ports.to_vec();
+    ports[0].protocol = protocol;
+    e.ports = ports.into();
+    rig.inputs.upsert_service(n.clone(), s).expect("valid");
+    rig.inputs.set_endpoints(n.clone(), vec![e]).expect("valid");
+    rig.sync(T0, &UnknownCounts);
+    (rig, n)
 }
 
 #[test]

@@ -47,7 +47,7 @@ use kube_ipvs_host::masquerade::{
 };
 use kube_ipvs_netlink::nfnl::ipset::Entry;
 
-use super::sets::ServiceSets;
+use super::sets::{Change, ServiceSets, sorted_changes};
 use crate::kernel::{Kernel, KernelError};
 
 /// What one Service contributes to the rules.
@@ -230,24 +230,10 @@ impl LocalSets {
                 let had_v6 = self.v6_refs > 0;
                 // Both lists are sorted and deduplicated: only the addresses that differ
                 // change a count (an unchanged one must not become a delta).
-                let (mut i, mut j) = (0, 0);
-                let (o, n) = (&old.local_endpoints, &c.local_endpoints);
-                while i < o.len() || j < n.len() {
-                    match (o.get(i), n.get(j)) {
-                        (Some(x), Some(y)) if x == y => (i, j) = (i + 1, j + 1),
-                        (Some(x), Some(y)) if x < y => {
-                            self.release(*x);
-                            i += 1;
-                        }
-                        (Some(x), None) => {
-                            self.release(*x);
-                            i += 1;
-                        }
-                        (_, Some(y)) => {
-                            self.hold(*y);
-                            j += 1;
-                        }
-                        (None, None) => break,
+                for change in sorted_changes(&old.local_endpoints, &c.local_endpoints) {
+                    match change {
+                        Change::Gone(a) => self.release(a),
+                        Change::New(a) => self.hold(a),
                     }
                 }
                 if had_v6 != (self.v6_refs > 0) {

@@ -155,24 +155,11 @@ impl ServiceSets {
             if old == new {
                 continue;
             }
-            // Both are sorted and without repeats: only the members that differ change a count.
-            let (mut i, mut j) = (0, 0);
-            while i < old.len() || j < new.len() {
-                match (old.get(i), new.get(j)) {
-                    (Some(x), Some(y)) if x == y => (i, j) = (i + 1, j + 1),
-                    (Some(x), Some(y)) if x < y => {
-                        self.release(*x);
-                        i += 1;
-                    }
-                    (Some(x), None) => {
-                        self.release(*x);
-                        i += 1;
-                    }
-                    (_, Some(y)) => {
-                        self.hold(*y);
-                        j += 1;
-                    }
-                    (None, None) => break,
+            // Only the members that differ change a count.
+            for change in sorted_changes(&old, &new) {
+                match change {
+                    Change::Gone(k) => self.release(k),
+                    Change::New(k) => self.hold(k),
                 }
             }
         }
@@ -288,6 +275,41 @@ impl ServiceSets {
         }
         Ok(changed)
     }
+}
+
+/// One element of the difference between two sorted lists without repeats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change<T> {
+    /// Only in the old list.
+    Gone(T),
+    /// Only in the new list.
+    New(T),
+}
+
+/// The elements that differ between `old` and `new`, both sorted and without repeats, in one
+/// merge pass (an element in both is no change).
+pub fn sorted_changes<T: Ord + Copy>(old: &[T], new: &[T]) -> Vec<Change<T>> {
+    let mut out = Vec::new();
+    let (mut i, mut j) = (0, 0);
+    while i < old.len() || j < new.len() {
+        match (old.get(i), new.get(j)) {
+            (Some(x), Some(y)) if x == y => (i, j) = (i + 1, j + 1),
+            (Some(x), Some(y)) if x < y => {
+                out.push(Change::Gone(*x));
+                i += 1;
+            }
+            (Some(x), None) => {
+                out.push(Change::Gone(*x));
+                i += 1;
+            }
+            (_, Some(y)) => {
+                out.push(Change::New(*y));
+                j += 1;
+            }
+            (None, None) => break,
+        }
+    }
+    out
 }
 
 /// Every member every Service wants, with the Services that want it (for `check` and `plan`).
@@ -481,6 +503,22 @@ mod tests {
                 .any(|(s, _)| s.starts_with("KUBE-IPVS-LB-") || s.starts_with("KUBE-IPVS-HC")),
             "{c:?}"
         );
+    }
+
+    #[test]
+    fn sorted_changes_are_what_differs() {
+        assert_eq!(
+            sorted_changes(&[1, 3, 5, 7], &[2, 3, 7, 8]),
+            [
+                Change::Gone(1),
+                Change::New(2),
+                Change::Gone(5),
+                Change::New(8)
+            ]
+        );
+        assert!(sorted_changes(&[1, 2], &[1, 2]).is_empty());
+        assert_eq!(sorted_changes(&[], &[4]), [Change::New(4)]);
+        assert_eq!(sorted_changes(&[4], &[]), [Change::Gone(4)]);
     }
 
     #[test]
