@@ -126,6 +126,8 @@ pub struct Wanted {
     service_sets: bool,
     /// How local Pods are told apart, with this node's Pod CIDRs for `NodeCIDR`.
     local_detect: LocalDetect,
+    /// Whether a service set holds an IPv6 member (the IPv6 rules are then needed).
+    services_v6: bool,
 }
 
 /// The node's NodePort addresses, as [`Wanted`] holds them.
@@ -317,7 +319,8 @@ pub fn config(fixed: &Fixed, wanted: &Wanted) -> masquerade::Config {
         || wanted.node_ips.iter().any(IpAddr::is_ipv6)
         || wanted.virtual_servers.iter().any(|v| v.0.is_ipv6())
         || wanted.local_endpoints.iter().any(IpAddr::is_ipv6)
-        || wanted.hairpin_v6;
+        || wanted.hairpin_v6
+        || wanted.services_v6;
     let mut families = vec![Family::V4];
     if v6 {
         families.push(Family::V6);
@@ -530,7 +533,12 @@ impl Masq {
     ) {
         self.locals.update(names.clone(), inputs);
         if let Some(f) = &mut self.sets_for_services {
+            let had_v6 = f.has_v6();
             f.update(names, inputs);
+            // The first or last IPv6 Service adds or drops the IPv6 rules.
+            if had_v6 != f.has_v6() {
+                self.locals.changed = true;
+            }
         }
     }
 
@@ -699,6 +707,10 @@ impl Masq {
         }
         let mut wanted = self.locals.wanted(inputs, &self.fixed);
         wanted.service_sets = self.sets_for_services.is_some();
+        wanted.services_v6 = self
+            .sets_for_services
+            .as_ref()
+            .is_some_and(ServiceSets::has_v6);
         wanted.local_detect = self.fixed.detect_local.for_node(inputs);
         if !force && self.applied.as_ref() == Some(&wanted) {
             return Ok(false);

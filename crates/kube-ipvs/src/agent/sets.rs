@@ -124,6 +124,8 @@ pub struct ServiceSets {
     /// Whether the kernel's sets were made exact by the last forced sync and every delta since
     /// applied; after a failure, deltas wait for the next forced sync.
     synced: bool,
+    /// How many members are IPv6.
+    v6_members: usize,
 }
 
 fn node_ips(inputs: &Inputs) -> Vec<IpAddr> {
@@ -175,6 +177,7 @@ impl ServiceSets {
         self.node_ips = node_ips(inputs);
         let old: Vec<Keyed> = self.refs.drain().map(|(k, _)| k).collect();
         self.dirty.extend(old);
+        self.v6_members = 0;
         self.by_service.clear();
         let names: Vec<ServiceName> = inputs.service_names().cloned().collect();
         for name in &names {
@@ -193,6 +196,9 @@ impl ServiceSets {
         *n += 1;
         if *n == 1 {
             self.dirty.insert(k);
+            if k.1.family() == Some(Family::V6) {
+                self.v6_members += 1;
+            }
         }
     }
 
@@ -202,8 +208,16 @@ impl ServiceSets {
             if *n == 0 {
                 self.refs.remove(&k);
                 self.dirty.insert(k);
+                if k.1.family() == Some(Family::V6) {
+                    self.v6_members -= 1;
+                }
             }
         }
+    }
+
+    /// Whether any member is IPv6 (the IPv6 rules are then needed).
+    pub fn has_v6(&self) -> bool {
+        self.v6_members > 0
     }
 
     /// The members a set must hold now.
@@ -503,6 +517,28 @@ mod tests {
                 .any(|(s, _)| s.starts_with("KUBE-IPVS-LB-") || s.starts_with("KUBE-IPVS-HC")),
             "{c:?}"
         );
+    }
+
+    #[test]
+    fn an_ipv6_service_is_known_without_walking_the_members() {
+        let mut inputs = inputs("192.168.1.10");
+        let mut sets = ServiceSets::default();
+        sets.update_all(&inputs);
+        assert!(!sets.has_v6());
+        let v6 = ServiceName::new("default", "v6");
+        let info = ServiceInfo {
+            kind: ServiceKind::ClusterIp,
+            cluster_ips: vec![ip("fd00::10")],
+            load_balancer_ips: Vec::new(),
+            health_check_node_port: None,
+            ..lb(&[])
+        };
+        inputs.upsert_service(v6.clone(), info).expect("v6");
+        sets.update([&v6], &inputs);
+        assert!(sets.has_v6());
+        inputs.remove_service(&v6);
+        sets.update([&v6], &inputs);
+        assert!(!sets.has_v6());
     }
 
     #[test]
