@@ -22,6 +22,12 @@
 //! - A terminating (serving, not ready) endpoint drains: weight 0 while its open connection
 //!   still echoes, no new connections, removed only once IPVS counts no connection to it.
 //! - A UDP flow (one client port) moves off a removed endpoint within seconds.
+//! - The `filter` table: a host daemon on `0.0.0.0` (and `[::]`) answers on node addresses but
+//!   not on ClusterIPs; with `INPUT` and `FORWARD` policies `DROP` the ClusterIP, the NodePort
+//!   and a health-check node port still answer; `loadBalancerSourceRanges` serve a client inside
+//!   and drop one outside on the load-balancer address, follow a change of the ranges, and a
+//!   flushed range set is named by `check` and refilled by the reconcile.
+//! - Each `detectLocalMode` masquerades a different set of four clients.
 //! - A SIGKILLed agent leaves Services working; changes made while it is dead are not applied
 //!   (stale real servers carry traffic, `check` exits 1 naming them); a restart converges
 //!   and an open connection to a pod that stays survives it.
@@ -1165,6 +1171,25 @@ fn an_ipv6_service_spreads_over_ipv6_pods() {
             ("fd00:244::20 saw fd00:244::100", 2)
         ])
     );
+
+    // The IPv6 filter: a host daemon on [::]:2222 answers on a node address, not on the
+    // ClusterIP.
+    ok(IP, &["-6", "addr", "add", "fd00:56::10/128", "dev", "lo"]);
+    let child = Command::new("socat")
+        .args(["TCP6-LISTEN:2222,fork,reuseaddr", ANSWER])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the host daemon");
+    lab.servers.push(child);
+    wait_for("the IPv6 host daemon", Duration::from_secs(20), || {
+        lab.connect("client", "[fd00:56::10]:2222").is_some()
+    });
+    assert_eq!(
+        lab.connect("client", "[fd00:96::10]:2222"),
+        None,
+        "no Service port on the ClusterIP"
+    );
 }
 
 #[test]
@@ -1868,11 +1893,9 @@ fn load_balancer_source_ranges_admit_clients_inside_and_drop_the_rest() {
         lab.connect("outside", "203.0.113.50:80").is_some()
     });
 
-    // Someone empties the set: both clients are dropped until a reconcile puts it back.
+    // Someone empties the set: `check` names what is missing under the Service that wants it
+    // (unless the reconcile, every 2 s here, already put it back), and the reconcile refills it.
     ok("/usr/sbin/ipset", &["flush", "KUBE-IPVS-LB-SRC"]);
-    assert_eq!(lab.connect("inside", "203.0.113.50:80"), None, "flushed");
-    // `check` names what is missing, under the Service that wants it (unless the reconcile
-    // already put it back).
     let out = agent.check();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -1882,10 +1905,13 @@ fn load_balancer_source_ranges_admit_clients_inside_and_drop_the_rest() {
             ),
         "{text}"
     );
-    agent.wait_full_syncs(2);
+    wait_for("the reconcile to refill the set", Duration::from_secs(20), || {
+        String::from_utf8_lossy(&run("/usr/sbin/ipset", &["save", "KUBE-IPVS-LB-SRC"]).stdout)
+            .contains("203.0.113.50,tcp:80,192.168.56.0/24")
+    });
     assert!(
         lab.connect("inside", "203.0.113.50:80").is_some(),
-        "repaired by the reconcile"
+        "served again after the repair"
     );
 }
 
