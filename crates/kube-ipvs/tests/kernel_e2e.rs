@@ -1905,10 +1905,14 @@ fn load_balancer_source_ranges_admit_clients_inside_and_drop_the_rest() {
             ),
         "{text}"
     );
-    wait_for("the reconcile to refill the set", Duration::from_secs(20), || {
-        String::from_utf8_lossy(&run("/usr/sbin/ipset", &["save", "KUBE-IPVS-LB-SRC"]).stdout)
-            .contains("203.0.113.50,tcp:80,192.168.56.0/24")
-    });
+    wait_for(
+        "the reconcile to refill the set",
+        Duration::from_secs(20),
+        || {
+            String::from_utf8_lossy(&run("/usr/sbin/ipset", &["save", "KUBE-IPVS-LB-SRC"]).stdout)
+                .contains("203.0.113.50,tcp:80,192.168.56.0/24")
+        },
+    );
     assert!(
         lab.connect("inside", "203.0.113.50:80").is_some(),
         "served again after the repair"

@@ -1122,6 +1122,54 @@ mod tests {
     }
 
     #[test]
+    fn with_the_service_sets_a_new_service_is_a_set_delta_and_refused_set_rules_fall_back() {
+        let k = MemKernel::default();
+        let mut m = Masq::new(fixed(&[]))
+            .with_hairpin_sets(&mut k.clone())
+            .with_service_sets(&mut k.clone());
+        let mut inputs = inputs();
+        for i in 0..1000u32 {
+            let name = ServiceName::new("default", format!("s{i}"));
+            let vip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
+            inputs
+                .upsert_service(name, cluster_ip(&vip))
+                .expect("service");
+        }
+        m.update_all(&inputs);
+        assert_eq!(m.sync(&mut k.clone(), &inputs, true), Ok(true));
+        let applied = k.state().rules.len();
+        let last = k.state().rules.last().cloned().expect("rules");
+        assert!(last.service_sets);
+        assert_eq!(last.families, vec![Family::V4]);
+
+        // The 1,001st Service: three members, one message each, and no rules.
+        k.state().named_set_log.clear();
+        let new = ServiceName::new("default", "new");
+        inputs
+            .upsert_service(new.clone(), cluster_ip("10.96.9.9"))
+            .expect("service");
+        m.update([&new], &inputs);
+        assert_eq!(m.sync(&mut k.clone(), &inputs, false), Ok(true));
+        assert_eq!(k.state().rules.len(), applied, "no iptables-restore");
+        let mut log = k.state().named_set_log.clone();
+        log.sort();
+        assert_eq!(
+            log,
+            [
+                "add KUBE-IPVS-ADDRS 1",
+                "add KUBE-IPVS-CLUSTER-IPS 1",
+                "add KUBE-IPVS-SERVICES 1"
+            ]
+        );
+
+        // iptables refusing the set matches: the older rules, without the sets, once.
+        k.state().refuse_service_set_rules = true;
+        assert_eq!(m.sync(&mut k.clone(), &inputs, true), Ok(true));
+        assert!(!k.state().rules.last().expect("rules").service_sets);
+        assert!(m.sets_for_services.is_none());
+    }
+
+    #[test]
     fn rules_refused_with_the_set_fall_back_to_endpoint_rules_and_other_failures_do_not() {
         let (mut m, rec, sets, inputs, _a) = set_mode();
         let last = || rec.state().rules.last().cloned().expect("a call");

@@ -63,6 +63,8 @@ pub struct MemState {
     pub named_set_log: Vec<String>,
     /// Creating a named set fails.
     pub fail_named_sets: bool,
+    /// Rules matching the service sets are refused (iptables without a match they use).
+    pub refuse_service_set_rules: bool,
 }
 
 impl MemState {
@@ -311,7 +313,10 @@ impl Kernel for MemKernel {
         let _open = self.hold_rules();
         let mut st = self.state();
         st.rules.push(config.clone());
-        if st.fail_rules || (st.refuse_set_rules && config.hairpin == Hairpin::Set) {
+        if st.fail_rules
+            || (st.refuse_set_rules && config.hairpin == Hairpin::Set)
+            || (st.refuse_service_set_rules && config.service_sets)
+        {
             Err(Self::refused("iptables-restore: no"))
         } else {
             Ok(())
