@@ -37,7 +37,7 @@
 //! they keep their order with the changes before them and report their own errors. An error of
 //! a background apply is reported by the next call, which treats the rules as not applied.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
 
 use kube_ipvs_diff::{Cidr, Inputs, Protocol, ServiceKind, ServiceName, TrafficPolicy};
@@ -47,7 +47,7 @@ use kube_ipvs_host::masquerade::{
 };
 use kube_ipvs_netlink::nfnl::ipset::Entry;
 
-use super::sets::{Change, ServiceSets, sorted_changes};
+use super::sets::{Change, RefCounts, ServiceSets, sorted_changes};
 use crate::kernel::{Kernel, KernelError};
 
 /// What one Service contributes to the rules.
@@ -193,13 +193,9 @@ pub struct LocalSets {
     changed: bool,
     /// Hairpin through the sets: local endpoints are counted here, not put in the rules.
     in_set: bool,
-    /// In set mode, how many Services have each local endpoint address.
-    refs: HashMap<IpAddr, u32>,
-    /// In set mode, how many addresses in `refs` are IPv6.
-    v6_refs: usize,
-    /// In set mode, addresses whose count went from or to zero since the sets were last
-    /// changed: the delta to apply.
-    dirty: HashSet<IpAddr>,
+    /// In set mode, how many Services have each local endpoint address, and the addresses
+    /// whose count went from or to zero since the sets were last changed (the delta).
+    refs: RefCounts<IpAddr>,
 }
 
 impl LocalSets {
@@ -229,7 +225,7 @@ impl LocalSets {
                 self.changed = true;
             }
             if old.local_endpoints != c.local_endpoints {
-                let had_v6 = self.v6_refs > 0;
+                let had_v6 = self.refs.has_v6();
                 // Both lists are sorted and deduplicated: only the addresses that differ
                 // change a count (an unchanged one must not become a delta).
                 for change in sorted_changes(&old.local_endpoints, &c.local_endpoints) {
@@ -238,7 +234,7 @@ impl LocalSets {
                         Change::New(a) => self.hold(a),
                     }
                 }
-                if had_v6 != (self.v6_refs > 0) {
+                if had_v6 != self.refs.has_v6() {
                     self.changed = true;
                 }
             }
@@ -246,41 +242,23 @@ impl LocalSets {
     }
 
     fn hold(&mut self, a: IpAddr) {
-        let n = self.refs.entry(a).or_insert(0);
-        *n += 1;
-        if *n == 1 {
-            self.dirty.insert(a);
-            if a.is_ipv6() {
-                self.v6_refs += 1;
-            }
-        }
+        self.refs.hold(a, a.is_ipv6());
     }
 
     fn release(&mut self, a: IpAddr) {
-        if let Some(n) = self.refs.get_mut(&a) {
-            *n -= 1;
-            if *n == 0 {
-                self.refs.remove(&a);
-                self.dirty.insert(a);
-                if a.is_ipv6() {
-                    self.v6_refs -= 1;
-                }
-            }
-        }
+        self.refs.release(a, a.is_ipv6());
     }
 
     /// The addresses the hairpin sets must hold now (set mode).
     pub fn hairpin_members(&self) -> impl Iterator<Item = IpAddr> + '_ {
-        self.refs.keys().copied()
+        self.refs.members().copied()
     }
 
     /// Recomputes every Service (after a Node change: the node name decides what is local).
     pub fn update_all(&mut self, inputs: &Inputs) {
         self.by_service.clear();
         self.changed = true;
-        let old: Vec<IpAddr> = self.refs.drain().map(|(a, _)| a).collect();
-        self.dirty.extend(old);
-        self.v6_refs = 0;
+        self.refs.release_all();
         let names: Vec<ServiceName> = inputs.service_names().cloned().collect();
         self.update(&names, inputs);
     }
@@ -292,7 +270,7 @@ impl LocalSets {
         let mut w = Wanted {
             node_ips: node_ips(inputs),
             hairpin_set: in_set,
-            hairpin_v6: in_set && self.v6_refs > 0,
+            hairpin_v6: in_set && self.refs.has_v6(),
             ..Wanted::default()
         };
         for c in self.by_service.values() {
@@ -586,10 +564,10 @@ impl Masq {
             return Ok(false);
         }
         let locals = &mut self.locals;
-        if !force && (!self.sets_synced || locals.dirty.is_empty()) {
+        if !force && (!self.sets_synced || locals.refs.delta().is_empty()) {
             // A failed delta waits for the forced sync, which does the whole set.
             if !self.sets_synced {
-                locals.dirty.clear();
+                locals.refs.clear_delta();
             }
             return Ok(false);
         }
@@ -612,8 +590,8 @@ impl Masq {
                 } else {
                     let mut add = Vec::new();
                     let mut del = Vec::new();
-                    for a in locals.dirty.iter().filter(|a| is_family(a)) {
-                        if locals.refs.contains_key(a) {
+                    for a in locals.refs.delta().iter().filter(|a| is_family(a)) {
+                        if locals.refs.held(a) {
                             add.push(Entry::hairpin(*a));
                         } else {
                             del.push(Entry::hairpin(*a));
@@ -633,7 +611,7 @@ impl Masq {
             Ok::<(), KernelError>(())
         })()
         .map_err(|e| e.to_string());
-        locals.dirty.clear();
+        locals.refs.clear_delta();
         self.sets_synced = result.is_ok();
         result.map(|()| changed)
     }
@@ -783,7 +761,7 @@ impl Masq {
                      module available? Falling back to one iptables rule per local endpoint"
                 );
                 self.sets = false;
-                self.locals.dirty.clear();
+                self.locals.refs.clear_delta();
                 self.applied = Some(wanted);
                 Ok(true)
             }

@@ -111,21 +111,99 @@ pub fn contribution(name: &ServiceName, inputs: &Inputs) -> Vec<Keyed> {
     out
 }
 
-/// The filter sets' members, kept from change sets.
+/// Set members counted by how many Services hold each (a member can belong to several), with
+/// the members whose count went from or to zero since the kernel was last changed (the delta to
+/// apply) and how many held members are IPv6. The hairpin and the service sets both keep theirs
+/// in one of these.
+#[derive(Debug)]
+pub struct RefCounts<K> {
+    refs: HashMap<K, u32>,
+    dirty: HashSet<K>,
+    v6: usize,
+}
+
+impl<K> Default for RefCounts<K> {
+    fn default() -> Self {
+        Self {
+            refs: HashMap::new(),
+            dirty: HashSet::new(),
+            v6: 0,
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Copy> RefCounts<K> {
+    /// One more holder of `k` (`v6`: whether it is an IPv6 member).
+    pub fn hold(&mut self, k: K, v6: bool) {
+        let n = self.refs.entry(k).or_insert(0);
+        *n += 1;
+        if *n == 1 {
+            self.dirty.insert(k);
+            self.v6 += usize::from(v6);
+        }
+    }
+
+    /// One holder fewer of `k`.
+    pub fn release(&mut self, k: K, v6: bool) {
+        if let Some(n) = self.refs.get_mut(&k) {
+            *n -= 1;
+            if *n == 0 {
+                self.refs.remove(&k);
+                self.dirty.insert(k);
+                self.v6 -= usize::from(v6);
+            }
+        }
+    }
+
+    /// Forgets every holder; every member becomes part of the delta.
+    pub fn release_all(&mut self) {
+        let old: Vec<K> = self.refs.drain().map(|(k, _)| k).collect();
+        self.dirty.extend(old);
+        self.v6 = 0;
+    }
+
+    /// Whether anyone holds `k`.
+    pub fn held(&self, k: &K) -> bool {
+        self.refs.contains_key(k)
+    }
+
+    /// Every held member.
+    pub fn members(&self) -> impl Iterator<Item = &K> {
+        self.refs.keys()
+    }
+
+    /// Whether a held member is IPv6.
+    pub fn has_v6(&self) -> bool {
+        self.v6 > 0
+    }
+
+    /// The members whose presence changed since [`RefCounts::clear_delta`].
+    pub fn delta(&self) -> &HashSet<K> {
+        &self.dirty
+    }
+
+    /// The delta was applied (or will be replaced by a whole-set repair). A large one's memory
+    /// is given back: after a startup it holds every member.
+    pub fn clear_delta(&mut self) {
+        if self.dirty.capacity() > 1024 {
+            self.dirty = HashSet::new();
+        } else {
+            self.dirty.clear();
+        }
+    }
+}
+
+/// The service sets' members, kept from change sets.
 #[derive(Debug, Default)]
 pub struct ServiceSets {
     by_service: HashMap<ServiceName, Vec<Keyed>>,
-    /// How many Services hold each member.
-    refs: HashMap<Keyed, u32>,
-    /// Members whose count went from or to zero since the kernel was last changed.
-    dirty: HashSet<Keyed>,
+    /// How many Services hold each member, and the delta since the kernel was last changed.
+    counts: RefCounts<Keyed>,
     /// The NodePort addresses the contributions were worked out with.
     node_ips: Vec<IpAddr>,
     /// Whether the kernel's sets were made exact by the last forced sync and every delta since
     /// applied; after a failure, deltas wait for the next forced sync.
     synced: bool,
-    /// How many members are IPv6.
-    v6_members: usize,
 }
 
 fn node_ips(inputs: &Inputs) -> Vec<IpAddr> {
@@ -175,9 +253,7 @@ impl ServiceSets {
     /// Works out every Service again (the node or its NodePort addresses changed).
     pub fn update_all(&mut self, inputs: &Inputs) {
         self.node_ips = node_ips(inputs);
-        let old: Vec<Keyed> = self.refs.drain().map(|(k, _)| k).collect();
-        self.dirty.extend(old);
-        self.v6_members = 0;
+        self.counts.release_all();
         self.by_service.clear();
         let names: Vec<ServiceName> = inputs.service_names().cloned().collect();
         for name in &names {
@@ -192,38 +268,22 @@ impl ServiceSets {
     }
 
     fn hold(&mut self, k: Keyed) {
-        let n = self.refs.entry(k).or_insert(0);
-        *n += 1;
-        if *n == 1 {
-            self.dirty.insert(k);
-            if k.1.family() == Some(Family::V6) {
-                self.v6_members += 1;
-            }
-        }
+        self.counts.hold(k, k.1.family() == Some(Family::V6));
     }
 
     fn release(&mut self, k: Keyed) {
-        if let Some(n) = self.refs.get_mut(&k) {
-            *n -= 1;
-            if *n == 0 {
-                self.refs.remove(&k);
-                self.dirty.insert(k);
-                if k.1.family() == Some(Family::V6) {
-                    self.v6_members -= 1;
-                }
-            }
-        }
+        self.counts.release(k, k.1.family() == Some(Family::V6));
     }
 
     /// Whether any member is IPv6 (the IPv6 rules are then needed).
     pub fn has_v6(&self) -> bool {
-        self.v6_members > 0
+        self.counts.has_v6()
     }
 
     /// The members a set must hold now.
     pub fn members<'a>(&'a self, set: &'a str) -> impl Iterator<Item = Member> + 'a {
-        self.refs
-            .keys()
+        self.counts
+            .members()
             .filter(move |(s, _)| *s == set)
             .map(|(_, m)| *m)
     }
@@ -240,9 +300,9 @@ impl ServiceSets {
     /// exactly its members; otherwise applies the delta since the last change (nothing after a
     /// failure until the next forced sync). Returns whether a member was added or deleted.
     pub fn sync(&mut self, kernel: &mut dyn Kernel, force: bool) -> Result<bool, KernelError> {
-        if !force && (!self.synced || self.dirty.is_empty()) {
+        if !force && (!self.synced || self.counts.delta().is_empty()) {
             if !self.synced {
-                self.dirty.clear();
+                self.counts.clear_delta();
             }
             return Ok(false);
         }
@@ -251,7 +311,7 @@ impl ServiceSets {
         } else {
             self.sync_delta(kernel)
         };
-        self.dirty.clear();
+        self.counts.clear_delta();
         self.synced = result.is_ok();
         result
     }
@@ -275,9 +335,9 @@ impl ServiceSets {
 
     fn sync_delta(&self, kernel: &mut dyn Kernel) -> Result<bool, KernelError> {
         let mut by_set: HashMap<&'static str, (Vec<Member>, Vec<Member>)> = HashMap::new();
-        for k in &self.dirty {
+        for k in self.counts.delta() {
             let (add, del) = by_set.entry(k.0).or_default();
-            if self.refs.contains_key(k) {
+            if self.counts.held(k) {
                 add.push(k.1);
             } else {
                 del.push(k.1);
