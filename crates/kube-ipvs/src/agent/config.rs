@@ -112,7 +112,7 @@ pub struct RunArgs {
     /// The IPVS scheduler for Services without a `kube-ipvs.io/scheduler` annotation (any
     /// kernel scheduler: rr, wrr, lc, wlc, lblc, lblcr, dh, sh, mh, sed, nq, fo, ovf, twos;
     /// `sh`/`mh` take `:fallback,port`). Default rr.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", alias = "ipvs-scheduler")]
     pub scheduler: Option<String>,
     /// The Pod network(s), comma-separated (for the masquerade rules).
     #[arg(long, value_name = "CIDR[,CIDR]")]
@@ -149,10 +149,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "CIDR[,CIDR]")]
     pub nodeport_addresses: Option<String>,
     /// How often the whole kernel table is dumped and drift repaired (e.g. `30s`, `1m0s`).
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", alias = "ipvs-sync-period")]
     pub sync_period: Option<String>,
     /// The minimum interval between incremental syncs (changes are batched meanwhile).
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", alias = "ipvs-min-sync-period")]
     pub min_sync_period: Option<String>,
     /// How long a removed TCP or SCTP real server with open connections keeps weight 0 before
     /// it is deleted anyway (e.g. `1h`; default `15m`); `0s` deletes at once. Each deletion at
@@ -161,20 +161,20 @@ pub struct RunArgs {
     pub graceful_termination_timeout: Option<String>,
     /// Set `arp_ignore=1` and `arp_announce=2` so Service addresses on `kube-ipvs0` are not
     /// answered for by ARP (needed by some load balancers).
-    #[arg(long)]
+    #[arg(long, alias = "ipvs-strict-arp")]
     pub strict_arp: bool,
     /// Networks whose virtual servers and addresses belong to someone else and are never
     /// touched, comma-separated.
-    #[arg(long, value_name = "CIDR[,CIDR]")]
+    #[arg(long, value_name = "CIDR[,CIDR]", alias = "ipvs-exclude-cidrs")]
     pub exclude_cidrs: Option<String>,
     /// IPVS timeout for established TCP connections (e.g. `900s`); unset leaves the kernel's.
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", alias = "ipvs-tcp-timeout")]
     pub tcp_timeout: Option<String>,
     /// IPVS timeout for TCP connections after a FIN; unset leaves the kernel's.
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", alias = "ipvs-tcpfin-timeout")]
     pub tcpfin_timeout: Option<String>,
     /// IPVS timeout for UDP; unset leaves the kernel's.
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", alias = "ipvs-udp-timeout")]
     pub udp_timeout: Option<String>,
     /// Where `/healthz` and `/livez` are served (IP or IP:PORT; default 0.0.0.0:10256).
     #[arg(long, value_name = "IP:PORT")]
@@ -207,6 +207,64 @@ pub struct RunArgs {
     /// Timeout of UDP conntrack entries that saw replies; 0 (default) leaves the kernel's.
     #[arg(long, value_name = "DURATION")]
     pub conntrack_udp_timeout_stream: Option<String>,
+    /// kube-proxy's mode: only `ipvs` (or empty) is accepted.
+    #[arg(
+        long,
+        value_name = "MODE",
+        help_heading = "kube-proxy flags accepted for compatibility"
+    )]
+    pub proxy_mode: Option<String>,
+    /// kube-proxy's log verbosity: accepted and ignored (use RUST_LOG).
+    #[arg(
+        short = 'v',
+        long = "v",
+        value_name = "LEVEL",
+        help_heading = "kube-proxy flags accepted for compatibility"
+    )]
+    pub verbosity: Option<String>,
+    /// Accepted and ignored, with a warning: kube-ipvs binds no proxy socket.
+    #[arg(
+        long,
+        value_name = "IP",
+        help_heading = "kube-proxy flags accepted for compatibility"
+    )]
+    pub bind_address: Option<String>,
+    /// Accepted and ignored, with a warning: set the container's OOM score in the manifest.
+    #[arg(
+        long,
+        value_name = "N",
+        allow_hyphen_values = true,
+        help_heading = "kube-proxy flags accepted for compatibility"
+    )]
+    pub oom_score_adj: Option<String>,
+    /// Accepted and ignored, with a warning: kube-ipvs has no feature gates.
+    #[arg(
+        long,
+        value_name = "GATES",
+        help_heading = "kube-proxy flags accepted for compatibility"
+    )]
+    pub feature_gates: Option<String>,
+    /// Accepted and ignored, with a warning: the client's own rate limits apply.
+    #[arg(
+        long,
+        value_name = "QPS",
+        help_heading = "kube-proxy flags accepted for compatibility"
+    )]
+    pub kube_api_qps: Option<String>,
+    /// Accepted and ignored, with a warning.
+    #[arg(
+        long,
+        value_name = "N",
+        help_heading = "kube-proxy flags accepted for compatibility"
+    )]
+    pub kube_api_burst: Option<String>,
+    /// Accepted and ignored, with a warning: the client speaks JSON.
+    #[arg(
+        long,
+        value_name = "TYPE",
+        help_heading = "kube-proxy flags accepted for compatibility"
+    )]
+    pub kube_api_content_type: Option<String>,
 }
 
 /// The `conntrack` section of `KubeProxyConfiguration`.
@@ -639,6 +697,8 @@ pub struct Settings {
     pub timeouts: Timeouts,
     /// kube-proxy's conntrack tuning.
     pub conntrack: kube_ipvs_host::setup::Conntrack,
+    /// Flags accepted and ignored, to log once logging is up.
+    pub warnings: Vec<String>,
     /// `/healthz` and `/livez`.
     pub healthz: SocketAddr,
     /// `/metrics`.
@@ -656,15 +716,20 @@ impl Settings {
     }
 
     fn merge(args: &RunArgs, file: ProxyConfig) -> Result<Settings, ConfigError> {
-        if let Some(mode) = file.mode.as_deref().filter(|m| !m.is_empty())
+        let mode = match &args.proxy_mode {
+            Some(m) => Some((m.as_str(), "--proxy-mode")),
+            None => file.mode.as_deref().map(|m| (m, "mode")),
+        };
+        if let Some((mode, setting)) = mode.filter(|(m, _)| !m.is_empty())
             && mode != "ipvs"
         {
             return Err(ConfigError::setting(
-                "mode",
+                setting,
                 mode,
                 "kube-ipvs only implements the ipvs mode; use \"ipvs\" or leave it empty",
             ));
         }
+        let warnings = ignored_flags(args);
         let ipvs = file.ipvs.unwrap_or_default();
         let iptables = file.iptables.unwrap_or_default();
         let client = file.client_connection.unwrap_or_default();
@@ -874,8 +939,58 @@ impl Settings {
             conntrack,
             healthz,
             metrics,
+            warnings,
         })
     }
+}
+
+/// A warning for each kube-proxy flag given that means nothing to kube-ipvs (accepted so a
+/// kube-proxy command line starts unchanged).
+fn ignored_flags(args: &RunArgs) -> Vec<String> {
+    [
+        (
+            "--v",
+            &args.verbosity,
+            "set RUST_LOG for kube-ipvs's log level",
+        ),
+        (
+            "--bind-address",
+            &args.bind_address,
+            "kube-ipvs binds no proxy socket",
+        ),
+        (
+            "--oom-score-adj",
+            &args.oom_score_adj,
+            "set the container's OOM score in its manifest",
+        ),
+        (
+            "--feature-gates",
+            &args.feature_gates,
+            "kube-ipvs has no feature gates",
+        ),
+        (
+            "--kube-api-qps",
+            &args.kube_api_qps,
+            "the client's own rate limits apply",
+        ),
+        (
+            "--kube-api-burst",
+            &args.kube_api_burst,
+            "the client's own rate limits apply",
+        ),
+        (
+            "--kube-api-content-type",
+            &args.kube_api_content_type,
+            "the client speaks JSON",
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(flag, value, why)| {
+        value.as_ref().map(|v| {
+            format!("{flag}={v} is accepted for kube-proxy compatibility and ignored: {why}")
+        })
+    })
+    .collect()
 }
 
 #[cfg(test)]
@@ -984,6 +1099,62 @@ mod tests {
             assert!(!err.is_file_error());
             assert!(err.to_string().starts_with(want), "{err} vs {want}");
         }
+    }
+
+    #[test]
+    fn kube_proxys_ipvs_flags_and_ignored_flags_are_accepted() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            run: RunArgs,
+        }
+        // A kops-style kube-proxy command line, unchanged.
+        let cli = Cli::try_parse_from([
+            "kube-proxy",
+            "--hostname-override=node-1",
+            "--proxy-mode=ipvs",
+            "--ipvs-scheduler=lc",
+            "--ipvs-sync-period=30s",
+            "--ipvs-min-sync-period=1s",
+            "--ipvs-exclude-cidrs=10.200.0.0/16",
+            "--ipvs-strict-arp",
+            "--ipvs-tcp-timeout=900s",
+            "--ipvs-tcpfin-timeout=60s",
+            "--ipvs-udp-timeout=300s",
+            "--v=2",
+            "--bind-address=0.0.0.0",
+            "--oom-score-adj=-998",
+            "--feature-gates=SomeGate=true",
+            "--kube-api-qps=50",
+            "--kube-api-burst=100",
+            "--kube-api-content-type=application/vnd.kubernetes.protobuf",
+            "--conntrack-max-per-core=0",
+        ])
+        .expect("kube-proxy's flags parse");
+        let s = Settings::resolve(&cli.run).expect("and resolve");
+        assert_eq!(s.sync_period, Duration::from_secs(30));
+        assert!(s.strict_arp);
+        assert_eq!(s.timeouts.tcp, Some(900));
+        assert_eq!(s.source.scheduler, "lc");
+        assert_eq!(s.warnings.len(), 7, "{:?}", s.warnings);
+        assert!(
+            s.warnings[2].starts_with("--oom-score-adj=-998 is accepted"),
+            "{:?}",
+            s.warnings
+        );
+        // -v 4 as kubeadm's manifests write it.
+        let short =
+            Cli::try_parse_from(["kube-proxy", "-v", "4", "--hostname-override", "n"]).expect("-v");
+        assert_eq!(short.run.verbosity.as_deref(), Some("4"));
+        // Another mode is refused with the flag named.
+        let mut a = args();
+        a.proxy_mode = Some("nftables".into());
+        let err = Settings::resolve(&a).expect_err("nftables");
+        assert!(
+            err.to_string().starts_with("--proxy-mode \"nftables\""),
+            "{err}"
+        );
     }
 
     #[test]

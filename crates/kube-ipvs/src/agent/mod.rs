@@ -78,6 +78,9 @@ pub fn main(args: &RunArgs) -> ExitCode {
         Err(e) => return fail(exit::SETTING, e),
     };
     init_logging();
+    for w in &settings.warnings {
+        tracing::warn!("{w}");
+    }
     let kernel = match prepare_kernel(&settings) {
         Ok(k) => k,
         Err(e) => return fail(exit::KERNEL, e),
