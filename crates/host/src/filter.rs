@@ -33,11 +33,9 @@
 //! ([`kube_ipvs_netlink::nfnl::ipset`]): a Service change is a set delta, never a rule rewrite.
 //! The sets ([`crate::sets`]) must exist before the rules reference them and outlive them.
 
-use std::fmt::Write as _;
-
 use kube_ipvs_netlink::Family;
 
-use crate::sets::ServiceSet as FilterSet;
+use crate::sets::ServiceSet;
 
 /// Our chain jumped to first from `INPUT`.
 pub const INPUT_CHAIN: &str = "KUBE-IPVS-INPUT";
@@ -62,60 +60,44 @@ pub const JUMPS: [(&str, &str, &str); 2] = [
 /// `add_jump` entry is true, inserted first in its built-in chain. `mark` is the masquerade
 /// mark bit's value.
 pub fn restore_section(family: Family, mark: u32, add_jump: [bool; 2]) -> String {
-    let set = |s: FilterSet| s.name(family);
-    let mut r = String::from("*filter\n");
-    for c in CHAINS {
-        let _ = writeln!(r, ":{c} - [0:0]");
+    let set = |s: ServiceSet| s.name(family);
+    let rules = [
+        format!(
+            "-A {INPUT_CHAIN} -m set --match-set {} dst,dst -j {SOURCE_RANGES_CHAIN}",
+            set(ServiceSet::LbFirewall)
+        ),
+        format!(
+            "-A {INPUT_CHAIN} -m set --match-set {} dst,dst -m comment --comment \"service port\" -j ACCEPT",
+            set(ServiceSet::Services)
+        ),
+        format!(
+            "-A {INPUT_CHAIN} -p tcp -m addrtype --dst-type LOCAL -m set --match-set {} dst -m comment --comment \"health check node port\" -j ACCEPT",
+            set(ServiceSet::HealthCheckPorts)
+        ),
+        format!(
+            "-A {INPUT_CHAIN} -m set --match-set {} dst -m conntrack --ctstate NEW -m comment --comment \"no service on this port\" -j REJECT",
+            set(ServiceSet::Addresses)
+        ),
+        format!(
+            "-A {SOURCE_RANGES_CHAIN} -m set --match-set {} dst,dst,src -j RETURN",
+            set(ServiceSet::LbSources)
+        ),
+        format!("-A {SOURCE_RANGES_CHAIN} -m addrtype --src-type LOCAL -j RETURN"),
+        format!(
+            "-A {SOURCE_RANGES_CHAIN} -m comment --comment \"outside loadBalancerSourceRanges\" -j DROP"
+        ),
+        format!(
+            "-A {FORWARD_CHAIN} -m mark --mark {mark:#x}/{mark:#x} -m comment --comment \"masquerade-marked\" -j ACCEPT"
+        ),
+        format!(
+            "-A {FORWARD_CHAIN} -m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment \"established\" -j ACCEPT"
+        ),
+    ];
+    let mut r = crate::masquerade::section_head("filter", &CHAINS, &JUMPS, &add_jump);
+    for rule in rules {
+        r.push_str(&rule);
+        r.push('\n');
     }
-    for ((builtin, chain, comment), add) in JUMPS.iter().zip(add_jump) {
-        if add {
-            let _ = writeln!(
-                r,
-                "-I {builtin} -m comment --comment \"{comment}\" -j {chain}"
-            );
-        }
-    }
-    let _ = writeln!(
-        r,
-        "-A {INPUT_CHAIN} -m set --match-set {} dst,dst -j {SOURCE_RANGES_CHAIN}",
-        set(FilterSet::LbFirewall)
-    );
-    let _ = writeln!(
-        r,
-        "-A {INPUT_CHAIN} -m set --match-set {} dst,dst -m comment --comment \"service port\" -j ACCEPT",
-        set(FilterSet::Services)
-    );
-    let _ = writeln!(
-        r,
-        "-A {INPUT_CHAIN} -p tcp -m addrtype --dst-type LOCAL -m set --match-set {} dst -m comment --comment \"health check node port\" -j ACCEPT",
-        set(FilterSet::HealthCheckPorts)
-    );
-    let _ = writeln!(
-        r,
-        "-A {INPUT_CHAIN} -m set --match-set {} dst -m conntrack --ctstate NEW -m comment --comment \"no service on this port\" -j REJECT",
-        set(FilterSet::Addresses)
-    );
-    let _ = writeln!(
-        r,
-        "-A {SOURCE_RANGES_CHAIN} -m set --match-set {} dst,dst,src -j RETURN",
-        set(FilterSet::LbSources)
-    );
-    let _ = writeln!(
-        r,
-        "-A {SOURCE_RANGES_CHAIN} -m addrtype --src-type LOCAL -j RETURN"
-    );
-    let _ = writeln!(
-        r,
-        "-A {SOURCE_RANGES_CHAIN} -m comment --comment \"outside loadBalancerSourceRanges\" -j DROP"
-    );
-    let _ = writeln!(
-        r,
-        "-A {FORWARD_CHAIN} -m mark --mark {mark:#x}/{mark:#x} -m comment --comment \"masquerade-marked\" -j ACCEPT"
-    );
-    let _ = writeln!(
-        r,
-        "-A {FORWARD_CHAIN} -m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment \"established\" -j ACCEPT"
-    );
     r.push_str("COMMIT\n");
     r
 }

@@ -389,7 +389,7 @@ pub fn cleanup_everywhere(bin_dir: Option<&Path>) -> Result<Vec<Removed>> {
 pub fn all_sets() -> impl Iterator<Item = &'static str> {
     [ipset::SET_V4, ipset::SET_V6]
         .into_iter()
-        .chain(crate::sets::SETS)
+        .chain(crate::sets::sets().map(|(name, _, _)| name))
 }
 
 /// Destroys our ipsets ([`all_sets`]) that exist; run after the rules referencing them are gone
@@ -579,6 +579,30 @@ fn jump_lines<'a>(save: &'a str, table: &Table) -> Vec<&'a str> {
         .collect()
 }
 
+/// The start of one table's `iptables-restore --noflush` input: the table, our chains declared
+/// (which empties them and only them) and each jump `(built-in chain, our chain, comment)` whose
+/// `add` entry is true, inserted first in its built-in chain.
+pub(crate) fn section_head(
+    table: &str,
+    chains: &[&str],
+    jumps: &[(&str, &str, &str)],
+    add: &[bool],
+) -> String {
+    let mut r = format!("*{table}\n");
+    for c in chains {
+        let _ = writeln!(r, ":{c} - [0:0]");
+    }
+    for ((builtin, chain, comment), add) in jumps.iter().zip(add) {
+        if *add {
+            let _ = writeln!(
+                r,
+                "-I {builtin} -m comment --comment \"{comment}\" -j {chain}"
+            );
+        }
+    }
+    r
+}
+
 /// Whether `iptables-save` output has a rule in `builtin` jumping to `chain`.
 fn has_jump(save: &str, builtin: &str, chain: &str) -> bool {
     save.lines()
@@ -654,19 +678,13 @@ pub fn restore_input(config: &Config, family: Family, add_jump: [bool; 3]) -> Re
     validate(config)?;
     let mark = 1u32 << config.mark_bit;
     let ipvs = "-m ipvs --vdir ORIGINAL --vmethod MASQ";
-    let mut r = String::new();
-    r.push_str("*nat\n");
-    for c in NAT.chains {
-        let _ = writeln!(r, ":{c} - [0:0]");
-    }
-    for (i, ((builtin, chain, comment), add)) in NAT_JUMPS.iter().zip(add_jump).enumerate() {
-        if add && (i == 0 || config.service_sets) {
-            let _ = writeln!(
-                r,
-                "-I {builtin} -m comment --comment \"{comment}\" -j {chain}"
-            );
-        }
-    }
+    // The jumps from PREROUTING and OUTPUT lead to the set-based marks: only with the sets.
+    let add_jump = [
+        add_jump[0],
+        add_jump[1] && config.service_sets,
+        add_jump[2] && config.service_sets,
+    ];
+    let mut r = section_head("nat", NAT.chains, &NAT_JUMPS, &add_jump);
     let _ = writeln!(r, "-A {POSTROUTING_CHAIN} {ipvs} -j {MASQ_CHAIN}");
     let _ = writeln!(
         r,

@@ -250,11 +250,11 @@ fn hundred_thousand_members_cost() {
 /// binary: `ipset save` prints what we added, and what `ipset add` writes we read back.
 #[test]
 fn every_filter_set_kind_agrees_with_the_ipset_binary() {
-    use kube_ipvs_host::sets::{self as filter, ServiceSet as FilterSet};
+    use kube_ipvs_host::sets::{self, ServiceSet};
     use kube_ipvs_netlink::nfnl::ipset::Member;
 
     let mut h = Ipset::new().expect("netlink");
-    for (name, family, kind) in filter::sets() {
+    for (name, family, kind) in sets::sets() {
         h.create_kind(name, family, kind).expect("create");
         h.create_kind(name, family, kind)
             .expect("create again is fine");
@@ -266,12 +266,12 @@ fn every_filter_set_kind_agrees_with_the_ipset_binary() {
     };
     let cases: Vec<(&str, Vec<Member>, Vec<&str>)> = vec![
         (
-            FilterSet::Addresses.name(Family::V4),
+            ServiceSet::Addresses.name(Family::V4),
             vec![Member::Ip(ip("10.96.0.1"))],
             vec!["add KUBE-IPVS-ADDRS 10.96.0.1"],
         ),
         (
-            FilterSet::Services.name(Family::V4),
+            ServiceSet::Services.name(Family::V4),
             vec![
                 port("10.96.0.1", 6, 443),
                 port("10.96.0.10", 17, 53),
@@ -284,12 +284,12 @@ fn every_filter_set_kind_agrees_with_the_ipset_binary() {
             ],
         ),
         (
-            FilterSet::Services.name(Family::V6),
+            ServiceSet::Services.name(Family::V6),
             vec![port("fd00::10", 6, 80)],
             vec!["add KUBE-IPVS-SERVICES6 fd00::10,tcp:80"],
         ),
         (
-            FilterSet::LbSources.name(Family::V4),
+            ServiceSet::LbSources.name(Family::V4),
             vec![Member::IpPortNet {
                 addr: ip("203.0.113.7"),
                 protocol: 6,
@@ -300,7 +300,7 @@ fn every_filter_set_kind_agrees_with_the_ipset_binary() {
             vec!["add KUBE-IPVS-LB-SRC 203.0.113.7,tcp:80,198.51.100.0/24"],
         ),
         (
-            FilterSet::HealthCheckPorts.name(Family::V4),
+            ServiceSet::HealthCheckPorts.name(Family::V4),
             vec![Member::Port(32080), Member::Port(30000)],
             vec![
                 "add KUBE-IPVS-HC-PORTS 30000",
@@ -381,7 +381,7 @@ fn every_filter_set_kind_agrees_with_the_ipset_binary() {
         .add_members("KUBE-IPVS-SERVICES", &[port("fd00::1", 6, 80)])
         .expect_err("an IPv6 member in an IPv4 set");
     assert!(err.to_string().contains("KUBE-IPVS-SERVICES"), "{err}");
-    for name in filter::SETS {
+    for (name, _, _) in sets::sets() {
         assert!(h.destroy(name).expect("destroy"), "{name}");
     }
 }

@@ -573,47 +573,46 @@ fn conntrack_settings(
     file: ConntrackSection,
 ) -> Result<kube_ipvs_host::setup::Conntrack, ConfigError> {
     let d = kube_ipvs_host::setup::Conntrack::default();
+    // A duration from the flag, else the key, else kube-proxy's default.
+    let secs = |flag: &Option<String>, flag_name, key: &Option<String>, key_name, default| {
+        conntrack_secs(
+            pick(flag.as_deref(), flag_name, key.as_deref(), key_name),
+            default,
+        )
+    };
     Ok(kube_ipvs_host::setup::Conntrack {
         max_per_core: args
             .conntrack_max_per_core
             .or(file.max_per_core)
             .unwrap_or(d.max_per_core),
         min: args.conntrack_min.or(file.min).unwrap_or(d.min),
-        tcp_established: conntrack_secs(
-            pick(
-                args.conntrack_tcp_timeout_established.as_deref(),
-                "conntrack-tcp-timeout-established",
-                file.tcp_established_timeout.as_deref(),
-                "conntrack.tcpEstablishedTimeout",
-            ),
+        tcp_established: secs(
+            &args.conntrack_tcp_timeout_established,
+            "conntrack-tcp-timeout-established",
+            &file.tcp_established_timeout,
+            "conntrack.tcpEstablishedTimeout",
             d.tcp_established,
         )?,
-        tcp_close_wait: conntrack_secs(
-            pick(
-                args.conntrack_tcp_timeout_close_wait.as_deref(),
-                "conntrack-tcp-timeout-close-wait",
-                file.tcp_close_wait_timeout.as_deref(),
-                "conntrack.tcpCloseWaitTimeout",
-            ),
+        tcp_close_wait: secs(
+            &args.conntrack_tcp_timeout_close_wait,
+            "conntrack-tcp-timeout-close-wait",
+            &file.tcp_close_wait_timeout,
+            "conntrack.tcpCloseWaitTimeout",
             d.tcp_close_wait,
         )?,
         tcp_be_liberal: args.conntrack_tcp_be_liberal || file.tcp_be_liberal.unwrap_or(false),
-        udp: conntrack_secs(
-            pick(
-                args.conntrack_udp_timeout.as_deref(),
-                "conntrack-udp-timeout",
-                file.udp_timeout.as_deref(),
-                "conntrack.udpTimeout",
-            ),
+        udp: secs(
+            &args.conntrack_udp_timeout,
+            "conntrack-udp-timeout",
+            &file.udp_timeout,
+            "conntrack.udpTimeout",
             d.udp,
         )?,
-        udp_stream: conntrack_secs(
-            pick(
-                args.conntrack_udp_timeout_stream.as_deref(),
-                "conntrack-udp-timeout-stream",
-                file.udp_stream_timeout.as_deref(),
-                "conntrack.udpStreamTimeout",
-            ),
+        udp_stream: secs(
+            &args.conntrack_udp_timeout_stream,
+            "conntrack-udp-timeout-stream",
+            &file.udp_stream_timeout,
+            "conntrack.udpStreamTimeout",
             d.udp_stream,
         )?,
     })

@@ -280,14 +280,6 @@ impl ServiceSets {
         self.counts.has_v6()
     }
 
-    /// The members a set must hold now.
-    pub fn members<'a>(&'a self, set: &'a str) -> impl Iterator<Item = Member> + 'a {
-        self.counts
-            .members()
-            .filter(move |(s, _)| *s == set)
-            .map(|(_, m)| *m)
-    }
-
     /// Creates every set that is absent.
     pub fn create(kernel: &mut dyn Kernel) -> Result<(), KernelError> {
         for (name, family, kind) in kube_ipvs_host::sets::sets() {
@@ -316,18 +308,32 @@ impl ServiceSets {
         result
     }
 
+    /// Each set made exactly its members: the kernel's sets read once, the wanted members
+    /// grouped by set in one pass over the counts (not one pass per set).
     fn sync_exact(&self, kernel: &mut dyn Kernel) -> Result<bool, KernelError> {
         Self::create(kernel)?;
+        let observed = read_sets(kernel)?;
+        let have = |k: &Keyed| {
+            observed
+                .get(k.0)
+                .and_then(Option::as_ref)
+                .is_some_and(|set| set.contains(&k.1))
+        };
+        let mut add: HashMap<&'static str, Vec<Member>> = HashMap::new();
+        for k in self.counts.members().filter(|k| !have(k)) {
+            add.entry(k.0).or_default().push(k.1);
+        }
         let mut changed = false;
-        for (name, _, _) in kube_ipvs_host::sets::sets() {
-            let have: HashSet<Member> = kernel
-                .list_named_set(name)?
-                .ok_or_else(|| KernelError::Refused(format!("ipset {name}: the set is gone")))?
-                .into_iter()
+        for (name, members) in &observed {
+            let members = members
+                .as_ref()
+                .ok_or_else(|| KernelError::Refused(format!("ipset {name}: the set is gone")))?;
+            let del: Vec<Member> = members
+                .iter()
+                .filter(|m| !self.counts.held(&(*name, **m)))
+                .copied()
                 .collect();
-            let want: HashSet<Member> = self.members(name).collect();
-            let del: Vec<Member> = have.difference(&want).copied().collect();
-            let add: Vec<Member> = want.difference(&have).copied().collect();
+            let add = add.remove(name).unwrap_or_default();
             changed |= apply(kernel, name, &add, &del)?;
         }
         Ok(changed)
