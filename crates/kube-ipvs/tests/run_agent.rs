@@ -441,7 +441,10 @@ async fn an_endpoint_change_on_this_node_is_a_hairpin_set_delta_without_rules() 
     run.syncs(1).await;
     let members = || -> BTreeSet<IpAddr> {
         let st = kernel.state();
-        st.sets.values().flatten().map(|e| e.src).collect()
+        [kube_ipvs_netlink::Family::V4, kube_ipvs_netlink::Family::V6]
+            .into_iter()
+            .flat_map(|f| st.set_members(f))
+            .collect()
     };
     let node1: BTreeSet<IpAddr> = [
         "10.244.1.10",
@@ -468,7 +471,13 @@ async fn an_endpoint_change_on_this_node_is_a_hairpin_set_delta_without_rules() 
     run.syncs(2).await;
     let mut log = kernel.state().set_log.clone();
     log.sort();
-    assert_eq!(log, ["add 10.244.1.99", "del 10.244.1.10"]);
+    assert_eq!(
+        log,
+        [
+            "add KUBE-IPVS-HAIRPIN 10.244.1.99,10.244.1.99",
+            "del KUBE-IPVS-HAIRPIN 10.244.1.10,10.244.1.10"
+        ]
+    );
     assert_eq!(
         kernel.state().rules.len(),
         1,

@@ -45,7 +45,7 @@ use kube_ipvs_diff::{Cidr, Inputs, Protocol, ServiceKind, ServiceName, TrafficPo
 use kube_ipvs_host::masquerade::{
     self, Backend, Family, Hairpin, LocalDetect, LocalNodePort, LocalVirtualServer,
 };
-use kube_ipvs_netlink::nfnl::ipset::Entry;
+use kube_ipvs_netlink::nfnl::ipset::{self, Entry, Member, SetKind};
 
 use super::sets::{Change, RefCounts, ServiceSets, sorted_changes};
 use crate::kernel::{Kernel, KernelError};
@@ -537,7 +537,7 @@ impl Masq {
         }
         match [Family::V4, Family::V6]
             .into_iter()
-            .try_for_each(|f| kernel.create_set(f))
+            .try_for_each(|f| kernel.create_set(ipset::set_name(f), f, SetKind::NetNet))
         {
             Ok(()) => {
                 self.sets = true;
@@ -574,14 +574,22 @@ impl Masq {
         let mut changed = false;
         let result = (|| {
             for family in [Family::V4, Family::V6] {
+                let name = ipset::set_name(family);
                 let is_family = |a: &IpAddr| a.is_ipv6() == (family == Family::V6);
-                let (add, del): (Vec<Entry>, Vec<Entry>) = if force {
-                    kernel.create_set(family)?;
-                    let have: HashSet<Entry> = kernel.list_set(family)?.into_iter().collect();
-                    let want: HashSet<Entry> = locals
+                let hairpin = |a: IpAddr| Member::NetNet(Entry::hairpin(a));
+                let (add, del): (Vec<Member>, Vec<Member>) = if force {
+                    kernel.create_set(name, family, SetKind::NetNet)?;
+                    let have: HashSet<Member> = kernel
+                        .list_set(name)?
+                        .ok_or_else(|| {
+                            KernelError::Refused(format!("ipset {name}: the set is gone"))
+                        })?
+                        .into_iter()
+                        .collect();
+                    let want: HashSet<Member> = locals
                         .hairpin_members()
                         .filter(is_family)
-                        .map(Entry::hairpin)
+                        .map(hairpin)
                         .collect();
                     (
                         want.difference(&have).copied().collect(),
@@ -592,21 +600,14 @@ impl Masq {
                     let mut del = Vec::new();
                     for a in locals.refs.delta().iter().filter(|a| is_family(a)) {
                         if locals.refs.held(a) {
-                            add.push(Entry::hairpin(*a));
+                            add.push(hairpin(*a));
                         } else {
-                            del.push(Entry::hairpin(*a));
+                            del.push(hairpin(*a));
                         }
                     }
                     (add, del)
                 };
-                if !del.is_empty() {
-                    kernel.del_from_set(family, &del)?;
-                    changed = true;
-                }
-                if !add.is_empty() {
-                    kernel.add_to_set(family, &add)?;
-                    changed = true;
-                }
+                changed |= super::sets::apply(kernel, name, &add, &del)?;
             }
             Ok::<(), KernelError>(())
         })()
@@ -1121,7 +1122,7 @@ mod tests {
         assert_eq!(last.families, vec![Family::V4]);
 
         // The 1,001st Service: three members, one message each, and no rules.
-        k.state().named_set_log.clear();
+        k.state().set_log.clear();
         let new = ServiceName::new("default", "new");
         inputs
             .upsert_service(new.clone(), cluster_ip("10.96.9.9"))
@@ -1129,14 +1130,14 @@ mod tests {
         m.update([&new], &inputs);
         assert_eq!(m.sync(&mut k.clone(), &inputs, false), Ok(true));
         assert_eq!(k.state().rules.len(), applied, "no iptables-restore");
-        let mut log = k.state().named_set_log.clone();
+        let mut log = k.state().set_log.clone();
         log.sort();
         assert_eq!(
             log,
             [
-                "add KUBE-IPVS-ADDRS 1",
-                "add KUBE-IPVS-CLUSTER-IPS 1",
-                "add KUBE-IPVS-SERVICES 1"
+                "add KUBE-IPVS-ADDRS 10.96.9.9",
+                "add KUBE-IPVS-CLUSTER-IPS 10.96.9.9,tcp:80",
+                "add KUBE-IPVS-SERVICES 10.96.9.9,tcp:80"
             ]
         );
 
@@ -1186,7 +1187,11 @@ mod tests {
         // Startup: both sets made exact, then one rule per family matching the set.
         assert_eq!(
             std::mem::take(&mut sets.state().set_log),
-            ["list 4", "add 10.244.1.5", "list 6"]
+            [
+                "list KUBE-IPVS-HAIRPIN",
+                "add KUBE-IPVS-HAIRPIN 10.244.1.5,10.244.1.5",
+                "list KUBE-IPVS-HAIRPIN6"
+            ]
         );
         assert_eq!(sets.state().set_members(Family::V4), [ip("10.244.1.5")]);
         assert_eq!(calls().len(), 1);
@@ -1206,7 +1211,7 @@ mod tests {
         assert_eq!(m.sync(&mut sets.clone(), &inputs, false), Ok(true));
         assert_eq!(
             std::mem::take(&mut sets.state().set_log),
-            ["add 10.244.1.6"]
+            ["add KUBE-IPVS-HAIRPIN 10.244.1.6,10.244.1.6"]
         );
         assert_eq!(
             calls().len(),
@@ -1224,7 +1229,7 @@ mod tests {
         assert_eq!(m.sync(&mut sets.clone(), &inputs, false), Ok(true));
         assert_eq!(
             std::mem::take(&mut sets.state().set_log),
-            ["del 10.244.1.5"]
+            ["del KUBE-IPVS-HAIRPIN 10.244.1.5,10.244.1.5"]
         );
         assert_eq!(sets.state().set_members(Family::V4), [ip("10.244.1.6")]);
         assert_eq!(m.sync(&mut sets.clone(), &inputs, false), Ok(false));
@@ -1244,7 +1249,7 @@ mod tests {
         assert_eq!(m.sync(&mut sets.clone(), &inputs, false), Ok(true));
         assert_eq!(
             std::mem::take(&mut sets.state().set_log),
-            ["add fd00:10:244:1::6"]
+            ["add KUBE-IPVS-HAIRPIN6 fd00:10:244:1::6,fd00:10:244:1::6"]
         );
         assert_eq!(calls().len(), 2);
         assert_eq!(calls()[1].families, [Family::V4, Family::V6]);
@@ -1279,7 +1284,7 @@ mod tests {
         assert_eq!(m.sync(&mut sets.clone(), &inputs, false), Ok(true));
         assert_eq!(
             std::mem::take(&mut sets.state().set_log),
-            ["del 10.244.1.5"]
+            ["del KUBE-IPVS-HAIRPIN 10.244.1.5,10.244.1.5"]
         );
         assert!(sets.state().set_members(Family::V4).is_empty());
 
@@ -1310,16 +1315,22 @@ mod tests {
         // Someone flushes the set and adds a stranger.
         {
             let mut st = sets.state();
-            let set = st.sets.entry(Family::V4).or_default();
+            let (_, set) = st.sets.get_mut(ipset::SET_V4).expect("the hairpin set");
             set.clear();
-            set.insert(Entry::hairpin(ip("192.0.2.99")));
+            set.insert(Member::NetNet(Entry::hairpin(ip("192.0.2.99"))));
         }
         std::mem::take(&mut sets.state().set_log);
         assert_eq!(m.sync(&mut sets.clone(), &inputs, true), Ok(true));
         assert_eq!(sets.state().set_members(Family::V4), [ip("10.244.1.5")]);
         let log = std::mem::take(&mut sets.state().set_log);
-        assert!(log.contains(&"del 192.0.2.99".to_owned()), "{log:?}");
-        assert!(log.contains(&"add 10.244.1.5".to_owned()), "{log:?}");
+        assert!(
+            log.contains(&"del KUBE-IPVS-HAIRPIN 192.0.2.99,192.0.2.99".to_owned()),
+            "{log:?}"
+        );
+        assert!(
+            log.contains(&"add KUBE-IPVS-HAIRPIN 10.244.1.5,10.244.1.5".to_owned()),
+            "{log:?}"
+        );
 
         // A delta that fails is reported, the next deltas wait, the forced sync repairs.
         sets.state().fail_set_changes = true;

@@ -283,7 +283,7 @@ impl ServiceSets {
     /// Creates every set that is absent.
     pub fn create(kernel: &mut dyn Kernel) -> Result<(), KernelError> {
         for (name, family, kind) in kube_ipvs_host::sets::sets() {
-            kernel.create_named_set(name, family, kind)?;
+            kernel.create_set(name, family, kind)?;
         }
         Ok(())
     }
@@ -412,9 +412,7 @@ pub fn read_sets(kernel: &mut dyn Kernel) -> Result<ObservedSets, KernelError> {
         .map(|(name, _, _)| {
             Ok((
                 name,
-                kernel
-                    .list_named_set(name)?
-                    .map(|m| m.into_iter().collect()),
+                kernel.list_set(name)?.map(|m| m.into_iter().collect()),
             ))
         })
         .collect()
@@ -475,17 +473,17 @@ pub fn diff_sets(desired: &BTreeMap<Keyed, Vec<ServiceName>>, observed: &Observe
 }
 
 /// Deletes, then adds (a member moving between Services is in neither list).
-fn apply(
+pub fn apply(
     kernel: &mut dyn Kernel,
     name: &'static str,
     add: &[Member],
     del: &[Member],
 ) -> Result<bool, KernelError> {
     if !del.is_empty() {
-        kernel.change_named_set(name, false, del)?;
+        kernel.change_set(name, false, del)?;
     }
     if !add.is_empty() {
-        kernel.change_named_set(name, true, add)?;
+        kernel.change_set(name, true, add)?;
     }
     Ok(!add.is_empty() || !del.is_empty())
 }
@@ -534,7 +532,7 @@ mod tests {
 
     fn members(k: &MemKernel, set: &str) -> Vec<String> {
         k.state()
-            .named_sets
+            .sets
             .get(set)
             .map(|(_, m)| m.iter().map(Member::to_string).collect())
             .unwrap_or_default()
@@ -654,7 +652,7 @@ mod tests {
             ["10.96.0.20", "10.96.0.21", "203.0.113.7"]
         );
         assert_eq!(members(&k, "KUBE-IPVS-LB-FW"), ["203.0.113.7,tcp:80"]);
-        k.state().named_set_log.clear();
+        k.state().set_log.clear();
 
         // A's ranges change: two members of one set, nothing else.
         inputs
@@ -663,14 +661,17 @@ mod tests {
         sets.update([&a], &inputs);
         assert!(sets.sync(&mut k, false).expect("delta"));
         assert_eq!(
-            k.state().named_set_log,
-            ["del KUBE-IPVS-LB-SRC 1", "add KUBE-IPVS-LB-SRC 1"]
+            k.state().set_log,
+            [
+                "del KUBE-IPVS-LB-SRC 203.0.113.7,tcp:80,198.51.100.0/24",
+                "add KUBE-IPVS-LB-SRC 203.0.113.7,tcp:80,192.0.2.0/24"
+            ]
         );
         assert_eq!(
             members(&k, "KUBE-IPVS-LB-SRC"),
             ["203.0.113.7,tcp:80,192.0.2.0/24"]
         );
-        k.state().named_set_log.clear();
+        k.state().set_log.clear();
 
         // A goes: the shared address stays (b holds it), a's own members go.
         inputs.remove_service(&a);
@@ -687,10 +688,10 @@ mod tests {
             ["10.96.0.21,udp:53", "203.0.113.7,udp:53"]
         );
         // Nothing changed: nothing sent.
-        k.state().named_set_log.clear();
+        k.state().set_log.clear();
         sets.update([&a, &b], &inputs);
         assert!(!sets.sync(&mut k, false).expect("nothing"));
-        assert!(k.state().named_set_log.is_empty());
+        assert!(k.state().set_log.is_empty());
     }
 
     #[test]
@@ -710,17 +711,17 @@ mod tests {
         // One member lost, one stray added, one set destroyed.
         {
             let mut st = k.state();
-            st.named_sets
+            st.sets
                 .get_mut("KUBE-IPVS-SERVICES")
                 .expect("set")
                 .1
                 .remove(&tcp("10.96.0.20", 80));
-            st.named_sets
+            st.sets
                 .get_mut("KUBE-IPVS-ADDRS")
                 .expect("set")
                 .1
                 .insert(Member::Ip(ip("10.96.9.9")));
-            st.named_sets.remove("KUBE-IPVS-HC-PORTS");
+            st.sets.remove("KUBE-IPVS-HC-PORTS");
         }
         let d = diff_sets(&desired, &read_sets(&mut k).expect("read"));
         assert_eq!(
@@ -762,16 +763,13 @@ mod tests {
         assert!(!services.contains(&tcp("192.168.1.10", 30080).to_string()));
 
         // Someone flushes a set and adds a stray member: a forced sync puts it right.
-        k.state()
-            .named_sets
-            .get_mut("KUBE-IPVS-SERVICES")
-            .expect("set")
-            .1 = [tcp("10.1.1.1", 1)].into_iter().collect();
+        k.state().sets.get_mut("KUBE-IPVS-SERVICES").expect("set").1 =
+            [tcp("10.1.1.1", 1)].into_iter().collect();
         sets.sync(&mut k, true).expect("forced");
         assert_eq!(members(&k, "KUBE-IPVS-SERVICES"), services);
 
         // A failed delta is not retried blindly: the next forced sync repairs the whole set.
-        k.state().named_sets.clear();
+        k.state().sets.clear();
         inputs.remove_service(&a);
         sets.update([&a], &inputs);
         assert!(sets.sync(&mut k, false).is_err(), "the sets are gone");
@@ -781,6 +779,6 @@ mod tests {
         );
         sets.sync(&mut k, true).expect("forced recreates");
         assert!(members(&k, "KUBE-IPVS-SERVICES").is_empty());
-        assert!(k.state().named_sets.contains_key("KUBE-IPVS-HC-PORTS"));
+        assert!(k.state().sets.contains_key("KUBE-IPVS-HC-PORTS"));
     }
 }

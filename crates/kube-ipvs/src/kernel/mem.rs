@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use kube_ipvs_diff::{Table, VirtualKey};
 use kube_ipvs_host::masquerade::{self, Family, Hairpin};
 use kube_ipvs_netlink::ipvs::{Request, ServiceKey};
-use kube_ipvs_netlink::nfnl::ipset::{Entry, Member, SetKind};
+use kube_ipvs_netlink::nfnl::ipset::{self, Member, SetKind};
 
 use super::convert::op_for;
 use super::observe::Observed;
@@ -43,9 +43,10 @@ pub struct MemState {
     pub fail_new_dests: bool,
     /// `observe` answers an empty table (a kernel whose table someone cleared between syncs).
     pub observe_empty: bool,
-    /// The hairpin sets by family, present once created.
-    pub sets: BTreeMap<Family, BTreeSet<Entry>>,
-    /// Set operations, in order: `list 4`, `add A B` (sorted member addresses), `del A`.
+    /// The ipsets (hairpin and service sets) with their kind, present once created.
+    pub sets: BTreeMap<&'static str, (SetKind, BTreeSet<Member>)>,
+    /// Set operations, in order: `list NAME`, `add NAME M1 M2` and `del NAME M1` (members as
+    /// `ipset save` prints them, sorted).
     pub set_log: Vec<String>,
     /// Creating a set fails (a kernel without ipset support).
     pub fail_set_create: bool,
@@ -57,23 +58,24 @@ pub struct MemState {
     pub fail_rules: bool,
     /// Rules that match the hairpin sets are refused (iptables without `xt_set`).
     pub refuse_set_rules: bool,
-    /// The named sets (the filter sets) with their kind, present once created.
-    pub named_sets: BTreeMap<&'static str, (SetKind, BTreeSet<Member>)>,
-    /// Named set operations, in order: `add NAME N` and `del NAME N` (N members), `list NAME`.
-    pub named_set_log: Vec<String>,
-    /// Creating a named set fails.
-    pub fail_named_sets: bool,
     /// Rules matching the service sets are refused (iptables without a match they use).
     pub refuse_service_set_rules: bool,
 }
 
 impl MemState {
-    /// The members of a family's set, by address.
+    /// The addresses `a` of the members `(a, a)` of a family's hairpin set.
     #[must_use]
     pub fn set_members(&self, family: Family) -> Vec<IpAddr> {
         self.sets
-            .get(&family)
-            .map(|s| s.iter().map(|e| e.src).collect())
+            .get(ipset::set_name(family))
+            .map(|(_, m)| {
+                m.iter()
+                    .filter_map(|m| match m {
+                        Member::NetNet(e) => e.hairpin_addr(),
+                        _ => None,
+                    })
+                    .collect()
+            })
             .unwrap_or_default()
     }
 }
@@ -126,41 +128,6 @@ impl MemKernel {
             _ => {}
         }
         Ok(())
-    }
-
-    fn change_set(
-        &mut self,
-        verb: &str,
-        family: Family,
-        entries: &[Entry],
-        add: bool,
-    ) -> Result<(), KernelError> {
-        let mut st = self.state();
-        let mut names: Vec<String> = entries.iter().map(|e| e.src.to_string()).collect();
-        names.sort();
-        st.set_log.push(format!("{verb} {}", names.join(" ")));
-        if st.fail_set_changes {
-            return Err(Self::refused(format!("ipset: {verb} refused")));
-        }
-        let set = st
-            .sets
-            .get_mut(&family)
-            .ok_or_else(|| Self::refused("no set"))?;
-        for e in entries {
-            if add {
-                set.insert(*e);
-            } else {
-                set.remove(e);
-            }
-        }
-        Ok(())
-    }
-}
-
-fn family_number(family: Family) -> u8 {
-    match family {
-        Family::V4 => 4,
-        Family::V6 => 6,
     }
 }
 
@@ -225,47 +192,20 @@ impl Kernel for MemKernel {
         Ok(self.state().node_addresses.clone())
     }
 
-    fn create_set(&mut self, family: Family) -> Result<(), KernelError> {
-        let mut st = self.state();
-        if st.fail_set_create {
-            return Err(Self::refused("ipset: protocol not supported"));
-        }
-        st.sets.entry(family).or_default();
-        Ok(())
-    }
-
-    fn list_set(&mut self, family: Family) -> Result<Vec<Entry>, KernelError> {
-        let mut st = self.state();
-        st.set_log.push(format!("list {}", family_number(family)));
-        let set = st
-            .sets
-            .get(&family)
-            .ok_or_else(|| Self::refused("no set"))?;
-        Ok(set.iter().copied().collect())
-    }
-
-    fn add_to_set(&mut self, family: Family, entries: &[Entry]) -> Result<(), KernelError> {
-        self.change_set("add", family, entries, true)
-    }
-
-    fn del_from_set(&mut self, family: Family, entries: &[Entry]) -> Result<(), KernelError> {
-        self.change_set("del", family, entries, false)
-    }
-
-    fn create_named_set(
+    fn create_set(
         &mut self,
         name: &'static str,
         _family: Family,
         kind: SetKind,
     ) -> Result<(), KernelError> {
         let mut st = self.state();
-        if st.fail_named_sets {
+        if st.fail_set_create {
             return Err(Self::refused(format!(
                 "ipset {name}: protocol not supported"
             )));
         }
         let (have, _) = st
-            .named_sets
+            .sets
             .entry(name)
             .or_insert_with(|| (kind, BTreeSet::new()));
         if *have != kind {
@@ -276,16 +216,16 @@ impl Kernel for MemKernel {
         Ok(())
     }
 
-    fn list_named_set(&mut self, name: &'static str) -> Result<Option<Vec<Member>>, KernelError> {
+    fn list_set(&mut self, name: &'static str) -> Result<Option<Vec<Member>>, KernelError> {
         let mut st = self.state();
-        st.named_set_log.push(format!("list {name}"));
+        st.set_log.push(format!("list {name}"));
         Ok(st
-            .named_sets
+            .sets
             .get(name)
             .map(|(_, set)| set.iter().copied().collect()))
     }
 
-    fn change_named_set(
+    fn change_set(
         &mut self,
         name: &'static str,
         add: bool,
@@ -293,10 +233,14 @@ impl Kernel for MemKernel {
     ) -> Result<(), KernelError> {
         let mut st = self.state();
         let verb = if add { "add" } else { "del" };
-        st.named_set_log
-            .push(format!("{verb} {name} {}", members.len()));
+        let mut text: Vec<String> = members.iter().map(Member::to_string).collect();
+        text.sort();
+        st.set_log.push(format!("{verb} {name} {}", text.join(" ")));
+        if st.fail_set_changes {
+            return Err(Self::refused(format!("ipset {name}: {verb} refused")));
+        }
         let (_, set) = st
-            .named_sets
+            .sets
             .get_mut(name)
             .ok_or_else(|| Self::refused(format!("ipset {name}: the set is gone")))?;
         for m in members {

@@ -44,7 +44,7 @@ use kube_ipvs_host::masquerade::{self, Family, MasqueradeError};
 use kube_ipvs_netlink::ipvs::{Destination, Ipvs, Request};
 use kube_ipvs_netlink::link::Rtnl;
 use kube_ipvs_netlink::nfnl::conntrack;
-use kube_ipvs_netlink::nfnl::ipset::{self, Entry, Ipset, Member, SetKind};
+use kube_ipvs_netlink::nfnl::ipset::{Ipset, Member, SetKind};
 
 use observe::Observed;
 
@@ -140,26 +140,18 @@ pub trait Kernel: Send {
         let _ = target;
         Ok(0)
     }
-    /// Creates the family's hairpin set ([`ipset::set_name`]) if it is absent.
-    fn create_set(&mut self, family: Family) -> Result<(), KernelError>;
-    /// The family's hairpin set's members; an error if the set is gone.
-    fn list_set(&mut self, family: Family) -> Result<Vec<Entry>, KernelError>;
-    /// Adds members to the family's hairpin set (present ones are fine).
-    fn add_to_set(&mut self, family: Family, entries: &[Entry]) -> Result<(), KernelError>;
-    /// Deletes members from the family's hairpin set (absent ones are fine).
-    fn del_from_set(&mut self, family: Family, entries: &[Entry]) -> Result<(), KernelError>;
-    /// Creates the set `name` of `kind` for `family` if it is absent (the filter sets,
-    /// [`kube_ipvs_host::filter`]).
-    fn create_named_set(
+    /// Creates the set `name` of `kind` for `family` if it is absent (the hairpin sets,
+    /// [`kube_ipvs_netlink::nfnl::ipset::set_name`], and the service sets, [`kube_ipvs_host::sets`]).
+    fn create_set(
         &mut self,
         name: &'static str,
         family: Family,
         kind: SetKind,
     ) -> Result<(), KernelError>;
     /// The members of the set `name`, or `None` if there is no such set.
-    fn list_named_set(&mut self, name: &'static str) -> Result<Option<Vec<Member>>, KernelError>;
+    fn list_set(&mut self, name: &'static str) -> Result<Option<Vec<Member>>, KernelError>;
     /// Adds (`add`) or deletes members of the set `name` (present or absent ones are fine).
-    fn change_named_set(
+    fn change_set(
         &mut self,
         name: &'static str,
         add: bool,
@@ -310,25 +302,7 @@ impl Kernel for RealKernel {
         })
     }
 
-    fn create_set(&mut self, family: Family) -> Result<(), KernelError> {
-        self.with_ipset(|h| h.create(ipset::set_name(family), family))
-    }
-
-    fn list_set(&mut self, family: Family) -> Result<Vec<Entry>, KernelError> {
-        let name = ipset::set_name(family);
-        self.with_ipset(|h| h.list(name))?
-            .ok_or_else(|| KernelError::Refused(format!("ipset {name}: the set is gone")))
-    }
-
-    fn add_to_set(&mut self, family: Family, entries: &[Entry]) -> Result<(), KernelError> {
-        self.with_ipset(|h| h.add(ipset::set_name(family), entries))
-    }
-
-    fn del_from_set(&mut self, family: Family, entries: &[Entry]) -> Result<(), KernelError> {
-        self.with_ipset(|h| h.del(ipset::set_name(family), entries))
-    }
-
-    fn create_named_set(
+    fn create_set(
         &mut self,
         name: &'static str,
         family: Family,
@@ -337,11 +311,11 @@ impl Kernel for RealKernel {
         self.with_ipset(|h| h.create_kind(name, family, kind))
     }
 
-    fn list_named_set(&mut self, name: &'static str) -> Result<Option<Vec<Member>>, KernelError> {
+    fn list_set(&mut self, name: &'static str) -> Result<Option<Vec<Member>>, KernelError> {
         self.with_ipset(|h| h.list_members(name))
     }
 
-    fn change_named_set(
+    fn change_set(
         &mut self,
         name: &'static str,
         add: bool,
