@@ -442,7 +442,7 @@ pub fn sets_present() -> Vec<&'static str> {
         return Vec::new();
     };
     all_sets()
-        .filter(|name| matches!(sets.list_members(name), Ok(Some(_))))
+        .filter(|name| matches!(sets.list(name), Ok(Some(_))))
         .collect()
 }
 

@@ -12,7 +12,7 @@ mod common;
 use std::net::IpAddr;
 
 use kube_ipvs_host::masquerade::Family;
-use kube_ipvs_netlink::nfnl::ipset::{Entry, Ipset, SET_TYPE, SET_V4, SET_V6};
+use kube_ipvs_netlink::nfnl::ipset::{Entry, Ipset, Member, SET_TYPE, SET_V4, SET_V6, SetKind};
 
 const IPSET: &str = "/usr/sbin/ipset";
 
@@ -32,8 +32,18 @@ fn saved(set: &str) -> Vec<String> {
     lines
 }
 
+/// The hairpin members of a `hash:net,net` set, sorted (any other kind of member fails).
 fn members(h: &mut Ipset, set: &str) -> Vec<Entry> {
-    let mut m = h.list(set).expect("list").expect("the set exists");
+    let mut m: Vec<Entry> = h
+        .list(set)
+        .expect("list")
+        .expect("the set exists")
+        .into_iter()
+        .map(|m| match m {
+            Member::NetNet(e) => e,
+            other => panic!("{other} is not a net,net member"),
+        })
+        .collect();
     m.sort();
     m
 }
@@ -42,9 +52,12 @@ fn members(h: &mut Ipset, set: &str) -> Vec<Entry> {
 fn create_add_del_list_destroy_agree_with_the_ipset_binary() {
     let mut h = Ipset::new().expect("netlink");
     assert_eq!(h.list(SET_V4).expect("list"), None, "no set yet");
-    h.create(SET_V4, Family::V4).expect("create");
-    h.create(SET_V4, Family::V4).expect("create again is fine");
-    h.create(SET_V6, Family::V6).expect("create v6");
+    h.create(SET_V4, Family::V4, SetKind::NetNet)
+        .expect("create");
+    h.create(SET_V4, Family::V4, SetKind::NetNet)
+        .expect("create again is fine");
+    h.create(SET_V6, Family::V6, SetKind::NetNet)
+        .expect("create v6");
     assert_eq!(members(&mut h, SET_V4), []);
 
     let a = Entry::hairpin(ip("10.244.1.5"));
@@ -124,7 +137,8 @@ fn create_add_del_list_destroy_agree_with_the_ipset_binary() {
 #[test]
 fn many_members_in_batches_and_a_set_of_another_type_is_an_error() {
     let mut h = Ipset::new().expect("netlink");
-    h.create(SET_V4, Family::V4).expect("create");
+    h.create(SET_V4, Family::V4, SetKind::NetNet)
+        .expect("create");
     // More members than one batch and than the kernel's default maxelem of one batch's acks.
     let all: Vec<Entry> = (0..3000u32)
         .map(|i| Entry::hairpin(IpAddr::V4(std::net::Ipv4Addr::from(0x0af4_0000 + i))))
@@ -141,7 +155,9 @@ fn many_members_in_batches_and_a_set_of_another_type_is_an_error() {
 
     // A set of our name but another type: create says so, naming the set.
     ipset(&["create", SET_V4, "hash:ip"]);
-    let e = h.create(SET_V4, Family::V4).expect_err("another type");
+    let e = h
+        .create(SET_V4, Family::V4, SetKind::NetNet)
+        .expect_err("another type");
     assert_eq!(e.errno(), Some(17), "{e}");
     assert!(e.to_string().contains(SET_V4), "{e}");
     assert!(e.to_string().contains("another type"), "{e}");
@@ -169,7 +185,7 @@ fn list_replies_for_the_fixtures() {
             "6",
         ),
     ] {
-        h.create(set, family).expect("create");
+        h.create(set, family, SetKind::NetNet).expect("create");
         let entries: Vec<Entry> = ours.iter().map(|a| Entry::hairpin(*a)).collect();
         h.add(set, &entries).expect("add");
         ipset(&["add", set, theirs]);
@@ -206,7 +222,8 @@ fn hundred_thousand_members_cost() {
         .collect();
     let all: Vec<Entry> = addrs.iter().map(|a| Entry::hairpin(*a)).collect();
     let mut h = Ipset::new().expect("netlink");
-    h.create(SET_V4, Family::V4).expect("create");
+    h.create(SET_V4, Family::V4, SetKind::NetNet)
+        .expect("create");
     let t = Instant::now();
     h.add(SET_V4, &all).expect("add");
     let fill = t.elapsed();
@@ -255,9 +272,8 @@ fn every_filter_set_kind_agrees_with_the_ipset_binary() {
 
     let mut h = Ipset::new().expect("netlink");
     for (name, family, kind) in sets::sets() {
-        h.create_kind(name, family, kind).expect("create");
-        h.create_kind(name, family, kind)
-            .expect("create again is fine");
+        h.create(name, family, kind).expect("create");
+        h.create(name, family, kind).expect("create again is fine");
     }
     let port = |addr: &str, protocol: u8, port: u16| Member::IpPort {
         addr: ip(addr),
@@ -309,14 +325,14 @@ fn every_filter_set_kind_agrees_with_the_ipset_binary() {
         ),
     ];
     for (name, members, want) in cases {
-        h.add_members(name, &members).expect("add");
+        h.add(name, &members).expect("add");
         let mut have: Vec<String> = saved(name)
             .into_iter()
             .filter(|l| l.starts_with("add "))
             .collect();
         have.sort();
         assert_eq!(have, want, "{name} as ipset saves it");
-        let mut back = h.list_members(name).expect("list").expect("exists");
+        let mut back = h.list(name).expect("list").expect("exists");
         back.sort();
         let mut members = members;
         members.sort();
@@ -347,10 +363,7 @@ fn every_filter_set_kind_agrees_with_the_ipset_binary() {
     // What the ipset binary writes, we read.
     ipset(&["add", "KUBE-IPVS-LB-SRC", "203.0.113.8,udp:53,192.0.2.0/25"]);
     ipset(&["add", "KUBE-IPVS-ADDRS", "10.96.0.2"]);
-    let lb = h
-        .list_members("KUBE-IPVS-LB-SRC")
-        .expect("list")
-        .expect("exists");
+    let lb = h.list("KUBE-IPVS-LB-SRC").expect("list").expect("exists");
     assert!(lb.contains(&Member::IpPortNet {
         addr: ip("203.0.113.8"),
         protocol: 17,
@@ -358,27 +371,22 @@ fn every_filter_set_kind_agrees_with_the_ipset_binary() {
         net: ip("192.0.2.0"),
         prefix: 25,
     }));
-    let addrs = h
-        .list_members("KUBE-IPVS-ADDRS")
-        .expect("list")
-        .expect("exists");
+    let addrs = h.list("KUBE-IPVS-ADDRS").expect("list").expect("exists");
     assert!(addrs.contains(&Member::Ip(ip("10.96.0.2"))));
 
     // Deletes, including an absent member, and a member of the wrong family is refused by the
     // kernel with the set named.
-    h.del_members(
+    h.del(
         "KUBE-IPVS-HC-PORTS",
         &[Member::Port(30000), Member::Port(1)],
     )
     .expect("del");
     assert_eq!(
-        h.list_members("KUBE-IPVS-HC-PORTS")
-            .expect("list")
-            .expect("exists"),
+        h.list("KUBE-IPVS-HC-PORTS").expect("list").expect("exists"),
         [Member::Port(32080)]
     );
     let err = h
-        .add_members("KUBE-IPVS-SERVICES", &[port("fd00::1", 6, 80)])
+        .add("KUBE-IPVS-SERVICES", &[port("fd00::1", 6, 80)])
         .expect_err("an IPv6 member in an IPv4 set");
     assert!(err.to_string().contains("KUBE-IPVS-SERVICES"), "{err}");
     for (name, _, _) in sets::sets() {

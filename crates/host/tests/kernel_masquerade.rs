@@ -675,7 +675,12 @@ fn masquerade_decisions_on_real_traffic() {
     // a change of members is all it takes (the rules are not applied again in between).
     let mut sets = kube_ipvs_netlink::nfnl::ipset::Ipset::new().expect("netlink");
     let set = kube_ipvs_netlink::nfnl::ipset::SET_V4;
-    sets.create(set, Family::V4).expect("create the set");
+    sets.create(
+        set,
+        Family::V4,
+        kube_ipvs_netlink::nfnl::ipset::SetKind::NetNet,
+    )
+    .expect("create the set");
     assert_eq!(hairpin(Hairpin::Set), None, "the set is empty");
     let member =
         kube_ipvs_netlink::nfnl::ipset::Entry::hairpin("192.168.88.2".parse().expect("ip"));

@@ -308,11 +308,11 @@ impl Kernel for RealKernel {
         family: Family,
         kind: SetKind,
     ) -> Result<(), KernelError> {
-        self.with_ipset(|h| h.create_kind(name, family, kind))
+        self.with_ipset(|h| h.create(name, family, kind))
     }
 
     fn list_set(&mut self, name: &'static str) -> Result<Option<Vec<Member>>, KernelError> {
-        self.with_ipset(|h| h.list_members(name))
+        self.with_ipset(|h| h.list(name))
     }
 
     fn change_set(
@@ -322,9 +322,9 @@ impl Kernel for RealKernel {
         members: &[Member],
     ) -> Result<(), KernelError> {
         if add {
-            self.with_ipset(|h| h.add_members(name, members))
+            self.with_ipset(|h| h.add(name, members))
         } else {
-            self.with_ipset(|h| h.del_members(name, members))
+            self.with_ipset(|h| h.del(name, members))
         }
     }
 

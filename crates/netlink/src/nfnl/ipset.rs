@@ -1,9 +1,11 @@
-//! The hairpin ipsets over nfnetlink: `hash:net,net` sets whose members are `(a, a)` for each
-//! local endpoint address `a`, so one iptables rule (`-m set --match-set NAME src,dst`) matches
-//! a Pod reaching itself through a Service, whatever the number of endpoints.
+//! ipsets over nfnetlink, of the kinds kube-ipvs uses ([`SetKind`]): the hairpin sets
+//! ([`SET_V4`], [`SET_V6`], `hash:net,net` with a member `(a, a)` per local endpoint address
+//! `a`, so one iptables rule matches a Pod reaching itself through a Service) and the service
+//! sets the `filter` and `nat` rules match (`hash:ip`, `hash:ip,port`, `hash:ip,port,net`,
+//! `bitmap:port`). One [`Member`] type covers every kind.
 //!
 //! This module owns one `NETLINK_NETFILTER` socket per [`Ipset`] handle and only ever touches
-//! the sets it is asked about by name ([`SET_V4`], [`SET_V6`]): create if absent, list members,
+//! the sets it is asked about by name: create if absent, list members,
 //! add and delete many members in one `sendmsg` (one acknowledgement per member), destroy. It
 //! never flushes or destroys all sets. Messages are built and parsed by pure functions that the
 //! unit tests drive without a kernel.
@@ -13,7 +15,7 @@
 //! or add without `NLM_F_EXCL` carries `IPSET_FLAG_EXIST`, so re-creating an identical set,
 //! adding a present member and deleting an absent one all succeed; a `DATA` or `IP` attribute
 //! must carry `NLA_F_NESTED`, an address or `u32` must carry `NLA_F_NET_BYTEORDER`) and
-//! `net/netfilter/ipset/ip_set_hash_netnet.c` lays members out (`IP`, `IP2`, `CIDR`, `CIDR2`).
+//! each type's `uadt` lays members out (`IP`, `IP2`, `CIDR`, `CIDR2`, `PORT`, `PROTO`).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -349,16 +351,10 @@ impl Ipset {
         })
     }
 
-    /// Creates the `hash:net,net` set `set` for `family` if it is absent. An existing set of that
-    /// name with the same type and settings is fine; any other is an error naming the set.
-    pub fn create(&mut self, set: &str, family: Family) -> Result<()> {
-        self.create_kind(set, family, SetKind::NetNet)
-    }
-
     /// Creates the set `set` of `kind` for `family` if it is absent (a [`SetKind::Port`] set is
     /// for both families; `family` is then only named in errors). An existing set of that name
     /// with the same type and settings is fine; any other is an error naming the set.
-    pub fn create_kind(&mut self, set: &str, family: Family, kind: SetKind) -> Result<()> {
+    pub fn create(&mut self, set: &str, family: Family, kind: SetKind) -> Result<()> {
         check_name(set)?;
         let seq = self.socket.next_seqs(1);
         let msg = create_request(seq, set, family, kind);
@@ -394,36 +390,14 @@ impl Ipset {
         }
     }
 
-    /// The members of a `hash:net,net` set, or `None` if there is no such set.
-    pub fn list(&mut self, set: &str) -> Result<Option<Vec<Entry>>> {
+    /// The members of a set, or `None` if there is no such set.
+    pub fn list(&mut self, set: &str) -> Result<Option<Vec<Member>>> {
         self.list_capturing(set, None)
     }
 
     /// [`Ipset::list`], also keeping each reply datagram as received in `raw` (to capture
     /// fixtures from a real kernel).
     pub fn list_capturing(
-        &mut self,
-        set: &str,
-        raw: Option<&mut Vec<Vec<u8>>>,
-    ) -> Result<Option<Vec<Entry>>> {
-        Ok(self.list_members_capturing(set, raw)?.map(|members| {
-            members
-                .into_iter()
-                .filter_map(|m| match m {
-                    Member::NetNet(e) => Some(e),
-                    _ => None,
-                })
-                .collect()
-        }))
-    }
-
-    /// The members of a set of any kind, or `None` if there is no such set.
-    pub fn list_members(&mut self, set: &str) -> Result<Option<Vec<Member>>> {
-        self.list_members_capturing(set, None)
-    }
-
-    /// [`Ipset::list_members`], also keeping each reply datagram as received in `raw`.
-    pub fn list_members_capturing(
         &mut self,
         set: &str,
         mut raw: Option<&mut Vec<Vec<u8>>>,
@@ -446,32 +420,26 @@ impl Ipset {
             .map(|present| present.then_some(entries))
     }
 
-    /// Adds the `hash:net,net` members (present ones are fine), in batches of one `sendmsg` each.
-    pub fn add(&mut self, set: &str, entries: &[Entry]) -> Result<()> {
-        let members: Vec<Member> = entries.iter().copied().map(Member::NetNet).collect();
-        self.change(set, IPSET_CMD_ADD, "add", &members)
-    }
-
-    /// Deletes the `hash:net,net` members (absent ones are fine), in batches of one `sendmsg`
-    /// each.
-    pub fn del(&mut self, set: &str, entries: &[Entry]) -> Result<()> {
-        let members: Vec<Member> = entries.iter().copied().map(Member::NetNet).collect();
-        self.change(set, IPSET_CMD_DEL, "del", &members)
-    }
-
-    /// Adds members of any kind (present ones are fine), in batches of one `sendmsg` each.
-    pub fn add_members(&mut self, set: &str, members: &[Member]) -> Result<()> {
+    /// Adds the members (present ones are fine), in batches of one `sendmsg` each. Hairpin
+    /// [`Entry`]s are members too.
+    pub fn add<M: Into<Member> + Copy>(&mut self, set: &str, members: &[M]) -> Result<()> {
         self.change(set, IPSET_CMD_ADD, "add", members)
     }
 
-    /// Deletes members of any kind (absent ones are fine), in batches of one `sendmsg` each.
-    pub fn del_members(&mut self, set: &str, members: &[Member]) -> Result<()> {
+    /// Deletes the members (absent ones are fine), in batches of one `sendmsg` each.
+    pub fn del<M: Into<Member> + Copy>(&mut self, set: &str, members: &[M]) -> Result<()> {
         self.change(set, IPSET_CMD_DEL, "del", members)
     }
 
-    fn change(&mut self, set: &str, cmd: u16, verb: &str, entries: &[Member]) -> Result<()> {
+    fn change<M: Into<Member> + Copy>(
+        &mut self,
+        set: &str,
+        cmd: u16,
+        verb: &str,
+        entries: &[M],
+    ) -> Result<()> {
         check_name(set)?;
-        if let Some(bad) = entries.iter().find(|e| !e.is_valid()) {
+        if let Some(bad) = entries.iter().map(|&m| m.into()).find(|e| !e.is_valid()) {
             return Err(Error::Invalid {
                 op: format!("ipset {set}: member {bad}"),
                 reason: "prefix length, protocol or family out of range".to_owned(),
@@ -487,8 +455,8 @@ impl Ipset {
         for chunk in entries.chunks(batch) {
             msgs.clear();
             let first = self.socket.next_seqs(chunk.len());
-            for (seq, e) in (first..).zip(chunk) {
-                member_request(&mut msgs, cmd, seq, set, e);
+            for (seq, &e) in (first..).zip(chunk) {
+                member_request(&mut msgs, cmd, seq, set, &e.into());
             }
             let acks = self.request(set, verb, &msgs, first, chunk.len())?;
             // The first refusal names its member; the others were still applied or refused
@@ -496,8 +464,9 @@ impl Ipset {
             if let Some((e, errno)) = chunk
                 .iter()
                 .zip(&acks)
-                .find_map(|(e, a)| a.filter(|&c| c != 0).map(|c| (e, c)))
+                .find_map(|(&e, a)| a.filter(|&c| c != 0).map(|c| (e.into(), c)))
             {
+                let e: Member = e;
                 return Err(refused(set, format!("{verb} {e}"), errno));
             }
         }
