@@ -37,7 +37,7 @@
 //! they keep their order with the changes before them and report their own errors. An error of
 //! a background apply is reported by the next call, which treats the rules as not applied.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 use kube_ipvs_diff::{Cidr, Inputs, Protocol, ServiceKind, ServiceName, TrafficPolicy};
@@ -47,7 +47,7 @@ use kube_ipvs_host::masquerade::{
 };
 use kube_ipvs_netlink::nfnl::ipset::{self, Entry, Member, SetKind};
 
-use super::sets::{Change, RefCounts, ServiceSets, sorted_changes};
+use super::sets::{Change, RefCounts, ServiceSets, sorted_changes, swap_contribution};
 use crate::kernel::{Kernel, KernelError};
 
 /// What one Service contributes to the rules.
@@ -187,7 +187,7 @@ impl DetectLocal {
 /// Per-Service contributions, kept up to date from change sets.
 #[derive(Debug, Default)]
 pub struct LocalSets {
-    by_service: BTreeMap<ServiceName, Contribution>,
+    by_service: HashMap<ServiceName, Contribution>,
     /// Whether a contribution changed since [`LocalSets::wanted`] last ran: without that, an
     /// incremental sync does not rebuild the whole rule input (a walk over every Service).
     changed: bool,
@@ -207,36 +207,32 @@ impl LocalSets {
     ) {
         for name in names {
             let c = contribution(name, inputs);
-            let old = if c.is_empty() {
-                self.by_service.remove(name)
-            } else {
-                self.by_service.insert(name.clone(), c.clone())
-            }
-            .unwrap_or_default();
-            if old == c {
+            let empty = c.is_empty();
+            let Some(old) = swap_contribution(&mut self.by_service, name, c, empty) else {
                 continue;
-            }
+            };
             if !self.in_set {
                 self.changed = true;
                 continue;
             }
+            let none = Contribution::default();
+            let c = self.by_service.get(name).unwrap_or(&none);
             // In set mode an endpoint change is a set delta, not a rules change.
             if old.node_ports != c.node_ports || old.virtual_servers != c.virtual_servers {
                 self.changed = true;
             }
-            if old.local_endpoints != c.local_endpoints {
-                let had_v6 = self.refs.has_v6();
-                // Both lists are sorted and deduplicated: only the addresses that differ
-                // change a count (an unchanged one must not become a delta).
-                for change in sorted_changes(&old.local_endpoints, &c.local_endpoints) {
-                    match change {
-                        Change::Gone(a) => self.release(a),
-                        Change::New(a) => self.hold(a),
-                    }
+            // Both lists are sorted and deduplicated: only the addresses that differ change a
+            // count (an unchanged one must not become a delta).
+            let changes = sorted_changes(&old.local_endpoints, &c.local_endpoints);
+            let had_v6 = self.refs.has_v6();
+            for change in changes {
+                match change {
+                    Change::Gone(a) => self.release(a),
+                    Change::New(a) => self.hold(a),
                 }
-                if had_v6 != self.refs.has_v6() {
-                    self.changed = true;
-                }
+            }
+            if had_v6 != self.refs.has_v6() {
+                self.changed = true;
             }
         }
     }

@@ -226,17 +226,13 @@ impl ServiceSets {
         }
         for name in names {
             let new = contribution(name, inputs);
-            let old = if new.is_empty() {
-                self.by_service.remove(name)
-            } else {
-                self.by_service.insert(name.clone(), new.clone())
-            }
-            .unwrap_or_default();
-            if old == new {
+            let empty = new.is_empty();
+            let Some(old) = swap_contribution(&mut self.by_service, name, new, empty) else {
                 continue;
-            }
+            };
             // Only the members that differ change a count.
-            for change in sorted_changes(&old, &new) {
+            let new = self.by_service.get(name).map_or(&[][..], Vec::as_slice);
+            for change in sorted_changes(&old, new) {
                 match change {
                     Change::Gone(k) => self.release(k),
                     Change::New(k) => self.hold(k),
@@ -355,6 +351,25 @@ impl ServiceSets {
         }
         Ok(changed)
     }
+}
+
+/// Stores `new` as `name`'s contribution (none when `empty`) and returns the one it replaces,
+/// or `None` when nothing changed (then nothing is stored, and nothing was cloned).
+pub fn swap_contribution<V: PartialEq + Default>(
+    map: &mut HashMap<ServiceName, V>,
+    name: &ServiceName,
+    new: V,
+    empty: bool,
+) -> Option<V> {
+    if map.get(name).map_or(empty, |old| *old == new) {
+        return None;
+    }
+    let old = if empty {
+        map.remove(name)
+    } else {
+        map.insert(name.clone(), new)
+    };
+    Some(old.unwrap_or_default())
 }
 
 /// One element of the difference between two sorted lists without repeats.
@@ -603,6 +618,33 @@ mod tests {
         inputs.remove_service(&v6);
         sets.update([&v6], &inputs);
         assert!(!sets.has_v6());
+    }
+
+    #[test]
+    fn a_contribution_is_swapped_only_when_it_changes() {
+        let mut map: HashMap<ServiceName, Vec<u8>> = HashMap::new();
+        let a = ServiceName::new("default", "a");
+        assert_eq!(
+            swap_contribution(&mut map, &a, vec![], true),
+            None,
+            "absent stays absent"
+        );
+        assert_eq!(
+            swap_contribution(&mut map, &a, vec![1], false),
+            Some(vec![])
+        );
+        assert_eq!(
+            swap_contribution(&mut map, &a, vec![1], false),
+            None,
+            "the same"
+        );
+        assert_eq!(
+            swap_contribution(&mut map, &a, vec![2], false),
+            Some(vec![1])
+        );
+        assert_eq!(map.get(&a), Some(&vec![2]));
+        assert_eq!(swap_contribution(&mut map, &a, vec![], true), Some(vec![2]));
+        assert!(map.is_empty(), "an empty contribution is not stored");
     }
 
     #[test]
