@@ -1,4 +1,4 @@
-//! The ipsets the `filter` rules ([`crate::filter`]) and the `nat` marking rules
+//! The ipsets the `filter` rules ([`crate::filter`]) and the `nat` and `mangle` marking rules
 //! ([`crate::masquerade`]) match: every Service-dependent fact those rules need is a member of
 //! one of these sets, so the rules themselves never change with the Services. The caller keeps
 //! the members over netlink ([`kube_ipvs_netlink::nfnl::ipset`]); the hairpin sets are
@@ -29,11 +29,18 @@ pub enum ServiceSet {
     /// through this node). Those of Local-policy Services are in no masquerade set: they keep
     /// the client's address.
     External,
+    /// `hash:ip,port` with a mark per member: the external-IP, load-balancer and NodePort
+    /// virtual servers of `externalTrafficPolicy: Local` Services, each mapped to the firewall
+    /// mark of the fwmark virtual server that holds the Service's cluster-wide endpoints. The
+    /// `mangle` rules ([`crate::masquerade`]) give that mark to new connections from this
+    /// node's Pods and from the node itself, so they reach any endpoint while external clients
+    /// keep the Local policy.
+    LocalMarks,
 }
 
 impl ServiceSet {
     /// Every filter set.
-    pub const ALL: [ServiceSet; 7] = [
+    pub const ALL: [ServiceSet; 8] = [
         Self::Services,
         Self::Addresses,
         Self::LbFirewall,
@@ -41,6 +48,7 @@ impl ServiceSet {
         Self::HealthCheckPorts,
         Self::ClusterIps,
         Self::External,
+        Self::LocalMarks,
     ];
 
     /// The set's name for `family` (the port set has one name for both).
@@ -60,6 +68,8 @@ impl ServiceSet {
             (Self::ClusterIps, Family::V6) => "KUBE-IPVS-CLUSTER-IPS6",
             (Self::External, Family::V4) => "KUBE-IPVS-EXTERNAL",
             (Self::External, Family::V6) => "KUBE-IPVS-EXTERNAL6",
+            (Self::LocalMarks, Family::V4) => "KUBE-IPVS-LOCAL-MARKS",
+            (Self::LocalMarks, Family::V6) => "KUBE-IPVS-LOCAL-MARKS6",
         }
     }
 
@@ -73,6 +83,7 @@ impl ServiceSet {
             Self::Addresses => SetKind::Ip,
             Self::LbSources => SetKind::IpPortNet,
             Self::HealthCheckPorts => SetKind::Port,
+            Self::LocalMarks => SetKind::IpPortMark,
         }
     }
 
@@ -100,7 +111,7 @@ mod tests {
     #[test]
     fn every_set_has_a_name_of_its_own_that_ipset_takes() {
         let names: Vec<&str> = sets().map(|(n, _, _)| n).collect();
-        assert_eq!(names.len(), 13);
+        assert_eq!(names.len(), 15);
         let unique: std::collections::BTreeSet<&str> = names.iter().copied().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
         for n in names {

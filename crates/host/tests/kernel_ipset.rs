@@ -323,6 +323,26 @@ fn every_filter_set_kind_agrees_with_the_ipset_binary() {
                 "add KUBE-IPVS-HC-PORTS 32080",
             ],
         ),
+        (
+            ServiceSet::LocalMarks.name(Family::V4),
+            vec![Member::IpPortMark {
+                addr: ip("192.168.56.10"),
+                protocol: 6,
+                port: 30080,
+                mark: 0x10_0000,
+            }],
+            vec!["add KUBE-IPVS-LOCAL-MARKS 192.168.56.10,tcp:30080 skbmark 0x100000"],
+        ),
+        (
+            ServiceSet::LocalMarks.name(Family::V6),
+            vec![Member::IpPortMark {
+                addr: ip("fd00::10"),
+                protocol: 132,
+                port: 80,
+                mark: 0x3ff0_0000,
+            }],
+            vec!["add KUBE-IPVS-LOCAL-MARKS6 fd00::10,sctp:80 skbmark 0x3ff00000"],
+        ),
     ];
     for (name, members, want) in cases {
         h.add(name, &members).expect("add");
@@ -360,8 +380,56 @@ fn every_filter_set_kind_agrees_with_the_ipset_binary() {
             .starts_with("create KUBE-IPVS-HC-PORTS bitmap:port range 0-65535")
     );
 
-    // What the ipset binary writes, we read.
+    assert!(
+        create("KUBE-IPVS-LOCAL-MARKS")
+            .starts_with("create KUBE-IPVS-LOCAL-MARKS hash:ip,port family inet ")
+            && create("KUBE-IPVS-LOCAL-MARKS").contains(" skbinfo")
+    );
+
+    // What the ipset binary writes, we read; a mark under a mask is no mapping of ours.
     ipset(&["add", "KUBE-IPVS-LB-SRC", "203.0.113.8,udp:53,192.0.2.0/25"]);
+    ipset(&[
+        "add",
+        "KUBE-IPVS-LOCAL-MARKS",
+        "10.0.0.9,udp:53",
+        "skbmark",
+        "0x200000",
+    ]);
+    ipset(&[
+        "add",
+        "KUBE-IPVS-LOCAL-MARKS",
+        "10.0.0.8,udp:53",
+        "skbmark",
+        "0x5/0xff",
+    ]);
+    let marks = h
+        .list("KUBE-IPVS-LOCAL-MARKS")
+        .expect("list")
+        .expect("exists");
+    assert!(marks.contains(&Member::IpPortMark {
+        addr: ip("10.0.0.9"),
+        protocol: 17,
+        port: 53,
+        mark: 0x20_0000,
+    }));
+    assert!(marks.contains(&Member::IpPortMark {
+        addr: ip("10.0.0.8"),
+        protocol: 17,
+        port: 53,
+        mark: 0,
+    }));
+    // Adding a present member with another mark replaces its mark.
+    let moved = Member::IpPortMark {
+        addr: ip("10.0.0.9"),
+        protocol: 17,
+        port: 53,
+        mark: 0x30_0000,
+    };
+    h.add("KUBE-IPVS-LOCAL-MARKS", &[moved]).expect("re-add");
+    assert!(
+        saved("KUBE-IPVS-LOCAL-MARKS")
+            .contains(&"add KUBE-IPVS-LOCAL-MARKS 10.0.0.9,udp:53 skbmark 0x300000".to_owned())
+    );
     ipset(&["add", "KUBE-IPVS-ADDRS", "10.96.0.2"]);
     let lb = h.list("KUBE-IPVS-LB-SRC").expect("list").expect("exists");
     assert!(lb.contains(&Member::IpPortNet {

@@ -2,7 +2,8 @@
 //! ([`SET_V4`], [`SET_V6`], `hash:net,net` with a member `(a, a)` per local endpoint address
 //! `a`, so one iptables rule matches a Pod reaching itself through a Service) and the service
 //! sets the `filter` and `nat` rules match (`hash:ip`, `hash:ip,port`, `hash:ip,port,net`,
-//! `bitmap:port`). One [`Member`] type covers every kind.
+//! `bitmap:port`), and `hash:ip,port` with `skbinfo` (a mark per member, for the `mangle`
+//! rules' `SET --map-mark`). One [`Member`] type covers every kind.
 //!
 //! This module owns one `NETLINK_NETFILTER` socket per [`Ipset`] handle and only ever touches
 //! the sets it is asked about by name: create if absent, list members,
@@ -70,9 +71,14 @@ const IPSET_ATTR_CIDR: u16 = 3;
 const IPSET_ATTR_PORT: u16 = 4;
 const IPSET_ATTR_PORT_TO: u16 = 5;
 const IPSET_ATTR_PROTO: u16 = 7;
+const IPSET_ATTR_CADT_FLAGS: u16 = 8;
 const IPSET_ATTR_MAXELEM: u16 = 19;
 const IPSET_ATTR_IP2: u16 = 20;
 const IPSET_ATTR_CIDR2: u16 = 21;
+const IPSET_ATTR_SKBMARK: u16 = 27;
+/// `IPSET_FLAG_WITH_SKBINFO`, in `CADT_FLAGS` at create: members carry a mark for `SET
+/// --map-set ... --map-mark`.
+const IPSET_FLAG_WITH_SKBINFO: u32 = 1 << 6;
 // Attributes inside IP and IP2.
 const IPSET_ATTR_IPADDR_IPV4: u16 = 1;
 const IPSET_ATTR_IPADDR_IPV6: u16 = 2;
@@ -132,6 +138,9 @@ pub enum SetKind {
     IpPortNet,
     /// `bitmap:port` over 0..=65535, family-independent: one port; [`Member::Port`].
     Port,
+    /// `hash:ip,port` with `skbinfo`: address, protocol and port, each with a packet mark the
+    /// iptables `SET` target can set (`--map-mark`); [`Member::IpPortMark`].
+    IpPortMark,
 }
 
 impl SetKind {
@@ -141,18 +150,20 @@ impl SetKind {
         match self {
             Self::NetNet => SET_TYPE,
             Self::Ip => "hash:ip",
-            Self::IpPort => "hash:ip,port",
+            Self::IpPort | Self::IpPortMark => "hash:ip,port",
             Self::IpPortNet => "hash:ip,port,net",
             Self::Port => "bitmap:port",
         }
     }
 
     /// The revision asked for: the lowest that every kernel with the type knows and that has
-    /// what we use (SCTP ports came with revision 1 of the `ip,port` types).
+    /// what we use (SCTP ports came with revision 1 of the `ip,port` types, `skbinfo` with
+    /// revision 5 of `hash:ip,port`).
     fn revision(self) -> u8 {
         match self {
             Self::NetNet | Self::Ip | Self::Port => 0,
             Self::IpPort | Self::IpPortNet => 1,
+            Self::IpPortMark => 5,
         }
     }
 }
@@ -181,6 +192,14 @@ pub enum Member {
     },
     /// A `bitmap:port` member.
     Port(u16),
+    /// A [`SetKind::IpPortMark`] member: the `SET` target gives a matching packet `mark` (the
+    /// whole mark: the member's mark mask is `0xffffffff`).
+    IpPortMark {
+        addr: IpAddr,
+        protocol: u8,
+        port: u16,
+        mark: u32,
+    },
 }
 
 impl From<Entry> for Member {
@@ -223,6 +242,16 @@ impl std::fmt::Display for Member {
                 protocol_text(protocol)
             ),
             Self::Port(p) => write!(f, "{p}"),
+            Self::IpPortMark {
+                addr,
+                protocol,
+                port,
+                mark,
+            } => write!(
+                f,
+                "{addr},{}:{port} skbmark {mark:#x}",
+                protocol_text(protocol)
+            ),
         }
     }
 }
@@ -233,9 +262,10 @@ impl Member {
     pub fn family(&self) -> Option<Family> {
         match *self {
             Self::NetNet(e) => Some(Family::of(e.src)),
-            Self::Ip(a) | Self::IpPort { addr: a, .. } | Self::IpPortNet { addr: a, .. } => {
-                Some(Family::of(a))
-            }
+            Self::Ip(a)
+            | Self::IpPort { addr: a, .. }
+            | Self::IpPortNet { addr: a, .. }
+            | Self::IpPortMark { addr: a, .. } => Some(Family::of(a)),
             Self::Port(_) => None,
         }
     }
@@ -245,6 +275,7 @@ impl Member {
             Self::NetNet(e) => e.is_valid(),
             Self::Ip(_) | Self::Port(_) => true,
             Self::IpPort { protocol, .. } => protocol != 0,
+            Self::IpPortMark { protocol, mark, .. } => protocol != 0 && mark != 0,
             Self::IpPortNet {
                 addr,
                 protocol,
@@ -565,6 +596,12 @@ fn create_request(seq: u32, set: &str, family: Family, kind: SetKind) -> Vec<u8>
             &MAX_ELEMENTS.to_be_bytes(),
         );
     }
+    if kind == SetKind::IpPortMark {
+        w.put(
+            IPSET_ATTR_CADT_FLAGS | NLA_F_NET_BYTEORDER,
+            &IPSET_FLAG_WITH_SKBINFO.to_be_bytes(),
+        );
+    }
     w.end_nest(data);
     w.end_msg(msg);
     buf
@@ -635,6 +672,22 @@ fn member_request(buf: &mut Vec<u8>, cmd: u16, seq: u32, set: &str, m: &Member) 
         Member::Port(p) => {
             w.put(IPSET_ATTR_PORT | NLA_F_NET_BYTEORDER, &p.to_be_bytes());
         }
+        Member::IpPortMark {
+            addr,
+            protocol,
+            port: p,
+            mark,
+        } => {
+            put_addr(&mut w, IPSET_ATTR_IP, addr);
+            port(&mut w, protocol, p);
+            // The mark in the high half, its mask (all of it) in the low half, as `ipset`'s
+            // `skbmark` sends them.
+            let full = u64::from(mark) << 32 | u64::from(u32::MAX);
+            w.put(
+                IPSET_ATTR_SKBMARK | NLA_F_NET_BYTEORDER,
+                &full.to_be_bytes(),
+            );
+        }
     }
     w.end_nest(data);
     w.end_msg(msg);
@@ -683,11 +736,12 @@ fn parse_addr(nested: &[u8]) -> Option<IpAddr> {
 
 /// One member from the attributes of a `DATA` container, its kind told by the attributes
 /// present: two addresses and a port are `ip,port,net`, two addresses `net,net`, an address
-/// and a port `ip,port`, an address alone `ip`, a port alone `port`. Missing prefix lengths are
+/// and a port `ip,port` (with a mark, of a [`SetKind::IpPortMark`] set), an address alone
+/// `ip`, a port alone `port`. Missing prefix lengths are
 /// host prefixes (the kernel's default); `None` when nothing identifies a member.
 fn parse_member(data: &[u8]) -> Option<Member> {
-    let (mut ip, mut ip2, mut cidr, mut cidr2, mut port, mut proto) =
-        (None, None, None, None, None, None);
+    let (mut ip, mut ip2, mut cidr, mut cidr2, mut port, mut proto, mut skbmark) =
+        (None, None, None, None, None, None, None);
     for (kind, p, _) in wire::attrs(data) {
         match (kind, p) {
             (IPSET_ATTR_IP, _) => ip = parse_addr(p),
@@ -696,6 +750,9 @@ fn parse_member(data: &[u8]) -> Option<Member> {
             (IPSET_ATTR_CIDR2, [c, ..]) => cidr2 = Some(*c),
             (IPSET_ATTR_PORT, &[a, b]) => port = Some(u16::from_be_bytes([a, b])),
             (IPSET_ATTR_PROTO, [c, ..]) => proto = Some(*c),
+            (IPSET_ATTR_SKBMARK, p) => {
+                skbmark = <[u8; 8]>::try_from(p).ok().map(u64::from_be_bytes);
+            }
             _ => {}
         }
     }
@@ -713,6 +770,18 @@ fn parse_member(data: &[u8]) -> Option<Member> {
             dst,
             dst_prefix: cidr2.unwrap_or_else(|| host_prefix(dst)),
         }),
+        // Only a whole-mark mapping is one of ours; a member with another mask reads as
+        // mark 0, which is never wanted, so it is replaced.
+        (Some(addr), None, Some(port)) if skbmark.is_some() => Member::IpPortMark {
+            addr,
+            protocol: proto?,
+            port,
+            mark: skbmark
+                .map(|m| (m >> 32, m & u64::from(u32::MAX)))
+                .filter(|&(_, mask)| mask == u64::from(u32::MAX))
+                .and_then(|(mark, _)| u32::try_from(mark).ok())
+                .unwrap_or(0),
+        },
         (Some(addr), None, Some(port)) => Member::IpPort {
             addr,
             protocol: proto?,
@@ -1099,6 +1168,49 @@ mod tests {
         );
     }
 
+    #[cfg(target_endian = "little")]
+    #[test]
+    fn mark_set_request_bytes() {
+        // Created as hash:ip,port revision 5 with CADT_FLAGS (8 | NET_BYTEORDER) holding
+        // IPSET_FLAG_WITH_SKBINFO (1 << 6) big-endian, after MAXELEM.
+        let create = create_request(1, "M", Family::V4, SetKind::IpPortMark);
+        let tail: Vec<u8> = [
+            vec![17, 0, 3, 0],
+            b"hash:ip,port\0".to_vec(),
+            vec![0, 0, 0],
+            vec![5, 0, 4, 0, 5, 0, 0, 0],
+            vec![5, 0, 5, 0, NFPROTO_IPV4, 0, 0, 0],
+            vec![20, 0, 7, 0x80],
+            vec![8, 0, 19, 0x40, 0, 0x10, 0, 0],
+            vec![8, 0, 8, 0x40, 0, 0, 0, 0x40],
+        ]
+        .concat();
+        assert_eq!(&create[create.len() - tail.len()..], &tail[..]);
+        // A member carries SKBMARK (27 | NET_BYTEORDER): mark << 32 | mask, big-endian.
+        let add = member_request(
+            IPSET_CMD_ADD,
+            2,
+            "M",
+            Member::IpPortMark {
+                addr: ip("10.0.0.1"),
+                protocol: 17,
+                port: 53,
+                mark: 0x0123_4567,
+            },
+        );
+        let tail: Vec<u8> = [
+            vec![44, 0, 7, 0x80],
+            vec![12, 0, 1, 0x80, 8, 0, 1, 0x40, 10, 0, 0, 1],
+            vec![6, 0, 4, 0x40, 0, 53, 0, 0],
+            vec![5, 0, 7, 0, 17, 0, 0, 0],
+            vec![
+                12, 0, 27, 0x40, 0x01, 0x23, 0x45, 0x67, 0xff, 0xff, 0xff, 0xff,
+            ],
+        ]
+        .concat();
+        assert_eq!(&add[add.len() - tail.len()..], &tail[..]);
+    }
+
     #[test]
     fn members_of_every_kind_read_back_and_print_as_ipset_does() {
         let members = [
@@ -1116,6 +1228,12 @@ mod tests {
                 prefix: 24,
             },
             Member::Port(30080),
+            Member::IpPortMark {
+                addr: ip("192.168.56.10"),
+                protocol: 6,
+                port: 30080,
+                mark: 0x10_0000,
+            },
         ];
         for m in members {
             let req = member_request(IPSET_CMD_ADD, 1, "S", m);
@@ -1134,7 +1252,8 @@ mod tests {
                 "10.96.0.1",
                 "fd00::a,udp:53",
                 "203.0.113.7,sctp:80,198.51.100.0/24",
-                "30080"
+                "30080",
+                "192.168.56.10,tcp:30080 skbmark 0x100000"
             ]
         );
     }
