@@ -60,6 +60,9 @@ pub(crate) const BOOT_MODULES: &[&str] = &[
     "ip6_tables",
     "ip6table_nat",
     "ip6table_filter",
+    // The Local-policy short circuit's SET --map-mark rules live in mangle.
+    "iptable_mangle",
+    "ip6table_mangle",
     "nf_tables",
     "nft_compat",
     "nft_chain_nat",

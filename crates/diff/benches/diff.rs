@@ -26,8 +26,8 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
 use kube_ipvs_diff::{
-    Endpoint, EndpointPort, Engine, Inputs, NodeContext, Protocol, ServiceInfo, ServiceName,
-    ServicePort, Table, UnknownCounts, full_diff,
+    Endpoint, EndpointPort, Engine, Inputs, NodeContext, Ownership, Protocol, ServiceInfo,
+    ServiceName, ServicePort, Table, UnknownCounts, full_diff,
 };
 
 struct Counting;
@@ -168,7 +168,7 @@ fn full_diff_tables_10k(bencher: divan::Bencher<'_, '_>) {
         d.weight = 7;
     }
     bencher.bench_local(|| {
-        let ops = full_diff(&desired, &kernel, &[]);
+        let ops = full_diff(&desired, &kernel, Ownership::default());
         assert_eq!(ops.len(), 1);
         ops
     });

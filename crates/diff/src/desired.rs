@@ -13,9 +13,8 @@
 //!    the ClusterIP has no real servers (traffic is dropped), as the API documents.
 //! 4. **`externalTrafficPolicy: Local`**: NodePorts, externalIPs and LoadBalancer IPs use only
 //!    endpoints on this node; with none they have no real servers. *kube-proxy IPVS differs*:
-//!    it falls back to all endpoints when a node has no local one. And since a virtual server
-//!    cannot tell a pod's traffic from external traffic, pod traffic to external IPs is not
-//!    short-circuited to cluster endpoints as iptables mode does.
+//!    it falls back to all endpoints when a node has no local one. Local clients (this node's
+//!    Pods and the node itself) are sent elsewhere by rule 11.
 //! 5. **Topology** (KEP-2433 hints, KEP-4444 `trafficDistribution`): for Cluster policies, if
 //!    every ready endpoint has node hints and one names this node, only those are used;
 //!    otherwise if every ready endpoint has zone hints and one names this node's zone, only
@@ -34,6 +33,14 @@
 //!    to `kube-ipvs0`; ClusterIPs, externalIPs and LB IPs are.
 //! 10. **Ports**: an endpoint backs a Service port when it has a port with the same name and
 //!     protocol; its number is the real server's port. Every real server has weight 1 and NAT.
+//! 11. **Local clients of Local-policy external addresses** (the short circuit, see
+//!     [`crate::marks`]): a port of an `externalTrafficPolicy: Local` Service with a mark gets,
+//!     per family it has an external address or NodePort in, a fwmark virtual server of that
+//!     mark holding the endpoints the Cluster policy would pick (topology and the terminating
+//!     fallback included), whatever `internalTrafficPolicy` says, as kube-proxy's iptables
+//!     mode sends "pod traffic for external destinations" to the Service's cluster chain.
+//!     [`ServiceTable::marked`] lists the external virtual servers whose local clients the host
+//!     rules mark. External clients still get rule 4.
 //!
 //! `loadBalancerSourceRanges` and `healthCheckNodePort` are not IPVS state: they are carried by
 //! the model for the firewall and health-check parts of the daemon.
@@ -65,6 +72,10 @@ pub struct ServiceTable {
     pub servers: Vec<(VirtualServer, Vec<RealServer>)>,
     /// Addresses to bind.
     pub addresses: Vec<IpAddr>,
+    /// The Local-policy short circuit (rule 11): each external virtual server (address or
+    /// NodePort) whose local clients are sent to a fwmark virtual server, with that mark;
+    /// sorted, unique.
+    pub marked: Vec<(VirtualKey, u32)>,
 }
 
 impl ServiceTable {
@@ -142,11 +153,24 @@ pub fn service_table(
         derive_for(has_v6, Family::V6),
     ];
     let mut servers: Vec<(VirtualServer, Vec<RealServer>)> = Vec::new();
+    let mut marked: Vec<(VirtualKey, u32)> = Vec::new();
     for port in &info.ports {
         let backends = port_backends(endpoints, port);
+        // Rule 11: the port's short-circuit mark, under the Local external policy only.
+        let mark = info
+            .local_marks
+            .iter()
+            .find(|m| (m.protocol, m.port) == (port.protocol, port.port))
+            .map(|m| m.mark)
+            .filter(|_| info.external_traffic_policy == TrafficPolicy::Local);
         // Each list is only built if a policy uses it and the Service has that family;
-        // Cluster/Cluster in one family is the common case.
-        let uses = |p| info.internal_traffic_policy == p || info.external_traffic_policy == p;
+        // Cluster/Cluster in one family is the common case. The short circuit uses the
+        // cluster-wide endpoints.
+        let uses = |p| {
+            info.internal_traffic_policy == p
+                || info.external_traffic_policy == p
+                || (p == TrafficPolicy::Cluster && mark.is_some())
+        };
         let select = |policy, family: Family| {
             let wanted = match family {
                 Family::V4 => has_v4,
@@ -192,12 +216,40 @@ pub fn service_table(
         for ip in &info.cluster_ips {
             add(*ip, port.port, internal);
         }
-        for ip in &external {
-            add(*ip, port.port, external_backends);
-        }
+        let mut ways_in: Vec<(IpAddr, u16)> = external.iter().map(|ip| (*ip, port.port)).collect();
         if let Some(np) = port.node_port {
-            for ip in node_ips.iter().filter(|ip| family_ok(ip)) {
-                add(*ip, np, external_backends);
+            ways_in.extend(
+                node_ips
+                    .iter()
+                    .filter(|ip| family_ok(ip))
+                    .map(|ip| (*ip, np)),
+            );
+        }
+        for &(ip, vport) in &ways_in {
+            add(ip, vport, external_backends);
+        }
+        if let Some(mark) = mark {
+            for family in [Family::V4, Family::V6] {
+                let mut any = false;
+                for &(ip, vport) in ways_in.iter().filter(|(ip, _)| Family::of(*ip) == family) {
+                    marked.push((VirtualKey::inet(port.protocol, ip, vport), mark));
+                    any = true;
+                }
+                if !any {
+                    continue;
+                }
+                let ipv6 = family == Family::V6;
+                let server = VirtualServer {
+                    key: VirtualKey::Fwmark { ipv6, mark },
+                    scheduler,
+                    persistence,
+                    netmask: if ipv6 { 128 } else { 32 },
+                };
+                let dests = cluster[family as usize]
+                    .iter()
+                    .map(|(e, p)| RealServer::masq(e.addr, *p, WEIGHT))
+                    .collect();
+                servers.push((server, dests));
             }
         }
     }
@@ -210,7 +262,13 @@ pub fn service_table(
         dests.sort_by_key(|d| d.key);
         dests.dedup_by_key(|d| d.key);
     }
-    ServiceTable { servers, addresses }
+    marked.sort_unstable();
+    marked.dedup_by_key(|m| m.0);
+    ServiceTable {
+        servers,
+        addresses,
+        marked,
+    }
 }
 
 /// Why an endpoint is or is not a real server of a virtual server, as [`endpoint_decisions`]

@@ -29,8 +29,8 @@ use foldhash::fast::RandomState;
 use crate::desired::{ServiceTable, drains, service_table};
 use crate::model::{Inputs, ServiceName};
 use crate::table::{
-    DestKey, Op, RealServer, ServiceEntry, Table, VirtualKey, VirtualServer, diff_view, merge_by,
-    order_ops,
+    DestKey, Op, Ownership, RealServer, ServiceEntry, Table, VirtualKey, VirtualServer, diff_view,
+    merge_by, order_ops,
 };
 
 /// Connection counts (active + inactive) of real servers, as the kernel reports them. The
@@ -514,8 +514,8 @@ impl Engine {
     }
 
     /// Full resync against what the kernel holds: brings the per-Service state up to date (every
-    /// Service on a new engine, the changed ones otherwise), then diffs the whole desired table against `observed`, managing only what the engine owns (exclude CIDRs from
-    /// the node options; fwmark services are never touched). Real servers the kernel has and
+    /// Service on a new engine, the changed ones otherwise), then diffs the whole desired table against `observed`, managing only what the engine owns
+    /// ([`Ownership::of`] the node options). Real servers the kernel has and
     /// the desired table lacks drain gracefully as in [`Engine::sync`]; ones already at weight 0
     /// keep draining. Use at startup (adopting an existing table) and for drift repair.
     pub fn resync(
@@ -545,7 +545,7 @@ impl Engine {
             servers.iter().map(|(s, d)| (s, d.iter())),
             addresses,
             observed,
-            &options.exclude_cidrs,
+            Ownership::of(options),
         );
         let mut ops = Vec::new();
         for op in diff {

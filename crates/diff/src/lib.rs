@@ -45,6 +45,7 @@
 pub mod desired;
 pub mod engine;
 pub mod error;
+pub mod marks;
 pub mod model;
 pub mod table;
 
@@ -53,12 +54,13 @@ pub use desired::{
 };
 pub use engine::{ConnectionCounts, Draining, Engine, UnknownCounts};
 pub use error::{Error, Result};
+pub use marks::{MarkSpace, PortMark};
 pub use model::{
     Changes, Cidr, Endpoint, EndpointPort, Inputs, NodeContext, Options, Protocol, Scheduler,
     SchedulerKind, ServiceInfo, ServiceKind, ServiceName, ServicePort, ServicePortName,
     SessionAffinity, TrafficDistribution, TrafficPolicy, endpoint_address_problem, is_link_local,
 };
 pub use table::{
-    DestKey, Forward, Op, RealServer, ServiceEntry, Table, VirtualKey, VirtualServer, full_diff,
-    order_ops,
+    DestKey, Forward, Op, Ownership, RealServer, ServiceEntry, Table, VirtualKey, VirtualServer,
+    full_diff, order_ops,
 };

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::marks::{MarkSpace, MarkTable, PortMark};
 
 /// The annotation a Service may carry to choose its own IPVS scheduler, overriding the node's
 /// `--scheduler`. Its value is parsed with [`Scheduler::from_str`], e.g. `wrr` or `mh:fallback,port`.
@@ -205,6 +206,10 @@ pub struct ServiceInfo {
     pub traffic_distribution: Option<TrafficDistribution>,
     /// The per-Service scheduler from [`SCHEDULER_ANNOTATION`]; `None` means the node default.
     pub scheduler: Option<Scheduler>,
+    /// The firewall marks of its ports for the Local-policy short circuit ([`crate::marks`]).
+    /// Not from the object: [`Inputs::upsert_service`] assigns them, replacing what the caller
+    /// put here.
+    pub local_marks: Vec<PortMark>,
 }
 
 /// One port of an endpoint (`EndpointSlice.ports[]`).
@@ -567,6 +572,11 @@ pub struct Options {
     /// Virtual servers and interface addresses in these networks are never touched: they belong
     /// to someone else (`--ipvs-exclude-cidrs`).
     pub exclude_cidrs: Vec<Cidr>,
+    /// The marks of the Local-policy short circuit's fwmark virtual servers
+    /// (`--local-fwmark-mask`); `None` turns the short circuit off, so local clients of a
+    /// Local-policy Service's external addresses get its local endpoints only, as in
+    /// kube-proxy's IPVS mode. Fwmark virtual servers of marks in this space are the engine's.
+    pub local_marks: Option<MarkSpace>,
 }
 
 impl Default for Options {
@@ -574,6 +584,7 @@ impl Default for Options {
         Self {
             graceful_termination_timeout: Duration::from_secs(15 * 60),
             exclude_cidrs: Vec::new(),
+            local_marks: Some(MarkSpace::DEFAULT),
         }
     }
 }
@@ -839,6 +850,7 @@ pub struct Inputs {
     endpoints: HashMap<ServiceName, Vec<Endpoint>, RandomState>,
     changed: HashSet<ServiceName, RandomState>,
     node_changed: bool,
+    marks: MarkTable,
 }
 
 /// What changed since the last [`Inputs::take_changes`].
@@ -855,6 +867,7 @@ impl Inputs {
     pub fn new(node: NodeContext) -> Result<Self> {
         node.validate()?;
         Ok(Self {
+            marks: MarkTable::new(node.options.local_marks),
             node,
             services: HashMap::default(),
             endpoints: HashMap::default(),
@@ -873,16 +886,34 @@ impl Inputs {
     pub fn set_node(&mut self, node: NodeContext) -> Result<()> {
         node.validate()?;
         if node != self.node {
+            let space = node.options.local_marks;
             self.node = node;
             self.node_changed = true;
+            if space != self.marks.space() {
+                // Every Service's marks come from the new space.
+                self.marks = MarkTable::new(space);
+                let mut names: Vec<ServiceName> = self.services.keys().cloned().collect();
+                names.sort_unstable();
+                for name in names {
+                    if let Some(info) = self.services.get_mut(&name) {
+                        self.marks.assign(&name, info, &[]);
+                    }
+                }
+            }
         }
         Ok(())
     }
 
     /// Adds or replaces a Service. Validates it first; an identical object is not a change, so
     /// a watch relist costs nothing downstream.
-    pub fn upsert_service(&mut self, name: ServiceName, info: ServiceInfo) -> Result<()> {
+    pub fn upsert_service(&mut self, name: ServiceName, mut info: ServiceInfo) -> Result<()> {
         validate_service(&name, &info)?;
+        let old = self
+            .services
+            .get(&name)
+            .map(|o| o.local_marks.as_slice())
+            .unwrap_or(&[]);
+        self.marks.assign(&name, &mut info, old);
         match self.services.get_mut(&name) {
             Some(existing) if *existing == info => return Ok(()),
             Some(existing) => *existing = info,
@@ -897,9 +928,16 @@ impl Inputs {
     /// Removes a Service (its endpoints are kept until [`Inputs::set_endpoints`] clears them,
     /// since slices and Services are watched separately).
     pub fn remove_service(&mut self, name: &ServiceName) {
-        if self.services.remove(name).is_some() {
+        if let Some(info) = self.services.remove(name) {
+            self.marks.release(&info.local_marks);
             self.changed.insert(name.clone());
         }
+    }
+
+    /// How many Service ports needed a Local-policy short-circuit mark and got none because
+    /// the mark space was full (see [`crate::marks`]), over this store's life.
+    pub fn marks_short(&self) -> usize {
+        self.marks.short()
     }
 
     /// Sets the merged endpoints of a Service (all its slices together). An empty list removes

@@ -12,7 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 
-use crate::model::{Cidr, Protocol, Scheduler, SchedulerKind};
+use crate::marks::MarkSpace;
+use crate::model::{Cidr, Options, Protocol, Scheduler, SchedulerKind};
 
 /// `IP_VS_SVC_F_PERSISTENT`.
 pub const FLAG_PERSISTENT: u32 = 0x1;
@@ -33,8 +34,8 @@ pub enum VirtualKey {
         /// The virtual port.
         port: u16,
     },
-    /// A firewall-mark service. The engine never creates these; they appear only in observed
-    /// tables and are never touched.
+    /// A firewall-mark service. The engine makes these only for the Local-policy short circuit,
+    /// with marks of [`Options::local_marks`]; others are someone else's and never touched.
     Fwmark {
         /// Whether the service is IPv6 (`AF_INET6`).
         ipv6: bool,
@@ -467,15 +468,46 @@ impl Table {
     }
 }
 
-/// Whether an observed virtual server or address is the engine's to manage: inet virtual
-/// servers and addresses outside the excluded networks. Fwmark services are never ours.
-pub fn owned_key(key: &VirtualKey, exclude: &[Cidr]) -> bool {
-    key.addr().is_some_and(|a| owned_addr(a, exclude))
+/// What of an observed table is the engine's to manage.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ownership<'a> {
+    /// Inet virtual servers and addresses in these networks belong to someone else
+    /// (`--ipvs-exclude-cidrs`).
+    pub exclude: &'a [Cidr],
+    /// Fwmark virtual servers with a mark of this space are the engine's (the Local-policy
+    /// short circuit); any other fwmark virtual server is someone else's.
+    pub marks: Option<MarkSpace>,
 }
 
-/// Whether an observed address on `kube-ipvs0` is the engine's to manage.
-pub fn owned_addr(addr: IpAddr, exclude: &[Cidr]) -> bool {
-    !exclude.iter().any(|c| c.contains(addr))
+impl<'a> Ownership<'a> {
+    /// What the engine owns under these options.
+    pub fn of(options: &'a Options) -> Self {
+        Self {
+            exclude: &options.exclude_cidrs,
+            marks: options.local_marks,
+        }
+    }
+
+    /// Inet virtual servers and addresses outside `exclude`; no fwmark virtual server.
+    pub fn excluding(exclude: &'a [Cidr]) -> Self {
+        Self {
+            exclude,
+            marks: None,
+        }
+    }
+
+    /// Whether an observed virtual server is the engine's to manage.
+    pub fn key(&self, key: &VirtualKey) -> bool {
+        match *key {
+            VirtualKey::Inet { addr, .. } => self.addr(addr),
+            VirtualKey::Fwmark { mark, .. } => self.marks.is_some_and(|m| m.contains(mark)),
+        }
+    }
+
+    /// Whether an observed address on `kube-ipvs0` is the engine's to manage.
+    pub fn addr(&self, addr: IpAddr) -> bool {
+        !self.exclude.iter().any(|c| c.contains(addr))
+    }
 }
 
 /// Merge-joins two iterators sorted by key, calling `f` with each key's left and right items.
@@ -532,7 +564,7 @@ fn diff_dests<'a, 'b>(
 /// engine owns (see [`owned_key`]). One op per differing entry: an address, a virtual server
 /// or a real server; deleting a virtual server covers its real servers. The result is ordered
 /// with [`order_ops`]. Graceful termination is not applied here (the engine does that).
-pub fn full_diff(desired: &Table, observed: &Table, exclude: &[Cidr]) -> Vec<Op> {
+pub fn full_diff(desired: &Table, observed: &Table, owned: Ownership<'_>) -> Vec<Op> {
     diff_view(
         desired
             .services
@@ -540,7 +572,7 @@ pub fn full_diff(desired: &Table, observed: &Table, exclude: &[Cidr]) -> Vec<Op>
             .map(|e| (&e.server, e.dests.values())),
         desired.addresses.iter().copied(),
         observed,
-        exclude,
+        owned,
     )
 }
 
@@ -551,7 +583,7 @@ pub(crate) fn diff_view<'a, I>(
     services: impl IntoIterator<Item = (&'a VirtualServer, I)>,
     addresses: impl IntoIterator<Item = IpAddr>,
     observed: &Table,
-    exclude: &[Cidr],
+    owned: Ownership<'_>,
 ) -> Vec<Op>
 where
     I: IntoIterator<Item = &'a RealServer>,
@@ -564,7 +596,7 @@ where
         |a| *a,
         |o, d| match (o, d) {
             (None, Some(a)) => ops.push(Op::AddAddress(a)),
-            (Some(a), None) if owned_addr(a, exclude) => ops.push(Op::RemoveAddress(a)),
+            (Some(a), None) if owned.addr(a) => ops.push(Op::RemoveAddress(a)),
             _ => {}
         },
     );
@@ -582,7 +614,7 @@ where
                 }));
             }
             (Some((k, _)), None) => {
-                if owned_key(k, exclude) {
+                if owned.key(k) {
                     ops.push(Op::DeleteService(*k));
                 }
             }
@@ -680,7 +712,7 @@ mod tests {
     }
 
     #[test]
-    fn full_diff_leaves_excluded_and_fwmark_services_alone() {
+    fn full_diff_leaves_excluded_and_foreign_fwmark_services_alone() {
         let mut observed = Table::default();
         for key in [
             VirtualKey::inet(Protocol::Tcp, ip("192.168.1.1"), 80),
@@ -689,6 +721,10 @@ mod tests {
                 mark: 7,
             },
             VirtualKey::inet(Protocol::Tcp, ip("10.96.0.99"), 80),
+            VirtualKey::Fwmark {
+                ipv6: true,
+                mark: 0x30,
+            },
         ] {
             let mut server = vs("10.96.0.99", 80);
             server.key = key;
@@ -703,11 +739,21 @@ mod tests {
         observed.addresses.insert(ip("192.168.1.1"));
         observed.addresses.insert(ip("10.96.0.99"));
         let exclude = ["192.168.0.0/16".parse().expect("valid")];
-        let ops = full_diff(&Table::default(), &observed, &exclude);
+        // Mark 7 is outside the engine's mark space (bits 4 to 7 here).
+        let owned = Ownership {
+            exclude: &exclude,
+            marks: Some(MarkSpace::new(0xf0).expect("valid")),
+        };
+        let ops = full_diff(&Table::default(), &observed, owned);
         assert_eq!(
             ops,
             vec![
                 Op::DeleteService(VirtualKey::inet(Protocol::Tcp, ip("10.96.0.99"), 80)),
+                // A mark of the engine's space that nothing wants is the engine's to delete.
+                Op::DeleteService(VirtualKey::Fwmark {
+                    ipv6: true,
+                    mark: 0x30
+                }),
                 Op::RemoveAddress(ip("10.96.0.99")),
             ]
         );

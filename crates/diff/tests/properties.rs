@@ -19,10 +19,10 @@ use std::time::Duration;
 
 use kube_ipvs_diff::desired::dest_keys;
 use kube_ipvs_diff::{
-    ConnectionCounts, DestKey, Endpoint, EndpointPort, Engine, Inputs, Op, Protocol, RealServer,
-    Scheduler, ServiceEntry, ServiceInfo, ServiceName, ServicePort, SessionAffinity, Table,
-    TrafficDistribution, TrafficPolicy, VirtualKey, VirtualServer, endpoint_decisions, full_diff,
-    service_table,
+    ConnectionCounts, DestKey, Endpoint, EndpointPort, Engine, Inputs, Op, Ownership, Protocol,
+    RealServer, Scheduler, ServiceEntry, ServiceInfo, ServiceName, ServicePort, SessionAffinity,
+    Table, TrafficDistribution, TrafficPolicy, VirtualKey, VirtualServer, endpoint_decisions,
+    full_diff, service_table,
 };
 use proptest::prelude::*;
 
@@ -143,7 +143,7 @@ proptest! {
     /// Promise 1: the diff, applied in its order by the kernel's rules, gives the desired table.
     #[test]
     fn applying_the_diff_gives_desired(desired in arb_table(), observed in arb_table()) {
-        let ops = full_diff(&desired, &observed, &[]);
+        let ops = full_diff(&desired, &observed, Ownership::default());
         let mut kernel = observed.clone();
         kernel.apply_all(&ops).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(kernel, desired);
@@ -152,13 +152,13 @@ proptest! {
     /// Promise 2: a table diffed against itself needs nothing.
     #[test]
     fn diff_of_a_table_with_itself_is_empty(x in arb_table()) {
-        prop_assert!(full_diff(&x, &x, &[]).is_empty());
+        prop_assert!(full_diff(&x, &x, Ownership::default()).is_empty());
     }
 
     /// Promise 4: one op per differing entry, no more.
     #[test]
     fn diff_is_minimal(desired in arb_table(), observed in arb_table()) {
-        let ops = full_diff(&desired, &observed, &[]);
+        let ops = full_diff(&desired, &observed, Ownership::default());
         prop_assert_eq!(ops.len(), differing_entries(&desired, &observed));
     }
 }

@@ -9,8 +9,9 @@ use std::net::IpAddr;
 use common::{ep, ip, node, on_node, svc, terminating};
 use kube_ipvs_diff::desired::dest_keys;
 use kube_ipvs_diff::{
-    DestKey, Endpoint, EndpointPort, Protocol, Scheduler, SchedulerKind, ServiceKind, ServicePort,
-    ServiceTable, SessionAffinity, TrafficDistribution, TrafficPolicy, VirtualKey, service_table,
+    DestKey, Endpoint, EndpointPort, PortMark, Protocol, Scheduler, SchedulerKind, ServiceKind,
+    ServicePort, ServiceTable, SessionAffinity, TrafficDistribution, TrafficPolicy, VirtualKey,
+    service_table,
 };
 
 fn tcp(addr: &str, port: u16) -> VirtualKey {
@@ -167,6 +168,54 @@ fn rule4_external_local_without_local_endpoints_drops() {
     assert!(dests(&t, tcp("192.168.0.10", 30080)).is_empty());
     assert!(dests(&t, tcp("198.51.100.7", 80)).is_empty());
     assert_eq!(dests(&t, tcp("10.96.0.10", 80)), set(&["10.1.0.2"]));
+}
+
+/// Rule 11: with a mark, local clients of a Local-policy Service's external addresses and
+/// NodePorts are sent to a fwmark virtual server holding the cluster-wide endpoints (even under
+/// `internalTrafficPolicy: Local`), while the external virtual servers keep rule 4.
+#[test]
+fn rule11_local_clients_of_local_external_addresses_reach_every_endpoint() {
+    let mut s = lb_service();
+    s.external_traffic_policy = TrafficPolicy::Local;
+    s.internal_traffic_policy = TrafficPolicy::Local;
+    s.local_marks = vec![PortMark {
+        protocol: Protocol::Tcp,
+        port: 80,
+        mark: 0x10_0000,
+    }];
+    let eps = [
+        on_node(ep("10.1.0.1"), "node-b"),
+        on_node(ep("10.1.0.2"), "node-c"),
+    ];
+    let t = service_table(Some(&s), &eps, &node());
+    let fwm = VirtualKey::Fwmark {
+        ipv6: false,
+        mark: 0x10_0000,
+    };
+    assert_eq!(dests(&t, fwm), set(&["10.1.0.1", "10.1.0.2"]));
+    assert!(dests(&t, tcp("192.168.0.10", 30080)).is_empty(), "rule 4");
+    assert!(dests(&t, tcp("10.96.0.10", 80)).is_empty(), "rule 3");
+    let marked: Vec<VirtualKey> = t.marked.iter().map(|(k, _)| *k).collect();
+    assert_eq!(
+        marked,
+        [
+            tcp("192.168.0.10", 30080),
+            tcp("198.51.100.7", 80),
+            tcp("203.0.113.1", 80)
+        ]
+    );
+    assert!(t.marked.iter().all(|(_, m)| *m == 0x10_0000));
+    // No IPv6 way in (the Service is IPv4), so no IPv6 fwmark virtual server.
+    assert!(!keys(&t).contains(&VirtualKey::Fwmark {
+        ipv6: true,
+        mark: 0x10_0000
+    }));
+
+    // Under the Cluster policy a stale mark is ignored: nothing is marked.
+    s.external_traffic_policy = TrafficPolicy::Cluster;
+    let t = service_table(Some(&s), &eps, &node());
+    assert!(t.marked.is_empty());
+    assert!(!keys(&t).contains(&fwm));
 }
 
 fn hinted(addr: &str, zones: &[&str]) -> Endpoint {

@@ -73,6 +73,19 @@ pub const NAT_JUMPS: [(&str, &str, &str); 3] = [
     ("PREROUTING", SERVICES_CHAIN, SERVICES_COMMENT),
     ("OUTPUT", SERVICES_CHAIN, SERVICES_COMMENT),
 ];
+/// Our `mangle` chain jumped to from `INPUT` (with the service sets and the short circuit):
+/// gives new connections from local Pods to a Local-policy Service's external address its
+/// fwmark ([`crate::sets::ServiceSet::LocalMarks`]).
+pub const LOCAL_PODS_CHAIN: &str = "KUBE-IPVS-LOCAL-PODS";
+/// Our `mangle` chain jumped to from `OUTPUT`: the same for connections the node itself opens.
+pub const LOCAL_HOST_CHAIN: &str = "KUBE-IPVS-LOCAL-HOST";
+/// The comment on the `mangle` jumps.
+pub const LOCAL_COMMENT: &str = "kube-ipvs local clients of Local-policy services";
+/// The jumps from built-in `mangle` chains.
+pub const MANGLE_JUMPS: [(&str, &str, &str); 2] = [
+    ("INPUT", LOCAL_PODS_CHAIN, LOCAL_COMMENT),
+    ("OUTPUT", LOCAL_HOST_CHAIN, LOCAL_COMMENT),
+];
 /// The sysctl that makes IPVS keep conntrack entries, which the `ipvs` match and `MASQUERADE` need.
 const IPVS_CONNTRACK_SYSCTL: &str = "/proc/sys/net/ipv4/vs/conntrack";
 
@@ -258,6 +271,11 @@ pub struct Config {
     pub local_detect: LocalDetect,
     /// Masquerade with `--random-fully` (iptables 1.6.2 and later; [`probe`] tells).
     pub random_fully: bool,
+    /// The mark mask of the Local-policy short circuit (`kube_ipvs_diff::marks`), with the
+    /// service sets: the `mangle` rules give local clients' new connections to a Local-policy
+    /// Service's external addresses the mark the set maps them to, and those the node itself
+    /// opens are masqueraded. `None`: no short circuit.
+    pub local_marks: Option<u32>,
     /// The iptables backend.
     pub backend: Backend,
     /// Where the iptables tools are; `None` looks them up on `PATH`.
@@ -278,6 +296,7 @@ impl Default for Config {
             service_sets: false,
             local_detect: LocalDetect::ClusterCidr,
             random_fully: true,
+            local_marks: None,
             backend: Backend::Auto,
             bin_dir: None,
         }
@@ -302,6 +321,9 @@ pub struct Masquerade {
     config: Config,
     backend: Backend,
 }
+
+/// Whether a refused `mangle` section was already warned about (once per process).
+static MANGLE_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl Masquerade {
     /// Checks the configuration and resolves [`Backend::Auto`] by running `iptables --version`.
@@ -345,6 +367,29 @@ impl Masquerade {
                 &["-w", "--noflush"],
                 Some(&rules),
             )?;
+            if self.config.service_sets {
+                // Apart, and best effort: a kernel without the mangle table or the SET target's
+                // --map-mark loses the short circuit only, not the filter and masquerade.
+                let mangle = save("mangle").and_then(|saved| {
+                    let missing =
+                        MANGLE_JUMPS.map(|(builtin, chain, _)| !has_jump(&saved, builtin, chain));
+                    let text = mangle_section(&self.config, family, missing);
+                    run_tool(
+                        &self.tool(family, "-restore"),
+                        &["-w", "--noflush"],
+                        Some(&text),
+                    )
+                });
+                if let Err(e) = mangle
+                    && !MANGLE_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    tracing::warn!(
+                        "the Local-policy short circuit's mangle rules were refused ({e}); are \
+                         the iptable_mangle and xt_set modules available? Local clients of \
+                         Local-policy external addresses get local endpoints only"
+                    );
+                }
+            }
         }
         Ok(())
     }
@@ -362,6 +407,47 @@ impl Masquerade {
     fn tool(&self, family: Family, what: &str) -> PathBuf {
         tool_path(self.config.bin_dir.as_deref(), self.backend, family, what)
     }
+}
+
+/// A jump from a built-in chain: (built-in chain, our chain, comment).
+type Jump = (&'static str, &'static str, &'static str);
+
+/// What of our set-based layout (`nat`, `filter` and `mangle`) the backend in use does not
+/// show for `family`: each missing jump from a built-in chain and each missing chain of ours,
+/// as text (`nat: no jump from PREROUTING to KUBE-IPVS-SERVICES`), for `kube-ipvs check`.
+/// The rules inside our chains depend on `run`'s flags and are not compared.
+pub fn missing_rules(bin_dir: Option<&Path>, family: Family) -> Result<Vec<String>> {
+    let backend = detect_backend(bin_dir)?;
+    let save_tool = tool_path(bin_dir, backend, family, "-save");
+    let mut missing = Vec::new();
+    let layout: [(&Table, &[Jump]); 3] = [
+        (&NAT, &NAT_JUMPS),
+        (&FILTER, &crate::filter::JUMPS),
+        (&MANGLE, &MANGLE_JUMPS),
+    ];
+    for (table, jumps) in layout {
+        let save = run_tool(&save_tool, &["-t", table.name], None)?;
+        missing.extend(missing_in(&save, table, jumps));
+    }
+    Ok(missing)
+}
+
+/// [`missing_rules`] of one table's `iptables-save` output.
+fn missing_in(save: &str, table: &Table, jumps: &[Jump]) -> Vec<String> {
+    let mut missing: Vec<String> = jumps
+        .iter()
+        .filter(|(builtin, chain, _)| !has_jump(save, builtin, chain))
+        .map(|(builtin, chain, _)| format!("{}: no jump from {builtin} to {chain}", table.name))
+        .collect();
+    let present = chains_in(save, table);
+    missing.extend(
+        table
+            .chains
+            .iter()
+            .filter(|c| !present.iter().any(|p| p == *c))
+            .map(|c| format!("{}: no chain {c}", table.name)),
+    );
+    missing
 }
 
 /// `kube-ipvs cleanup`'s part: removes our rules from both backends and both families, skipping
@@ -457,7 +543,7 @@ pub fn saved_chains() -> Vec<(String, Vec<String>)> {
         "ip6tables-nft-save",
     ] {
         let mut found = Vec::new();
-        for table in [&NAT, &FILTER] {
+        for table in [&NAT, &FILTER, &MANGLE] {
             let Ok(o) = Command::new(tool)
                 .args(["-t", table.name])
                 .stdin(Stdio::null())
@@ -501,6 +587,12 @@ const FILTER: Table = Table {
     jump_targets: &[crate::filter::INPUT_CHAIN, crate::filter::FORWARD_CHAIN],
 };
 
+const MANGLE: Table = Table {
+    name: "mangle",
+    chains: &[LOCAL_PODS_CHAIN, LOCAL_HOST_CHAIN],
+    jump_targets: &[LOCAL_PODS_CHAIN, LOCAL_HOST_CHAIN],
+};
+
 /// Our chains of `table` that `iptables-save` output declares.
 fn chains_in(save: &str, table: &Table) -> Vec<String> {
     table
@@ -520,7 +612,7 @@ fn cleanup_family(bin_dir: Option<&Path>, backend: Backend, family: Family) -> R
         tool: restore.display().to_string(),
         ..Removed::default()
     };
-    for table in [&NAT, &FILTER] {
+    for table in [&NAT, &FILTER, &MANGLE] {
         let save = run_tool(&save_tool, &["-t", table.name], None)?;
         let (text, r) = cleanup_input(&save, table);
         if r.jumps > 0 || !r.chains.is_empty() {
@@ -620,6 +712,14 @@ fn validate(config: &Config) -> Result<()> {
     if config.families.is_empty() {
         return bad("no IP family to program".into());
     }
+    if let Some(mask) = config.local_marks
+        && mask & (1u32 << config.mark_bit) != 0
+    {
+        return bad(format!(
+            "the local fwmark mask {mask:#x} holds the masquerade mark bit {}",
+            config.mark_bit
+        ));
+    }
     if let LocalDetect::Bridge(name) | LocalDetect::InterfacePrefix(name) = &config.local_detect
         && !valid_interface_name(name)
     {
@@ -704,6 +804,17 @@ pub fn restore_input(config: &Config, family: Family, add_jump: [bool; 3]) -> Re
     );
     if config.service_sets {
         hairpin_rules(&mut r, config, family, mark);
+        if let Some(mask) = config.local_marks {
+            // The node's own connections that the short circuit sent to a fwmark virtual server
+            // (a mark of the space and no other bit) leave with the node's address as source,
+            // which only this node can take replies for: masqueraded, as kube-proxy's
+            // iptables mode does for "LOCAL traffic for external destinations".
+            let _ = writeln!(
+                r,
+                "-A {MASQ_CHAIN} -m mark ! --mark 0x0/{mask:#x} -m mark --mark 0x0/{:#x} -m addrtype --src-type LOCAL -m comment --comment \"node to Local-policy service\" -j MARK --or-mark {mark:#x}",
+                !mask
+            );
+        }
         service_marks(&mut r, config, family, mark);
         r.push_str("COMMIT\n");
         return Ok(r);
@@ -870,6 +981,43 @@ fn service_marks(r: &mut String, config: &Config, family: Family, mark: u32) {
         }
         (_, None) => {}
     }
+}
+
+/// The `*mangle` section of the short circuit for one family ([`LOCAL_PODS_CHAIN`],
+/// [`LOCAL_HOST_CHAIN`] and the [`MANGLE_JUMPS`] whose `add_jump` entry is true). The chains
+/// are declared, and so emptied, even without the short circuit.
+///
+/// `mangle INPUT` (priority -150) and `OUTPUT` run before IPVS (`LOCAL_IN` at 98, `LOCAL_OUT`
+/// at -98), and IPVS looks a packet's mark up among the fwmark virtual servers before its
+/// address (`ip_vs_service_find`). The mark replaces the packet's whole mark, since IPVS
+/// compares all 32 bits; only the first packet of a connection is looked up, so only new
+/// connections are marked. Local Pods are told by `detectLocalMode`, as for ClusterIP traffic;
+/// without a way to tell them, only the node's own connections are short-circuited.
+pub fn mangle_section(config: &Config, family: Family, add_jump: [bool; 2]) -> String {
+    let mut r = section_head("mangle", MANGLE.chains, &MANGLE_JUMPS, &add_jump);
+    if config.local_marks.is_some() {
+        let map = format!(
+            "-m conntrack --ctstate NEW -j SET --map-set {} dst,dst --map-mark",
+            crate::sets::ServiceSet::LocalMarks.name(family)
+        );
+        match (&config.local_detect, local_cidrs(config, family)) {
+            (_, Some(cidrs)) => {
+                for c in cidrs {
+                    let _ = writeln!(r, "-A {LOCAL_PODS_CHAIN} -s {} {map}", cidr_text(c));
+                }
+            }
+            (LocalDetect::Bridge(name), None) => {
+                let _ = writeln!(r, "-A {LOCAL_PODS_CHAIN} -i {name} {map}");
+            }
+            (LocalDetect::InterfacePrefix(name), None) => {
+                let _ = writeln!(r, "-A {LOCAL_PODS_CHAIN} -i {name}+ {map}");
+            }
+            (_, None) => {}
+        }
+        let _ = writeln!(r, "-A {LOCAL_HOST_CHAIN} {map}");
+    }
+    r.push_str("COMMIT\n");
+    r
 }
 
 fn tool_path(bin_dir: Option<&Path>, backend: Backend, family: Family, what: &str) -> PathBuf {
@@ -1132,6 +1280,68 @@ mod tests {
             .into_iter()
             .filter(|l| l.starts_with(&prefix))
             .collect()
+    }
+
+    #[test]
+    fn missing_jumps_and_chains_are_named_with_their_table() {
+        let config = with_sets(LocalDetect::ClusterCidr);
+        let nat = restore_input(&config, Family::V4, [true; 3]).expect("valid");
+        // What iptables-save prints after that restore: the jumps appended, not inserted.
+        let saved = nat.replace("-I ", "-A ");
+        assert!(missing_in(&saved, &NAT, &NAT_JUMPS).is_empty(), "{saved}");
+        let without_output: String = saved
+            .lines()
+            .filter(|l| !l.starts_with("-A OUTPUT "))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(
+            missing_in(&without_output, &NAT, &NAT_JUMPS),
+            ["nat: no jump from OUTPUT to KUBE-IPVS-SERVICES"]
+        );
+        assert_eq!(
+            missing_in("*mangle\nCOMMIT\n", &MANGLE, &MANGLE_JUMPS),
+            [
+                "mangle: no jump from INPUT to KUBE-IPVS-LOCAL-PODS",
+                "mangle: no jump from OUTPUT to KUBE-IPVS-LOCAL-HOST",
+                "mangle: no chain KUBE-IPVS-LOCAL-PODS",
+                "mangle: no chain KUBE-IPVS-LOCAL-HOST",
+            ]
+        );
+    }
+
+    #[test]
+    fn local_clients_of_local_policy_services_are_marked_in_mangle_and_the_node_masqueraded() {
+        let mut config = with_sets(LocalDetect::ClusterCidr);
+        config.local_marks = Some(0x3ff0_0000);
+        let mangle = mangle_section(&config, Family::V4, [true, false]);
+        assert_eq!(
+            mangle.lines().collect::<Vec<_>>(),
+            [
+                "*mangle",
+                ":KUBE-IPVS-LOCAL-PODS - [0:0]",
+                ":KUBE-IPVS-LOCAL-HOST - [0:0]",
+                "-I INPUT -m comment --comment \"kube-ipvs local clients of Local-policy services\" -j KUBE-IPVS-LOCAL-PODS",
+                "-A KUBE-IPVS-LOCAL-PODS -s 10.244.0.0/16 -m conntrack --ctstate NEW -j SET --map-set KUBE-IPVS-LOCAL-MARKS dst,dst --map-mark",
+                "-A KUBE-IPVS-LOCAL-HOST -m conntrack --ctstate NEW -j SET --map-set KUBE-IPVS-LOCAL-MARKS dst,dst --map-mark",
+                "COMMIT",
+            ]
+        );
+        assert_eq!(
+            chain(&config, Family::V4, MASQ_CHAIN)[1],
+            "-A KUBE-IPVS-MASQ -m mark ! --mark 0x0/0x3ff00000 -m mark --mark 0x0/0xc00fffff -m addrtype --src-type LOCAL -m comment --comment \"node to Local-policy service\" -j MARK --or-mark 0x4000"
+        );
+        // The interface modes tell Pods by their interface; the IPv6 rules use the IPv6 set.
+        config.local_detect = LocalDetect::InterfacePrefix("veth".into());
+        let v6 = mangle_section(&config, Family::V6, [false; 2]);
+        assert!(v6.contains("-A KUBE-IPVS-LOCAL-PODS -i veth+ -m conntrack --ctstate NEW -j SET --map-set KUBE-IPVS-LOCAL-MARKS6 dst,dst --map-mark"), "{v6}");
+        // Off: the chains are declared (emptied) and hold nothing.
+        config.local_marks = None;
+        let off = mangle_section(&config, Family::V4, [false; 2]);
+        assert!(!off.contains("-A "), "{off}");
+        assert_eq!(chain(&config, Family::V4, MASQ_CHAIN).len(), 1);
+        // A mask holding the masquerade bit is refused.
+        config.local_marks = Some(0xff00);
+        assert!(restore_input(&config, Family::V4, [false; 3]).is_err());
     }
 
     #[test]

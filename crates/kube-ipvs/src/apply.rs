@@ -244,7 +244,7 @@ mod tests {
             },
         );
         desired.addresses.insert(ip("10.96.0.10"));
-        let ops = kube_ipvs_diff::full_diff(&desired, &Table::default(), &[]);
+        let ops = kube_ipvs_diff::full_diff(&desired, &Table::default(), Default::default());
         let mut k = MemKernel::default();
         let failures = apply(&mut k, &ops, &Owners::default());
         assert_eq!(failures, vec![]);
@@ -275,7 +275,7 @@ mod tests {
         owners
             .servers
             .insert(db.key, vec![ServiceName::new("prod", "db")]);
-        let ops = kube_ipvs_diff::full_diff(&desired, &Table::default(), &[]);
+        let ops = kube_ipvs_diff::full_diff(&desired, &Table::default(), Default::default());
         let mut k = MemKernel::default();
         k.state().fail_dest_port = Some(8080);
         let failures = apply(&mut k, &ops, &owners);
@@ -311,7 +311,7 @@ mod tests {
                 },
             );
         }
-        let ops = kube_ipvs_diff::full_diff(&desired, &Table::default(), &[]);
+        let ops = kube_ipvs_diff::full_diff(&desired, &Table::default(), Default::default());
         let mut k = MemKernel::default();
         k.state().fail_dest_port = Some(9999);
         let failures = apply(&mut k, &ops, &Owners::default());

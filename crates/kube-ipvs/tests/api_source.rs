@@ -79,7 +79,7 @@ async fn plan_from_the_api_server_matches_plan_from_manifests() {
         String::from_utf8_lossy(&from_api.stderr)
     );
     assert!(
-        api_text.ends_with("25 operations: 5 add address, 7 add service, 13 add dest\n"),
+        api_text.ends_with("28 operations: 5 add address, 8 add service, 15 add dest\n"),
         "{api_text}"
     );
     // The Node object from the API gave the NodePort address.

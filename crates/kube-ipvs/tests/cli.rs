@@ -59,7 +59,7 @@ fn plan_from_empty_covers_the_whole_example_cluster() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let plan = text(&out.stdout);
     assert!(
-        plan.ends_with("25 operations: 5 add address, 7 add service, 13 add dest\n"),
+        plan.ends_with("28 operations: 5 add address, 8 add service, 15 add dest\n"),
         "{plan}"
     );
     // The node flag's scheduler is the default; ClientIP affinity makes a persistent server.

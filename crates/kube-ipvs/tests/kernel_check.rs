@@ -17,13 +17,13 @@ fn apply_and_expect_in_sync(dir: &std::path::Path) {
     let out = kube_ipvs("plan", dir, &["--apply"]);
     assert_eq!(out.status.code(), Some(0), "plan --apply failed");
     assert!(
-        stdout(&out).contains("applied 25 of 25 operations"),
+        stdout(&out).contains("applied 28 of 28 operations"),
         "{}",
         stdout(&out)
     );
     let out = kube_ipvs("check", dir, &[]);
     assert_eq!(out.status.code(), Some(0), "check after apply");
-    assert!(stdout(&out).contains("in sync: 7 virtual servers, 13 real servers, 5 addresses"));
+    assert!(stdout(&out).contains("in sync: 8 virtual servers, 15 real servers, 5 addresses"));
 }
 
 fn ipvsadm_list(args: &[&str]) -> String {
@@ -217,7 +217,7 @@ fn a_failed_op_is_reported_with_its_service_and_the_rest_applies() {
         "{err}"
     );
     assert!(
-        stdout(&out).contains("applied 26 of 28 operations"),
+        stdout(&out).contains("applied 29 of 31 operations"),
         "{}",
         stdout(&out)
     );

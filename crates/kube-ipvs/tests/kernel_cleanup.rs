@@ -1,8 +1,9 @@
 //! Kernel test of `kube-ipvs cleanup` (run in the VM by `cargo xtask vm-test
 //! kube-ipvs/kernel_cleanup`): after `run` converged the example cluster and stopped on SIGTERM
 //! (leaving everything in place), `cleanup --dry-run` lists and keeps, and `cleanup` leaves only
-//! the foreign virtual server inside `--exclude-cidrs` and a firewall-mark service, no
-//! `kube-ipvs0` and no `KUBE-IPVS` chains in any iptables backend; a second run finds nothing.
+//! the foreign virtual server inside `--exclude-cidrs` and a firewall-mark service outside our
+//! mark space (ours, the Local-policy short circuit's, goes), no `kube-ipvs0` and no
+//! `KUBE-IPVS` chains in any iptables backend; a second run finds nothing.
 #![cfg(feature = "kernel-tests")]
 
 mod common;
@@ -94,7 +95,9 @@ fn cleanup_removes_what_run_created_and_nothing_else() {
         .spawn()
         .expect("start kube-ipvs run");
     let converged = || {
-        virtual_servers().len() == foreign.len() + 7 && all_nat_rules().contains("not a local pod")
+        virtual_servers().len() == foreign.len() + 8
+            && all_nat_rules().contains("not a local pod")
+            && all_rules("mangle").contains("KUBE-IPVS-LOCAL-MARKS")
     };
     let deadline = Instant::now() + Duration::from_secs(60);
     while !(healthy() && converged()) {
@@ -135,7 +138,7 @@ fn cleanup_removes_what_run_created_and_nothing_else() {
     assert_eq!(dry.status.code(), Some(0));
     let dry_text = stdout(&dry);
     assert!(
-        dry_text.contains("would remove: 7 IPVS virtual servers"),
+        dry_text.contains("would remove: 8 IPVS virtual servers"),
         "{dry_text}"
     );
     assert!(
@@ -147,7 +150,10 @@ fn cleanup_removes_what_run_created_and_nothing_else() {
         "iptables chain KUBE-IPVS-SERVICES",
         "iptables chain KUBE-IPVS-INPUT",
         "iptables chain KUBE-IPVS-FORWARD",
+        "iptables chain KUBE-IPVS-LOCAL-PODS",
+        "iptables chain KUBE-IPVS-LOCAL-HOST",
         "ipset KUBE-IPVS-SERVICES",
+        "ipset KUBE-IPVS-LOCAL-MARKS",
         "ipset KUBE-IPVS-HC-PORTS",
     ] {
         assert!(
@@ -160,10 +166,14 @@ fn cleanup_removes_what_run_created_and_nothing_else() {
     let out = cleanup(&[]);
     assert_eq!(out.status.code(), Some(0));
     let done = stdout(&out);
-    assert!(done.contains("removed: 7 IPVS virtual servers"), "{done}");
+    assert!(done.contains("removed: 8 IPVS virtual servers"), "{done}");
     assert!(
         done.contains("removed IPVS virtual server TCP 10.96.0.30:80"),
         "{done}"
+    );
+    assert!(
+        done.contains("removed IPVS virtual server FWM "),
+        "the short circuit's fwmark service is ours: {done}"
     );
     assert_eq!(
         virtual_servers(),
@@ -181,6 +191,7 @@ fn cleanup_removes_what_run_created_and_nothing_else() {
     );
     assert!(!all_nat_rules().contains("KUBE-IPVS"));
     assert!(!all_rules("filter").contains("KUBE-IPVS"));
+    assert!(!all_rules("mangle").contains("KUBE-IPVS"));
     let sets = stdout(&run("/usr/sbin/ipset", &["list", "-n"]));
     assert!(
         !sets.contains("KUBE-IPVS"),

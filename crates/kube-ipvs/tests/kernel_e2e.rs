@@ -16,7 +16,9 @@
 //!   (reset, so IPVS holds them in CLOSE for 10 s instead of TIME_WAIT for 120 s) the
 //!   persistence template expires after `timeoutSeconds` and the client is scheduled afresh.
 //! - NodePort answers on the node address; `externalTrafficPolicy: Local` reaches only the
-//!   local endpoint, keeps the client address, and its health check turns 200 -> 503.
+//!   local endpoint, keeps the client address, and its health check turns 200 -> 503; without
+//!   a local endpoint an external client is dropped while a Pod (keeping its address) and the
+//!   node (masqueraded) reach the endpoint on another node through a fwmark virtual server.
 //! - One port serves TCP and UDP; `sh` keeps a client on one backend and `lc` favours the
 //!   idle one; an IPv6 Service spreads over IPv6 pods.
 //! - A terminating (serving, not ready) endpoint drains: weight 0 while its open connection
@@ -999,6 +1001,93 @@ fn local_policy_reaches_local_endpoints_keeps_the_client_address_and_health_chec
         || http_status(32080, "/") == Some(503),
     );
     drop(agent);
+}
+
+/// The packet count of the first `iptables-save -c -t TABLE` rule containing `text`.
+fn rule_packets(table: &str, text: &str) -> Option<u64> {
+    let out = run("/usr/sbin/iptables-save", &["-c", "-t", table]);
+    let save = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = save.lines().find(|l| l.contains(text))?;
+    line.strip_prefix('[')?.split(':').next()?.parse().ok()
+}
+
+/// One TCP connection from the node itself to `target`: the answering pod's (address, peer).
+fn connect_from_node(target: &str) -> Option<(String, String)> {
+    let remote = format!("TCP:{target},connect-timeout=3");
+    answer(&run("socat", &["-T", "5", "-u", &remote, "STDOUT"]))
+}
+
+/// The Local policy for both kinds of client (the short circuit): a NodePort and an external IP
+/// of an `externalTrafficPolicy: Local` Service whose only endpoint is on another node drop an
+/// external client, while a Pod reaches that endpoint and keeps its own address, and the node
+/// itself reaches it masqueraded. `ipvsadm` shows the fwmark virtual server that carries them.
+#[test]
+fn local_policy_serves_pods_and_the_node_from_any_endpoint_and_drops_external_clients() {
+    let mut lab = Lab::new("short");
+    ok(IP, &["link", "add", "node0", "type", "dummy"]);
+    ok(IP, &["link", "set", "node0", "up"]);
+    ok(IP, &["addr", "add", "192.168.56.10/32", "dev", "node0"]);
+    lab.host("client", CLIENT);
+    lab.host("podc", "10.244.5.40");
+    lab.pod("shop2", "10.244.2.31", 8080);
+    let spec = "  type: NodePort\n  externalTrafficPolicy: Local\n  externalIPs: [203.0.113.31]\n";
+    let shop = service_yaml(
+        "shop",
+        "10.96.0.31",
+        spec,
+        &[("http", "TCP", 80, 8080, Some(30081))],
+        &[Ep("10.244.2.31", "node-2", true)],
+    );
+    let dir = manifests("short", &[("shop.yaml", shop)]);
+    let _agent = Agent::start(&dir, &["--node-ip", NODE_IP]);
+    wait_for("the short-circuit rules", Duration::from_secs(20), || {
+        rule_packets(
+            "mangle",
+            "--map-set KUBE-IPVS-LOCAL-MARKS dst,dst --map-mark",
+        )
+        .is_some()
+    });
+
+    let table = ipvsadm(&["-Ln"]);
+    println!("$ ipvsadm -Ln\n{table}");
+    let fwm = table
+        .lines()
+        .find(|l| l.starts_with("FWM "))
+        .map(|l| l.split_whitespace().take(2).collect::<Vec<_>>().join(" "))
+        .expect("a fwmark virtual server");
+    assert!(
+        dest_row(&table, &fwm, "10.244.2.31:8080").is_some(),
+        "{fwm} holds the endpoint on the other node"
+    );
+    assert!(
+        dest_row(&table, "TCP 192.168.56.10:30081", "10.244.2.31:8080").is_none(),
+        "the NodePort itself has no local endpoint"
+    );
+
+    for target in ["192.168.56.10:30081", "203.0.113.31:80"] {
+        assert_eq!(
+            lab.connect("client", target),
+            None,
+            "an external client of {target} is dropped"
+        );
+        assert_eq!(
+            lab.connect("podc", target),
+            Some(("10.244.2.31".to_owned(), "10.244.5.40".to_owned())),
+            "a Pod reaches {target} through the endpoint on the other node, unmasqueraded"
+        );
+    }
+    let masqueraded = || rule_packets("nat", "node to Local-policy service").unwrap_or(0);
+    let before = masqueraded();
+    let from_node = connect_from_node("192.168.56.10:30081");
+    assert_eq!(
+        from_node.as_ref().map(|(addr, _)| addr.as_str()),
+        Some("10.244.2.31"),
+        "the node reaches its own Local NodePort"
+    );
+    assert!(
+        masqueraded() > before,
+        "the node's connection was masqueraded"
+    );
 }
 
 #[test]

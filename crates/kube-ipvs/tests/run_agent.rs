@@ -433,6 +433,7 @@ async fn an_endpoint_change_on_this_node_is_a_hairpin_set_delta_without_rules() 
         detect_local: kube_ipvs::agent::masq::DetectLocal::ClusterCidr,
         mark_bit: 14,
         random_fully: true,
+        local_marks: Some(0x3ff0_0000),
     })
     .with_hairpin_sets(&mut kernel.clone());
     let run = start_with(kernel.clone(), |a| a.with_masquerade(masq));

@@ -297,6 +297,8 @@ pub fn translate_service(
         load_balancer_source_ranges,
         traffic_distribution,
         scheduler,
+        // Assigned by the input store.
+        local_marks: Vec::new(),
     };
     validate_service(&name, &info).map_err(|source| Error::Rejected {
         kind: "Service",

@@ -166,6 +166,7 @@ fn dual_stack_node_port_service_with_affinity_and_scheduler() {
             load_balancer_source_ranges: vec![],
             traffic_distribution: None,
             scheduler: Some("mh:fallback,port".parse::<Scheduler>().expect("valid")),
+            local_marks: vec![],
         }
     );
     let (eps, errors) = translate_slices(&m.slices, &opts);

@@ -159,6 +159,13 @@ pub struct RunArgs {
     /// this cap is logged and counted (`kube_ipvs_drain_timeouts_total`).
     #[arg(long, value_name = "DURATION")]
     pub graceful_termination_timeout: Option<String>,
+    /// The packet-mark bits (one run, e.g. `0x3ff00000`, the default) the Local-policy short
+    /// circuit gives its fwmark virtual servers, so this node's Pods and the node itself reach
+    /// every endpoint of an `externalTrafficPolicy: Local` Service's NodePorts, external and
+    /// load-balancer IPs; `0` turns it off (local clients then get local endpoints only, as in
+    /// kube-proxy's IPVS mode). Must not hold the masquerade bit or bits another agent marks.
+    #[arg(long, value_name = "MASK")]
+    pub local_fwmark_mask: Option<String>,
     /// Set `arp_ignore=1` and `arp_announce=2` so Service addresses on `kube-ipvs0` are not
     /// answered for by ARP (needed by some load balancers).
     #[arg(long, alias = "ipvs-strict-arp")]
@@ -902,6 +909,7 @@ impl Settings {
             exclude_cidrs: exclude.map(|(v, _)| v),
             service_proxy_name: args.service_proxy_name.clone(),
             graceful_termination_timeout: args.graceful_termination_timeout.clone(),
+            local_fwmark_mask: args.local_fwmark_mask.clone(),
         };
         scheduler
             .0
@@ -921,6 +929,15 @@ impl Settings {
             }
             other => ConfigError::setting("node", "", other.to_string()),
         })?;
+        if let Some(space) = node.options.local_marks
+            && space.mask() & (1u32 << masquerade_bit) != 0
+        {
+            return Err(ConfigError::setting(
+                "--local-fwmark-mask",
+                &space.to_string(),
+                format!("holds the masquerade mark bit {masquerade_bit}"),
+            ));
+        }
         Ok(Settings {
             source,
             node,

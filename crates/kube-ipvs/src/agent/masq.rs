@@ -155,6 +155,8 @@ pub struct Fixed {
     pub mark_bit: u8,
     /// Whether iptables has `MASQUERADE --random-fully`.
     pub random_fully: bool,
+    /// The mark mask of the Local-policy short circuit (`--local-fwmark-mask`), if on.
+    pub local_marks: Option<u32>,
 }
 
 /// kube-proxy's `detectLocalMode`, as configured (the Pod CIDRs of `NodeCIDR` come from the
@@ -329,6 +331,7 @@ pub fn config(fixed: &Fixed, wanted: &Wanted) -> masquerade::Config {
         service_sets: wanted.service_sets,
         local_detect: wanted.local_detect.clone(),
         random_fully: fixed.random_fully,
+        local_marks: fixed.local_marks,
         backend: fixed.backend,
         bin_dir: None,
     }
@@ -864,6 +867,7 @@ mod tests {
             detect_local: DetectLocal::ClusterCidr,
             mark_bit: 14,
             random_fully: true,
+            local_marks: Some(0x3ff0_0000),
         }
     }
 

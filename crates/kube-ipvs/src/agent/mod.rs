@@ -262,6 +262,7 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
             detect_local: settings.detect_local.clone(),
             mark_bit: settings.masquerade_bit,
             random_fully,
+            local_marks: settings.node.options.local_marks.map(|m| m.mask()),
         })
         .with_hairpin_sets(&mut kernel)
         .with_service_sets(&mut kernel);

@@ -14,7 +14,9 @@
 //! - [`ServiceSet::HealthCheckPorts`]: its `healthCheckNodePort` under the Local policy;
 //! - [`ServiceSet::ClusterIps`]: its ClusterIP virtual servers, and [`ServiceSet::External`]:
 //!   its other virtual servers (external and load-balancer addresses, NodePorts) when its
-//!   `externalTrafficPolicy` is Cluster (for the `nat` marks of [`kube_ipvs_host::masquerade`]).
+//!   `externalTrafficPolicy` is Cluster (for the `nat` marks of [`kube_ipvs_host::masquerade`]);
+//! - [`ServiceSet::LocalMarks`]: under the Local policy, each external virtual server with the
+//!   fwmark of its Service port ([`kube_ipvs_diff::marks`]), for the `mangle` rules.
 //!
 //! NodePort members depend on the node's NodePort addresses: when those change every Service is
 //! worked out again. Forced syncs (startup, reconcile) make each set exactly its members (list,
@@ -63,6 +65,24 @@ pub fn contribution(name: &ServiceName, inputs: &Inputs) -> Vec<Keyed> {
     }
     for &a in &table.addresses {
         out.push((ServiceSet::Addresses.name(Family::of(a)), Member::Ip(a)));
+    }
+    for &(key, mark) in &table.marked {
+        if let VirtualKey::Inet {
+            protocol,
+            addr,
+            port,
+        } = key
+        {
+            out.push((
+                ServiceSet::LocalMarks.name(Family::of(addr)),
+                Member::IpPortMark {
+                    addr,
+                    protocol: protocol.number(),
+                    port,
+                    mark,
+                },
+            ));
+        }
     }
     if info.kind == ServiceKind::LoadBalancer && !info.load_balancer_source_ranges.is_empty() {
         // Only the load-balancer addresses the engine programs (those of the Service's
@@ -562,19 +582,25 @@ mod tests {
             .expect("service");
         let c = contribution(&name, &inputs);
         let text: Vec<String> = c.iter().map(|(s, m)| format!("{s} {m}")).collect();
+        let marks = &inputs.service(&name).expect("stored").local_marks;
+        assert_eq!(marks.len(), 1, "one mark for the one port");
+        let mark = marks[0].mark;
         assert_eq!(
             text,
             [
-                "KUBE-IPVS-ADDRS 10.96.0.20",
-                "KUBE-IPVS-ADDRS 203.0.113.7",
-                "KUBE-IPVS-CLUSTER-IPS 10.96.0.20,tcp:80",
-                "KUBE-IPVS-HC-PORTS 31000",
-                "KUBE-IPVS-LB-FW 203.0.113.7,tcp:80",
+                "KUBE-IPVS-ADDRS 10.96.0.20".to_owned(),
+                "KUBE-IPVS-ADDRS 203.0.113.7".to_owned(),
+                "KUBE-IPVS-CLUSTER-IPS 10.96.0.20,tcp:80".to_owned(),
+                "KUBE-IPVS-HC-PORTS 31000".to_owned(),
+                "KUBE-IPVS-LB-FW 203.0.113.7,tcp:80".to_owned(),
                 // The IPv6 range cannot apply to an IPv4 address and is left out.
-                "KUBE-IPVS-LB-SRC 203.0.113.7,tcp:80,198.51.100.0/24",
-                "KUBE-IPVS-SERVICES 10.96.0.20,tcp:80",
-                "KUBE-IPVS-SERVICES 192.168.1.10,tcp:30080",
-                "KUBE-IPVS-SERVICES 203.0.113.7,tcp:80",
+                "KUBE-IPVS-LB-SRC 203.0.113.7,tcp:80,198.51.100.0/24".to_owned(),
+                // Local clients of the NodePort and the load-balancer address get the mark.
+                format!("KUBE-IPVS-LOCAL-MARKS 192.168.1.10,tcp:30080 skbmark {mark:#x}"),
+                format!("KUBE-IPVS-LOCAL-MARKS 203.0.113.7,tcp:80 skbmark {mark:#x}"),
+                "KUBE-IPVS-SERVICES 10.96.0.20,tcp:80".to_owned(),
+                "KUBE-IPVS-SERVICES 192.168.1.10,tcp:30080".to_owned(),
+                "KUBE-IPVS-SERVICES 203.0.113.7,tcp:80".to_owned(),
             ]
         );
         // Without ranges there is no firewall entry, a Cluster policy has no health port, and
@@ -592,8 +618,9 @@ mod tests {
             .collect();
         assert_eq!(external, ["192.168.1.10,tcp:30080", "203.0.113.7,tcp:80"]);
         assert!(
-            !c.iter()
-                .any(|(s, _)| s.starts_with("KUBE-IPVS-LB-") || s.starts_with("KUBE-IPVS-HC")),
+            !c.iter().any(|(s, _)| s.starts_with("KUBE-IPVS-LB-")
+                || s.starts_with("KUBE-IPVS-HC")
+                || s.starts_with("KUBE-IPVS-LOCAL")),
             "{c:?}"
         );
     }

@@ -157,6 +157,8 @@ pub struct Agent<K> {
     /// no trigger time is observed until a full sync applies without such a failure, since we
     /// cannot tell whose change it held up.
     unprogrammed_unknown: bool,
+    /// How many Service ports had found the short-circuit mark space full when last logged.
+    marks_short: usize,
 }
 
 impl<K: Kernel> Agent<K> {
@@ -180,6 +182,7 @@ impl<K: Kernel> Agent<K> {
             triggers: BTreeMap::new(),
             unprogrammed: BTreeSet::new(),
             unprogrammed_unknown: false,
+            marks_short: 0,
         }
     }
 
@@ -312,6 +315,15 @@ impl<K: Kernel> Agent<K> {
         // Moved, not copied: the first change set is the whole cluster.
         for e in cs.move_into(&mut self.inputs) {
             tracing::warn!("skipping an object the model refused: {e}");
+        }
+        let short = self.inputs.marks_short();
+        if short > self.marks_short {
+            tracing::warn!(
+                "--local-fwmark-mask is full: {} Local-policy Service port(s) got no mark, so \
+                 local clients of their external addresses get local endpoints only",
+                short - self.marks_short
+            );
+            self.marks_short = short;
         }
         for (name, times) in &cs.trigger_times {
             self.triggers

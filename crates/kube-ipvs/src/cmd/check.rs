@@ -24,9 +24,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use kube_ipvs_diff::{
-    DestKey, Engine, Inputs, Op, RealServer, Table, UnknownCounts, VirtualKey, VirtualServer,
-    full_diff,
+    DestKey, Engine, Inputs, Op, Ownership, RealServer, Table, UnknownCounts, VirtualKey,
+    VirtualServer, full_diff,
 };
+use kube_ipvs_netlink::Family;
 use kube_ipvs_netlink::link::DEFAULT_DUMMY;
 
 use kube_ipvs_netlink::nfnl::ipset::Member;
@@ -131,6 +132,9 @@ pub enum Finding {
     },
     /// A service ipset that does not exist while the others do.
     MissingSet(&'static str),
+    /// A jump or chain of our iptables layout that the kernel lacks while the sets exist
+    /// (`nat: no jump from PREROUTING to KUBE-IPVS-SERVICES`).
+    MissingRule(String),
 }
 
 impl Finding {
@@ -149,6 +153,7 @@ impl Finding {
             Finding::MissingSetMember { .. } => "missing-set-member",
             Finding::ExtraSetMember { .. } => "extra-set-member",
             Finding::MissingSet(_) => "missing-set",
+            Finding::MissingRule(_) => "missing-rule",
         }
     }
 }
@@ -205,6 +210,7 @@ impl fmt::Display for Finding {
                 write!(f, "extra member {member} of ipset {set}")
             }
             Finding::MissingSet(set) => write!(f, "missing ipset {set}"),
+            Finding::MissingRule(what) => write!(f, "missing iptables {what}"),
         }
     }
 }
@@ -357,8 +363,11 @@ pub fn check(inputs: &mut Inputs, observed: &Observed) -> Report {
     let mut engine = Engine::new();
     let _ = engine.sync(inputs, Duration::ZERO, &UnknownCounts);
     let desired = engine.desired_table();
-    let exclude = inputs.node().options.exclude_cidrs.clone();
-    let ops = full_diff(&desired, &observed.table, &exclude);
+    let ops = full_diff(
+        &desired,
+        &observed.table,
+        Ownership::of(&inputs.node().options),
+    );
     let mut report = Report {
         desired: (
             desired.services.len(),
@@ -416,16 +425,26 @@ pub fn check(inputs: &mut Inputs, observed: &Observed) -> Report {
 /// Adds the differences of the service ipsets ([`crate::agent::sets`]) to `report`: members a
 /// Service needs under that Service, members and sets nobody has under `(no Service)`. When
 /// no set exists at all, kube-ipvs does not manage iptables on this node (`--no-masquerade`)
-/// and that is a note, not drift.
-pub fn check_sets(report: &mut Report, inputs: &Inputs, observed: &ObservedSets) {
-    let diff = diff_sets(&desired_members(inputs), observed);
+/// and that is a note, not drift. Returns the families whose rules should then exist: `None`
+/// when iptables is not managed, else IPv4 and, with an IPv6 member, IPv6.
+pub fn check_sets(
+    report: &mut Report,
+    inputs: &Inputs,
+    observed: &ObservedSets,
+) -> Option<Vec<Family>> {
+    let desired = desired_members(inputs);
+    let diff = diff_sets(&desired, observed);
     if diff.unmanaged {
         report.notes.push(
             "no service ipsets: iptables is not managed by kube-ipvs here (--no-masquerade), \
              or the agent has not run yet"
                 .to_owned(),
         );
-        return;
+        return None;
+    }
+    let mut families = vec![Family::V4];
+    if desired.keys().any(|(_, m)| m.family() == Some(Family::V6)) {
+        families.push(Family::V6);
     }
     for ((set, member), owners) in diff.missing {
         if diff.absent.contains(&set) {
@@ -451,6 +470,35 @@ pub fn check_sets(report: &mut Report, inputs: &Inputs, observed: &ObservedSets)
         .is_some_and(|g| g.findings.is_empty() && g.notes.is_empty())
     {
         report.groups.remove("(no Service)");
+    }
+    Some(families)
+}
+
+/// Adds what of our iptables layout is missing (`missing`: per family, the jumps and chains
+/// `iptables-save` lacks, or why it could not be read) under `(no Service)`.
+pub fn check_rules(report: &mut Report, missing: Vec<(Family, Result<Vec<String>, String>)>) {
+    for (family, result) in missing {
+        match result {
+            Ok(lines) if lines.is_empty() => {}
+            Ok(lines) => {
+                let group = report.groups.entry("(no Service)".to_owned()).or_default();
+                group.findings.extend(
+                    lines
+                        .into_iter()
+                        .map(|l| Finding::MissingRule(format!("{} {l}", family_label(family)))),
+                );
+            }
+            Err(e) => report
+                .notes
+                .push(format!("{} rules not checked: {e}", family_label(family))),
+        }
+    }
+}
+
+fn family_label(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "IPv4",
+        Family::V6 => "IPv6",
     }
 }
 
@@ -543,7 +591,17 @@ pub fn main(args: &CheckArgs) -> ExitCode {
         Err(e) => return fail(e.to_string()),
     };
     let mut report = check(&mut inputs, &observed);
-    check_sets(&mut report, &inputs, &sets);
+    if let Some(families) = check_sets(&mut report, &inputs, &sets) {
+        let missing = families
+            .into_iter()
+            .map(|f| {
+                let r =
+                    kube_ipvs_host::masquerade::missing_rules(None, f).map_err(|e| e.to_string());
+                (f, r)
+            })
+            .collect();
+        check_rules(&mut report, missing);
+    }
     report.skipped = desired
         .skipped
         .iter()
@@ -685,6 +743,41 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("kube-system/dns"), "{text}");
+    }
+
+    #[test]
+    fn missing_rules_are_drift_and_unreadable_rules_a_note() {
+        let inputs = inputs();
+        let mut report = check(&mut inputs.clone(), &synced_kernel());
+        check_rules(
+            &mut report,
+            vec![
+                (Family::V4, Ok(Vec::new())),
+                (Family::V6, Err("ip6tables-save: not found".to_owned())),
+            ],
+        );
+        assert!(report.in_sync(), "{}", report.render());
+        assert!(
+            report
+                .notes
+                .iter()
+                .any(|n| n.starts_with("IPv6 rules not checked"))
+        );
+        check_rules(
+            &mut report,
+            vec![(
+                Family::V4,
+                Ok(vec!["mangle: no chain KUBE-IPVS-LOCAL-PODS".to_owned()]),
+            )],
+        );
+        assert!(!report.in_sync());
+        let text = report.render();
+        assert!(
+            text.contains(
+                "(no Service):\n  missing iptables IPv4 mangle: no chain KUBE-IPVS-LOCAL-PODS\n"
+            ),
+            "{text}"
+        );
     }
 
     fn dest(addr: &str) -> DestKey {

@@ -2,10 +2,11 @@
 //! uninstalling or switching to another proxy.
 //!
 //! What is ours is decided the way the engine decides it, so cleanup removes exactly what `run`
-//! would manage: IPVS virtual servers outside `--exclude-cidrs` (firewall-mark services and
+//! would manage: IPVS virtual servers outside `--exclude-cidrs` and the fwmark services of the
+//! Local-policy short circuit (marks in `--local-fwmark-mask`; other firewall-mark services and
 //! entries the engine cannot represent are never ours), the addresses on `kube-ipvs0` outside
 //! those networks, then the `kube-ipvs0` link itself once nothing of anyone else's is left on it,
-//! our `nat` and `filter` chains and their jumps in every iptables backend and family, and then
+//! our `nat`, `filter` and `mangle` chains and their jumps in every iptables backend and family, and then
 //! (once no rule references them) our ipsets ([`masquerade::all_sets`]: the hairpin sets and
 //! the filter sets).
 //!
@@ -15,7 +16,7 @@
 use std::net::IpAddr;
 use std::process::ExitCode;
 
-use kube_ipvs_diff::{Cidr, Op, Table, full_diff};
+use kube_ipvs_diff::{Cidr, MarkSpace, Op, Ownership, Table, full_diff};
 use kube_ipvs_netlink::link::DEFAULT_DUMMY;
 
 use crate::apply::{self, Owners};
@@ -35,6 +36,10 @@ pub struct CleanupArgs {
     /// comma-separated (the same value as `run --exclude-cidrs`).
     #[arg(long, value_name = "CIDR[,CIDR]")]
     pub exclude_cidrs: Option<String>,
+    /// The mark bits of the Local-policy short circuit's fwmark virtual servers, which are
+    /// removed (the same value as `run --local-fwmark-mask`; other fwmark services are kept).
+    #[arg(long, value_name = "MASK", default_value_t = MarkSpace::DEFAULT)]
+    pub local_fwmark_mask: MarkSpace,
     /// Print what would be removed and change nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -43,8 +48,8 @@ pub struct CleanupArgs {
 /// The kernel operations that remove everything ours from `observed`: the full diff towards an
 /// empty table, which leaves excluded, firewall-mark and foreign entries alone just as `run`
 /// does. Deleting a virtual server covers its real servers.
-pub fn removal_ops(observed: &Table, exclude: &[Cidr]) -> Vec<Op> {
-    full_diff(&Table::default(), observed, exclude)
+pub fn removal_ops(observed: &Table, owned: Ownership<'_>) -> Vec<Op> {
+    full_diff(&Table::default(), observed, owned)
 }
 
 /// Whether the link can go once `removed` addresses are gone: only if none of someone else's
@@ -84,7 +89,11 @@ pub fn main(args: &CleanupArgs) -> ExitCode {
     let (mut servers, mut addresses, mut chains, mut link) = (0usize, 0usize, 0usize, false);
     let mut sets = 0usize;
 
-    match ipvs_part(&exclude, args.dry_run, verb, &mut failed) {
+    let owned = Ownership {
+        exclude: &exclude,
+        marks: Some(args.local_fwmark_mask),
+    };
+    match ipvs_part(owned, args.dry_run, verb, &mut failed) {
         Ok((s, a, l)) => (servers, addresses, link) = (s, a, l),
         Err(e) => failed.push(e),
     }
@@ -150,7 +159,7 @@ pub fn main(args: &CleanupArgs) -> ExitCode {
 
 /// Removes (or lists) our virtual servers and addresses and the link; returns the counts.
 fn ipvs_part(
-    exclude: &[Cidr],
+    owned: Ownership<'_>,
     dry_run: bool,
     verb: &str,
     failed: &mut Vec<String>,
@@ -160,7 +169,7 @@ fn ipvs_part(
     let observed = kernel
         .read()
         .map_err(|e| format!("reading the IPVS table and {DEFAULT_DUMMY}: {e}"))?;
-    let ops = removal_ops(&observed.table, exclude);
+    let ops = removal_ops(&observed.table, owned);
     let failures = if dry_run {
         Vec::new()
     } else {
@@ -243,7 +252,12 @@ mod tests {
             Some(vec![ip("10.96.0.10"), ip("10.200.0.1")]),
         );
         let exclude = parse_cidrs(Some("10.200.0.0/16")).expect("cidr");
-        let ops = removal_ops(&observed.table, &exclude);
+        // Mark 7 is not in the default mark space.
+        let owned = Ownership {
+            exclude: &exclude,
+            marks: Some(MarkSpace::DEFAULT),
+        };
+        let ops = removal_ops(&observed.table, owned);
         let text: Vec<String> = ops.iter().map(ToString::to_string).collect();
         assert_eq!(ops.len(), 2, "{text:?}");
         assert!(matches!(&ops[0], Op::DeleteService(k) if k.to_string().contains("10.96.0.10:80")));
@@ -252,7 +266,7 @@ mod tests {
             !link_removable(&observed, &[ip("10.96.0.10")]),
             "10.200.0.1 is someone else's"
         );
-        let all = removal_ops(&observed.table, &[]);
+        let all = removal_ops(&observed.table, Ownership::default());
         assert_eq!(
             all.len(),
             4,

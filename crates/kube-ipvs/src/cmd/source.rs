@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube_ipvs_diff::{Cidr, Inputs, NodeContext, Options, Scheduler};
+use kube_ipvs_diff::{Cidr, Inputs, MarkSpace, NodeContext, Options, Scheduler};
 use kube_ipvs_watch::translate::SERVICE_NAME_LABEL;
 use kube_ipvs_watch::{ChangeSet, Skipped, Tracker, TranslateOptions};
 
@@ -87,6 +87,26 @@ pub struct SourceArgs {
     /// the cap is logged and counted (`kube_ipvs_drain_timeouts_total`).
     #[arg(long, value_name = "DURATION")]
     pub graceful_termination_timeout: Option<String>,
+    /// The packet-mark bits (one run, e.g. `0x3ff00000`, the default) the Local-policy short
+    /// circuit gives its fwmark virtual servers, so this node's Pods and the node itself reach
+    /// every endpoint of an `externalTrafficPolicy: Local` Service's NodePorts, external and
+    /// load-balancer IPs; `0` turns it off (local clients then get local endpoints only, as in
+    /// kube-proxy's IPVS mode). Must not hold the masquerade bit or bits another agent marks.
+    #[arg(long, value_name = "MASK")]
+    pub local_fwmark_mask: Option<String>,
+}
+
+/// The mark space of `--local-fwmark-mask`: the default when unset, none for `0`.
+pub fn mark_space(value: Option<&str>) -> Result<Option<MarkSpace>, SourceError> {
+    match value.map(str::trim) {
+        None => Ok(Some(MarkSpace::DEFAULT)),
+        Some("0" | "0x0") => Ok(None),
+        Some(v) => v.parse().map(Some).map_err(|reason| SourceError::Flag {
+            flag: "local-fwmark-mask",
+            value: v.to_owned(),
+            reason,
+        }),
+    }
 }
 
 fn cidr_list(flag: &'static str, value: Option<&str>) -> Result<Vec<Cidr>, SourceError> {
@@ -178,6 +198,7 @@ impl SourceArgs {
         ctx.options = Options {
             exclude_cidrs: cidr_list("exclude-cidrs", self.exclude_cidrs.as_deref())?,
             graceful_termination_timeout,
+            local_marks: mark_space(self.local_fwmark_mask.as_deref())?,
         };
         Ok(ctx)
     }

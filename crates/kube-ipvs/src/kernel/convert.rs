@@ -87,9 +87,10 @@ pub struct ForeignEntry {
     pub reason: String,
 }
 
-/// A dumped service and its destinations as the engine's [`ServiceEntry`]. Fwmark services,
-/// protocols other than TCP/UDP/SCTP, schedulers the engine does not know and forwarding
-/// methods it cannot name are errors, so the caller can list them as foreign.
+/// A dumped service and its destinations as the engine's [`ServiceEntry`] (fwmark services
+/// included; whether one is the engine's is its `Ownership`'s business). Protocols other than
+/// TCP/UDP/SCTP, schedulers the engine does not know and forwarding methods it cannot name are
+/// errors, so the caller can list them as foreign.
 pub fn entry_from_kernel(
     svc: &Service,
     dests: &[Destination],
