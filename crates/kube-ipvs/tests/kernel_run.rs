@@ -73,6 +73,16 @@ fn converges_an_empty_kernel_and_serves_health_and_metrics() {
         assert!(body.contains(name), "{name} missing:\n{body}");
     }
     assert_eq!(http_get(10256, "/livez").map(|r| r.0), Some(200));
+    // kube-proxy's JSON and /proxyMode.
+    let (_, healthz) = http_get(10256, "/healthz").expect("healthz answers");
+    let v: serde_json::Value = serde_json::from_str(&healthz).expect("JSON");
+    assert_eq!(v["healthy"], true, "{healthz}");
+    assert_eq!(v["nodeEligible"], true, "{healthz}");
+    assert!(v["status"]["IPv4"]["lastUpdated"].is_string(), "{healthz}");
+    assert_eq!(
+        http_get(10249, "/proxyMode"),
+        Some((200, "ipvs".to_owned()))
+    );
     assert_eq!(
         http_get(10256, "/metrics").map(|r| r.0),
         Some(404),
@@ -570,7 +580,10 @@ fn health_check_node_port_answers_for_local_endpoints() {
     });
     let (status, body) = answer.expect("an answer");
     assert_eq!(status, 200, "{body}");
-    assert!(body.contains("\"localEndpoints\":1"), "{body}");
+    assert!(body.contains("\"localEndpoints\": 1"), "{body}");
+    // Both families: the same port answers on the IPv6 loopback.
+    let v6 = std::net::TcpStream::connect(("::1", 32100)).is_ok();
+    assert!(v6, "the health-check port listens on IPv6 too");
     // The endpoint goes away: the node must fail the check.
     std::fs::write(
         dir.join("lb.yaml"),

@@ -572,7 +572,14 @@ pub struct NodeInfo {
     pub ips_v6: Vec<std::net::Ipv6Addr>,
     /// `spec.podCIDRs` (or the older `spec.podCIDR` alone), in the object's order.
     pub pod_cidrs: Vec<Cidr>,
+    /// The node is going away: it has a deletion timestamp or the cluster autoscaler's
+    /// [`TO_BE_DELETED_TAINT`]. kube-proxy's `/healthz` then answers 503 (`nodeEligible:
+    /// false`) so load balancers drain the node first.
+    pub draining: bool,
 }
+
+/// The taint the cluster autoscaler puts on a node it is about to delete.
+pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
 
 /// Translates this node's Node object. An address that does not parse is an error, so a
 /// broken object never silently shrinks the node's NodePort addresses.
@@ -584,8 +591,14 @@ pub fn translate_node(node: &Node) -> Result<NodeInfo> {
         .as_ref()
         .and_then(|l| l.get(ZONE_LABEL))
         .cloned();
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == TO_BE_DELETED_TAINT));
     let mut info = NodeInfo {
         zone,
+        draining: node.metadata.deletion_timestamp.is_some() || tainted,
         ..NodeInfo::default()
     };
     let addrs = node.status.as_ref().and_then(|s| s.addresses.as_ref());
@@ -642,6 +655,23 @@ mod tests {
             }],
             ports: None,
         }
+    }
+
+    #[test]
+    fn a_node_being_deleted_or_tainted_for_deletion_is_draining() {
+        let node =
+            |json: serde_json::Value| -> Node { serde_json::from_value(json).expect("node") };
+        let plain = node(serde_json::json!({"metadata": {"name": "n1"}}));
+        assert!(!translate_node(&plain).expect("valid").draining);
+        let other_taint = node(serde_json::json!({"metadata": {"name": "n1"},
+            "spec": {"taints": [{"key": "dedicated", "effect": "NoSchedule"}]}}));
+        assert!(!translate_node(&other_taint).expect("valid").draining);
+        let tainted = node(serde_json::json!({"metadata": {"name": "n1"},
+            "spec": {"taints": [{"key": TO_BE_DELETED_TAINT, "value": "1700000000", "effect": "NoSchedule"}]}}));
+        assert!(translate_node(&tainted).expect("valid").draining);
+        let deleted = node(serde_json::json!({"metadata": {"name": "n1",
+            "deletionTimestamp": "2026-12-02T04:00:00Z"}}));
+        assert!(translate_node(&deleted).expect("valid").draining);
     }
 
     fn translated(annotation: Option<&str>) -> TranslatedSlice {

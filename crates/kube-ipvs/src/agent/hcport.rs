@@ -120,26 +120,34 @@ impl HealthChecks {
     }
 }
 
-/// kube-proxy's answer: 200 with a ready local endpoint, 503 without (or for a port no longer
-/// served), with the Service and the count as JSON.
-pub fn respond(check: Option<&Check>, proxy_healthy: bool) -> (StatusCode, String) {
+/// kube-proxy's answer (`service_health.go`): 200 when the Service has a ready local endpoint
+/// and the proxy is healthy (`/livez`'s verdict), else 503; the body is its JSON, byte for
+/// byte (tab-indented, no final newline), and the endpoint count also goes in the
+/// `X-Load-Balancing-Endpoint-Weight` header (the last value returned). A port no longer served
+/// answers 503 with no Service (kube-proxy answers an empty 200 there; the port closes next).
+pub fn respond(check: Option<&Check>, proxy_healthy: bool) -> (StatusCode, String, usize) {
     let Some(c) = check else {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             "{\"localEndpoints\":0}\n".to_owned(),
+            0,
         );
     };
-    let body = serde_json::json!({
-        "service": {"namespace": c.service.namespace, "name": c.service.name},
-        "localEndpoints": c.local_endpoints,
-        "serviceProxyHealthy": proxy_healthy,
-    });
-    let status = if c.local_endpoints > 0 {
+    // `%q` of a namespace or name: both are DNS labels, so JSON string quoting is the same.
+    let quote = |s: &str| serde_json::Value::from(s).to_string();
+    let body = format!(
+        "{{\n\t\"service\": {{\n\t\t\"namespace\": {},\n\t\t\"name\": {}\n\t}},\n\t\"localEndpoints\": {},\n\t\"serviceProxyHealthy\": {}\n}}",
+        quote(&c.service.namespace),
+        quote(&c.service.name),
+        c.local_endpoints,
+        proxy_healthy
+    );
+    let status = if c.local_endpoints > 0 && proxy_healthy {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (status, format!("{body}\n"))
+    (status, body, c.local_endpoints)
 }
 
 async fn serve_port(
@@ -156,12 +164,22 @@ async fn serve_port(
         let shared = shared.clone();
         tokio::spawn(async move {
             let svc = service_fn(move |_: Request<hyper::body::Incoming>| {
-                let (status, body) = respond(checks.borrow().get(&port), shared.health().is_ok());
+                let (status, body, weight) =
+                    respond(checks.borrow().get(&port), shared.health().healthy());
                 let mut resp = Response::new(Full::new(Bytes::from(body)));
                 *resp.status_mut() = status;
-                resp.headers_mut().insert(
+                let headers = resp.headers_mut();
+                headers.insert(
                     hyper::header::CONTENT_TYPE,
                     hyper::header::HeaderValue::from_static("application/json"),
+                );
+                headers.insert(
+                    hyper::header::X_CONTENT_TYPE_OPTIONS,
+                    hyper::header::HeaderValue::from_static("nosniff"),
+                );
+                headers.insert(
+                    "x-load-balancing-endpoint-weight",
+                    hyper::header::HeaderValue::from(weight),
                 );
                 async move { Ok::<_, Infallible>(resp) }
             });
@@ -172,17 +190,38 @@ async fn serve_port(
     }
 }
 
-/// Opens a listener on `addr` for each port in the checks and closes those no longer there,
-/// until the sending side is dropped. A port that cannot be bound is logged and tried again at
-/// the next change.
+/// The listeners of one port on `addr`. For the IPv4 wildcard both families are served, as
+/// kube-proxy's per-family servers do: `[::]` (dual-stack on Linux unless
+/// `net.ipv6.bindv6only` is set) and `0.0.0.0` (which a dual-stack `[::]` already covers: its
+/// `EADDRINUSE` is then expected). Errors only when nothing could be bound.
+async fn bind_port(addr: IpAddr, port: u16) -> std::io::Result<Vec<TcpListener>> {
+    if addr != IpAddr::from(std::net::Ipv4Addr::UNSPECIFIED) {
+        return Ok(vec![TcpListener::bind((addr, port)).await?]);
+    }
+    let mut listeners = Vec::new();
+    let v6 = TcpListener::bind((std::net::Ipv6Addr::UNSPECIFIED, port)).await;
+    if let Ok(l) = v6 {
+        listeners.push(l);
+    }
+    match TcpListener::bind((addr, port)).await {
+        Ok(l) => listeners.push(l),
+        Err(e) if listeners.is_empty() => return Err(e),
+        Err(_) => {}
+    }
+    Ok(listeners)
+}
+
+/// Opens listeners on `addr` for each port in the checks (both families for the IPv4
+/// wildcard, see [`bind_port`]) and closes those no longer there, until the sending side is
+/// dropped. A port that cannot be bound is logged and tried again at the next change.
 pub async fn serve_all(mut checks: watch::Receiver<Checks>, addr: IpAddr, shared: Arc<Shared>) {
-    let mut running: HashMap<u16, tokio::task::JoinHandle<()>> = HashMap::new();
+    let mut running: HashMap<u16, Vec<tokio::task::JoinHandle<()>>> = HashMap::new();
     loop {
         let ports: Vec<u16> = checks.borrow_and_update().keys().copied().collect();
-        running.retain(|port, task| {
+        running.retain(|port, tasks| {
             let keep = ports.contains(port);
             if !keep {
-                task.abort();
+                tasks.iter().for_each(tokio::task::JoinHandle::abort);
             }
             keep
         });
@@ -190,18 +229,22 @@ pub async fn serve_all(mut checks: watch::Receiver<Checks>, addr: IpAddr, shared
             if running.contains_key(&port) {
                 continue;
             }
-            match TcpListener::bind((addr, port)).await {
-                Ok(l) => {
-                    let task = tokio::spawn(serve_port(l, port, checks.clone(), shared.clone()));
-                    running.insert(port, task);
+            match bind_port(addr, port).await {
+                Ok(listeners) => {
+                    let tasks = listeners
+                        .into_iter()
+                        .map(|l| tokio::spawn(serve_port(l, port, checks.clone(), shared.clone())))
+                        .collect();
+                    running.insert(port, tasks);
                 }
                 Err(e) => tracing::warn!("healthCheckNodePort {addr}:{port}: {e}"),
             }
         }
         if checks.changed().await.is_err() {
-            for task in running.values() {
-                task.abort();
-            }
+            running
+                .values()
+                .flatten()
+                .for_each(tokio::task::JoinHandle::abort);
             return;
         }
     }
@@ -260,11 +303,19 @@ mod tests {
             .is_none()
         );
         assert!(check_for(&name, None, &eps, "node-1").is_none());
-        let (status, body) = respond(Some(&check), true);
-        assert_eq!(status, StatusCode::OK);
+        // kube-proxy's body: its Go template after dedent, trimmed of newlines.
+        let (status, body, weight) = respond(Some(&check), true);
+        assert_eq!((status, weight), (StatusCode::OK, 1));
         assert_eq!(
             body,
-            "{\"localEndpoints\":1,\"service\":{\"name\":\"lb\",\"namespace\":\"default\"},\"serviceProxyHealthy\":true}\n"
+            "{\n\t\"service\": {\n\t\t\"namespace\": \"default\",\n\t\t\"name\": \"lb\"\n\t},\n\t\"localEndpoints\": 1,\n\t\"serviceProxyHealthy\": true\n}"
+        );
+        // An unhealthy proxy fails the check even with a local endpoint.
+        let (status, body, _) = respond(Some(&check), false);
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            body.ends_with("\"serviceProxyHealthy\": false\n}"),
+            "{body}"
         );
         let none = Check {
             local_endpoints: 0,
@@ -295,6 +346,7 @@ mod tests {
             .port();
         let (tx, rx) = watch::channel(Checks::new());
         let shared = Arc::new(Shared::new(Duration::from_secs(30)));
+        shared.synced(std::time::SystemTime::now());
         let server = tokio::spawn(serve_all(rx, "127.0.0.1".parse().expect("literal"), shared));
         let check = |n| Check {
             service: ServiceName::new("default", "lb"),
@@ -310,7 +362,13 @@ mod tests {
             tokio::task::yield_now().await;
         };
         assert!(first.starts_with("HTTP/1.0 200"), "{first}");
-        assert!(first.contains("\"localEndpoints\":2"), "{first}");
+        assert!(first.contains("\"localEndpoints\": 2"), "{first}");
+        assert!(
+            first
+                .to_ascii_lowercase()
+                .contains("x-load-balancing-endpoint-weight: 2"),
+            "{first}"
+        );
         tx.send_replace([(port, check(0))].into_iter().collect());
         let second = get(port).await.expect("still listening");
         assert!(second.starts_with("HTTP/1.0 503"), "{second}");

@@ -1,56 +1,142 @@
-//! `/healthz`, `/livez` and `/metrics` over HTTP, and the health verdict behind them.
+//! `/healthz`, `/livez`, `/proxyMode` and `/metrics` over HTTP, and the health verdict
+//! behind them.
 //!
-//! Health means "syncs are not stalled": healthy once the first sync has finished and as long
-//! as a sync finished within twice the sync period (the loop reconciles every period, so a
-//! working loop always refreshes it; a loop stuck in the kernel or waiting forever does not).
-//! The clock is tokio's, so paused-time tests drive it. The server answers only these paths
-//! and never shows configuration or credentials.
+//! kube-proxy's rules (`pkg/proxy/healthcheck/proxy_health.go`), with its JSON bodies:
+//! unhealthy when a change has waited for a sync longer than the health timeout (twice the sync
+//! period, kube-proxy's `2 * syncPeriod`) — "the queued-update rule"; `/healthz` is also 503 when
+//! the Node is going away (deletion timestamp, or the cluster autoscaler's
+//! `ToBeDeletedByClusterAutoscaler` taint: `nodeEligible: false`), so load balancers drain the
+//! node first, while `/livez` ignores that. Two rules are stricter than kube-proxy's: 503 until
+//! the first sync has finished (kube-proxy answers 200 until its first queued update times out),
+//! and 503 when no sync at all finished within the health timeout (the loop reconciles every
+//! period, so a loop stuck in the kernel is seen even without changes). A sync in which every
+//! operation failed does not count as finished.
+//!
+//! The monotonic clock is tokio's, so paused-time tests drive it; the wall times in the bodies
+//! are the caller's. The server answers only these paths and never shows configuration or
+//! credentials.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use k8s_openapi::jiff::Timestamp;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 use super::metrics::Metrics;
+
+/// The health state the loop keeps and the servers read.
+#[derive(Debug, Default)]
+struct State {
+    /// When a sync last finished (monotonic), and the wall time of it; `None` before the first.
+    last_sync: Option<(Instant, SystemTime)>,
+    /// When the oldest change not yet applied by a sync arrived.
+    queued: Option<Instant>,
+    /// Whether the Node is going away (`nodeEligible: false`).
+    node_draining: bool,
+    /// The families this node proxies, as kube-proxy names them (`IPv4`, `IPv6`).
+    families: Vec<&'static str>,
+}
 
 /// What the agent shares with the HTTP servers.
 #[derive(Debug)]
 pub struct Shared {
     /// The counters.
     pub metrics: Mutex<Metrics>,
-    /// When a sync last finished; `None` before the first.
-    last_sync: Mutex<Option<Instant>>,
-    /// How long without a finished sync counts as stalled.
-    stall_after: Duration,
+    state: Mutex<State>,
+    /// How long a queued change may wait, and how long without a finished sync is a stall.
+    timeout: Duration,
     /// How many syncs have finished, for anyone who wants to wait for the next one (tests).
     syncs: tokio::sync::watch::Sender<u64>,
 }
 
+/// The verdict at one moment, with what kube-proxy's JSON reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    /// `None` when healthy, else why not.
+    pub problem: Option<String>,
+    /// The wall time of the last finished sync.
+    pub last_updated: Option<SystemTime>,
+    /// Whether the Node is going away.
+    pub node_draining: bool,
+    /// The families proxied.
+    pub families: Vec<&'static str>,
+}
+
+impl Health {
+    /// Healthy for `/livez` and the health-check node ports (the Node's state aside).
+    pub fn healthy(&self) -> bool {
+        self.problem.is_none()
+    }
+}
+
 impl Shared {
-    /// Stalled after `2 * sync_period` without a finished sync.
+    /// A health timeout of `2 * sync_period`, as kube-proxy's.
     pub fn new(sync_period: Duration) -> Self {
         Self {
             metrics: Mutex::new(Metrics::default()),
-            last_sync: Mutex::new(None),
-            stall_after: sync_period.saturating_mul(2),
+            state: Mutex::new(State {
+                families: vec!["IPv4"],
+                ..State::default()
+            }),
+            timeout: sync_period.saturating_mul(2),
             syncs: tokio::sync::watch::Sender::new(0),
         }
     }
 
-    /// Records that a sync finished now.
-    pub fn synced(&self) {
-        if let Ok(mut t) = self.last_sync.lock() {
-            *t = Some(Instant::now());
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // A poisoned lock still holds usable plain data.
+        match self.state.lock() {
+            Ok(s) => s,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// A change arrived that a sync must apply (kube-proxy's `QueuedUpdate`): only the oldest
+    /// unapplied one counts.
+    pub fn queued(&self) {
+        let mut s = self.state();
+        if s.queued.is_none() {
+            s.queued = Some(Instant::now());
+        }
+    }
+
+    /// A sync finished at wall time `wall` and applied what was queued (kube-proxy's `Updated`).
+    pub fn synced(&self, wall: SystemTime) {
+        {
+            let mut s = self.state();
+            s.last_sync = Some((Instant::now(), wall));
+            s.queued = None;
         }
         self.syncs.send_modify(|n| *n += 1);
+    }
+
+    /// A sync finished without applying anything it tried (every operation failed): counted
+    /// as finished for [`Shared::syncs`], not for health.
+    pub fn sync_failed(&self) {
+        self.syncs.send_modify(|n| *n += 1);
+    }
+
+    /// Whether the Node is going away.
+    pub fn set_node_draining(&self, draining: bool) {
+        self.state().node_draining = draining;
+    }
+
+    /// The families proxied (IPv6 on a node with IPv6 NodePort addresses).
+    pub fn set_families(&self, ipv6: bool) {
+        self.state().families = if ipv6 {
+            vec!["IPv4", "IPv6"]
+        } else {
+            vec!["IPv4"]
+        };
     }
 
     /// Finished syncs so far, updated as they finish.
@@ -58,24 +144,30 @@ impl Shared {
         self.syncs.subscribe()
     }
 
-    /// `Ok(age of the last sync)` when healthy, `Err(why)` when not.
-    pub fn health(&self) -> Result<Duration, String> {
-        let last = self
-            .last_sync
-            .lock()
-            .map_err(|_| "health state poisoned".to_owned())?;
-        let Some(at) = *last else {
-            return Err("the first sync has not finished".to_owned());
-        };
-        let age = at.elapsed();
-        if age > self.stall_after {
-            return Err(format!(
+    /// The verdict now.
+    pub fn health(&self) -> Health {
+        let s = self.state();
+        let now = Instant::now();
+        let problem = match (s.last_sync, s.queued) {
+            (None, _) => Some("the first sync has not finished".to_owned()),
+            (_, Some(q)) if now.duration_since(q) >= self.timeout => Some(format!(
+                "a change has waited {:.1}s for a sync (limit {:.1}s)",
+                now.duration_since(q).as_secs_f64(),
+                self.timeout.as_secs_f64()
+            )),
+            (Some((at, _)), _) if now.duration_since(at) > self.timeout => Some(format!(
                 "no sync finished for {:.1}s (limit {:.1}s)",
-                age.as_secs_f64(),
-                self.stall_after.as_secs_f64()
-            ));
+                now.duration_since(at).as_secs_f64(),
+                self.timeout.as_secs_f64()
+            )),
+            _ => None,
+        };
+        Health {
+            problem,
+            last_updated: s.last_sync.map(|(_, wall)| wall),
+            node_draining: s.node_draining,
+            families: s.families.clone(),
         }
-        Ok(age)
     }
 
     /// Runs `f` on the metrics (a poisoned lock still holds usable counters).
@@ -88,21 +180,83 @@ impl Shared {
     }
 }
 
+/// A wall time as Go's `encoding/json` writes a `time.Time` (RFC 3339 with as many fraction
+/// digits as needed, UTC); Go's zero time for `None`.
+fn go_time(t: Option<SystemTime>) -> String {
+    t.and_then(|t| Timestamp::try_from(t).ok())
+        .map_or_else(|| "0001-01-01T00:00:00Z".to_owned(), |t| t.to_string())
+}
+
+/// kube-proxy's `ProxyHealth` JSON, field for field and in its order: `lastUpdated` (now when
+/// healthy, as kube-proxy writes it), `currentTime`, `nodeEligible` (`/healthz` only),
+/// `healthy`, and `status` per family (left out before the first sync).
+pub fn health_json(h: &Health, healthz: bool, now: SystemTime) -> (bool, String) {
+    #[derive(serde::Serialize)]
+    struct Family {
+        #[serde(rename = "lastUpdated")]
+        last_updated: String,
+        healthy: bool,
+    }
+    #[derive(serde::Serialize)]
+    struct Body {
+        #[serde(rename = "lastUpdated")]
+        last_updated: String,
+        #[serde(rename = "currentTime")]
+        current_time: String,
+        #[serde(rename = "nodeEligible", skip_serializing_if = "Option::is_none")]
+        node_eligible: Option<bool>,
+        healthy: bool,
+        // Go's encoding/json writes map keys sorted, as a BTreeMap does.
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+        status: BTreeMap<&'static str, Family>,
+    }
+    let healthy = h.healthy() && !(healthz && h.node_draining);
+    let status = if h.last_updated.is_some() {
+        h.families
+            .iter()
+            .map(|f| {
+                let family = Family {
+                    last_updated: go_time(h.last_updated),
+                    healthy: h.healthy(),
+                };
+                (*f, family)
+            })
+            .collect()
+    } else {
+        BTreeMap::new()
+    };
+    let body = Body {
+        last_updated: go_time(if healthy { Some(now) } else { h.last_updated }),
+        current_time: go_time(Some(now)),
+        node_eligible: healthz.then_some(!h.node_draining),
+        healthy,
+        status,
+    };
+    // Serialising strings and bools cannot fail.
+    (healthy, serde_json::to_string(&body).unwrap_or_default())
+}
+
 /// What a server answers: the health paths always, `/metrics` on the metrics server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Routes {
     /// `/healthz`, `/livez`.
     Health,
-    /// `/metrics`, plus the health paths (as kube-proxy's metrics server has `/healthz`).
+    /// `/metrics` and `/proxyMode`, plus the health paths (as kube-proxy's metrics server has
+    /// `/healthz`).
     Metrics,
 }
 
-/// The response to one request: status, content type and body. Pure, for tests.
+/// The JSON content type of the health answers.
+pub const JSON: &str = "application/json";
+
+/// The response to one request: status, content type and body. Pure apart from the state it
+/// reads, for tests; `now` is the wall time the bodies report.
 pub fn respond(
     shared: &Shared,
     routes: Routes,
     method: &Method,
     path: &str,
+    now: SystemTime,
 ) -> (StatusCode, &'static str, String) {
     const TEXT: &str = "text/plain; charset=utf-8";
     if method != Method::GET && method != Method::HEAD {
@@ -112,24 +266,30 @@ pub fn respond(
             "GET only\n".to_owned(),
         );
     }
+    let status = |ok: bool| {
+        if ok {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+    };
     match (routes, path) {
-        (_, "/healthz" | "/livez") => match shared.health() {
-            Ok(age) => (
-                StatusCode::OK,
-                TEXT,
-                format!("ok: last sync {:.1}s ago\n", age.as_secs_f64()),
-            ),
-            Err(why) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                TEXT,
-                format!("unhealthy: {why}\n"),
-            ),
-        },
+        (_, "/healthz" | "/livez") => {
+            let health = shared.health();
+            if let Some(why) = &health.problem {
+                tracing::debug!("{path}: unhealthy: {why}");
+            }
+            let (ok, body) = health_json(&health, path == "/healthz", now);
+            shared.with_metrics(|m| m.count_health(path == "/healthz", ok));
+            (status(ok), JSON, body)
+        }
         (Routes::Metrics, "/metrics") => (
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
             shared.with_metrics(|m| m.render()),
         ),
+        // kube-proxy's metrics server names its mode.
+        (Routes::Metrics, "/proxyMode") => (StatusCode::OK, TEXT, "ipvs".to_owned()),
         _ => (StatusCode::NOT_FOUND, TEXT, "not found\n".to_owned()),
     }
 }
@@ -156,13 +316,23 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, routes: Routes) {
         let shared = shared.clone();
         tokio::spawn(async move {
             let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
-                let (status, ctype, body) =
-                    respond(&shared, routes, req.method(), req.uri().path());
+                let (status, ctype, body) = respond(
+                    &shared,
+                    routes,
+                    req.method(),
+                    req.uri().path(),
+                    SystemTime::now(),
+                );
                 let mut resp = Response::new(Full::new(Bytes::from(body)));
                 *resp.status_mut() = status;
-                resp.headers_mut().insert(
+                let headers = resp.headers_mut();
+                headers.insert(
                     hyper::header::CONTENT_TYPE,
                     hyper::header::HeaderValue::from_static(ctype),
+                );
+                headers.insert(
+                    hyper::header::X_CONTENT_TYPE_OPTIONS,
+                    hyper::header::HeaderValue::from_static("nosniff"),
                 );
                 async move { Ok::<_, Infallible>(resp) }
             });
@@ -177,34 +347,93 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, routes: Routes) {
 mod tests {
     use super::*;
 
+    fn at(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    fn get(s: &Shared, path: &str) -> (StatusCode, String) {
+        let (status, _, body) = respond(s, Routes::Metrics, &Method::GET, path, at(1_800_000_000));
+        (status, body)
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn health_fails_before_the_first_sync_and_when_syncs_stall() {
+    async fn the_queued_update_rule_and_the_stricter_start_and_stall_rules() {
         let s = Shared::new(Duration::from_secs(10));
-        let get = |p: &str| respond(&s, Routes::Health, &Method::GET, p).0;
-        assert_eq!(get("/healthz"), StatusCode::SERVICE_UNAVAILABLE);
-        s.synced();
-        assert_eq!(get("/healthz"), StatusCode::OK);
-        assert_eq!(get("/livez"), StatusCode::OK);
-        tokio::time::advance(Duration::from_secs(19)).await;
-        assert_eq!(get("/healthz"), StatusCode::OK);
-        tokio::time::advance(Duration::from_secs(2)).await;
-        assert_eq!(get("/healthz"), StatusCode::SERVICE_UNAVAILABLE);
-        s.synced();
-        assert_eq!(get("/healthz"), StatusCode::OK);
+        assert_eq!(
+            get(&s, "/healthz").0,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "before the first sync"
+        );
+        s.synced(at(1_799_999_990));
+        assert_eq!(get(&s, "/healthz").0, StatusCode::OK);
+        // A change waits: fine for 20 s (2 x the sync period), not at 20 s.
+        s.queued();
+        tokio::time::advance(Duration::from_secs(15)).await;
+        s.queued();
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert_eq!(
+            get(&s, "/livez").0,
+            StatusCode::OK,
+            "19 s after the oldest change"
+        );
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let (status, body) = get(&s, "/livez");
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        s.synced(at(1_800_000_000));
+        assert_eq!(get(&s, "/livez").0, StatusCode::OK, "the sync applied it");
+        // No change, but no sync either: a stuck loop.
+        tokio::time::advance(Duration::from_secs(21)).await;
+        assert_eq!(get(&s, "/healthz").0, StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    /// The bodies as `proxy_health.go` of the pinned kube-proxy writes them: `json.Marshal` of
+    /// `ProxyHealth` (fields in struct order, `nodeEligible` only from `/healthz`, `status`
+    /// omitted while empty, `lastUpdated` set to now when healthy).
+    #[tokio::test(start_paused = true)]
+    async fn bodies_are_kube_proxys_json() {
+        let s = Shared::new(Duration::from_secs(30));
+        assert_eq!(
+            get(&s, "/livez").1,
+            r#"{"lastUpdated":"0001-01-01T00:00:00Z","currentTime":"2027-01-15T08:00:00Z","healthy":false}"#
+        );
+        s.synced(at(1_799_999_999) + Duration::from_millis(250));
+        assert_eq!(
+            get(&s, "/healthz").1,
+            r#"{"lastUpdated":"2027-01-15T08:00:00Z","currentTime":"2027-01-15T08:00:00Z","nodeEligible":true,"healthy":true,"status":{"IPv4":{"lastUpdated":"2027-01-15T07:59:59.25Z","healthy":true}}}"#
+        );
+        // A node going away fails /healthz only.
+        s.set_node_draining(true);
+        s.set_families(true);
+        let (status, body) = get(&s, "/healthz");
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            body,
+            r#"{"lastUpdated":"2027-01-15T07:59:59.25Z","currentTime":"2027-01-15T08:00:00Z","nodeEligible":false,"healthy":false,"status":{"IPv4":{"lastUpdated":"2027-01-15T07:59:59.25Z","healthy":true},"IPv6":{"lastUpdated":"2027-01-15T07:59:59.25Z","healthy":true}}}"#
+        );
+        assert_eq!(get(&s, "/livez").0, StatusCode::OK);
     }
 
     #[test]
-    fn metrics_only_on_the_metrics_server() {
+    fn metrics_and_proxy_mode_only_on_the_metrics_server() {
         let s = Shared::new(Duration::from_secs(10));
+        let now = at(0);
         assert_eq!(
-            respond(&s, Routes::Health, &Method::GET, "/metrics").0,
+            respond(&s, Routes::Health, &Method::GET, "/metrics", now).0,
             StatusCode::NOT_FOUND
         );
-        let (status, _, body) = respond(&s, Routes::Metrics, &Method::GET, "/metrics");
+        assert_eq!(
+            respond(&s, Routes::Health, &Method::GET, "/proxyMode", now).0,
+            StatusCode::NOT_FOUND
+        );
+        let (status, _, body) = respond(&s, Routes::Metrics, &Method::GET, "/metrics", now);
         assert_eq!(status, StatusCode::OK);
         assert!(body.contains("kubeproxy_sync_proxy_rules_duration_seconds_count 0"));
         assert_eq!(
-            respond(&s, Routes::Metrics, &Method::POST, "/metrics").0,
+            respond(&s, Routes::Metrics, &Method::GET, "/proxyMode", now).2,
+            "ipvs"
+        );
+        assert_eq!(
+            respond(&s, Routes::Metrics, &Method::POST, "/metrics", now).0,
             StatusCode::METHOD_NOT_ALLOWED
         );
     }

@@ -147,6 +147,10 @@ pub struct Metrics {
     pub conntrack_flushed: u64,
     /// Draining real servers deleted at the graceful-termination timeout with connections left.
     pub drain_timeouts: u64,
+    /// `/healthz` answers: 200s and 503s.
+    pub healthz: [u64; 2],
+    /// `/livez` answers: 200s and 503s.
+    pub livez: [u64; 2],
 }
 
 impl Default for Metrics {
@@ -167,6 +171,8 @@ impl Default for Metrics {
             conntrack_errors: 0,
             conntrack_flushed: 0,
             drain_timeouts: 0,
+            healthz: [0; 2],
+            livez: [0; 2],
         }
     }
 }
@@ -180,6 +186,16 @@ impl Metrics {
     /// Counts applied operations.
     pub fn add_operations(&mut self, kind: SyncKind, n: u64) {
         self.operations[kind as usize] += n;
+    }
+
+    /// Counts one `/healthz` (or `/livez`) answer, 200 when `ok`, else 503.
+    pub fn count_health(&mut self, healthz: bool, ok: bool) {
+        let counts = if healthz {
+            &mut self.healthz
+        } else {
+            &mut self.livez
+        };
+        counts[usize::from(!ok)] += 1;
     }
 
     /// The Prometheus text exposition.
@@ -264,6 +280,26 @@ impl Metrics {
             "Kernel operations or reads that failed",
             self.kernel_errors,
         );
+        // kube-proxy's counter vectors by HTTP code: a code is shown once it has been answered.
+        for (name, help, counts) in [
+            (
+                "kubeproxy_proxy_healthz_total",
+                "Cumulative proxy healthz HTTP status",
+                self.healthz,
+            ),
+            (
+                "kubeproxy_proxy_livez_total",
+                "Cumulative proxy livez HTTP status",
+                self.livez,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (code, n) in [("200", counts[0]), ("503", counts[1])] {
+                if n > 0 {
+                    let _ = writeln!(out, "{name}{{code=\"{code}\"}} {n}");
+                }
+            }
+        }
         gauge(
             &mut out,
             "kube_ipvs_services",

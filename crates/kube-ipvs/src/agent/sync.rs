@@ -312,6 +312,13 @@ impl<K: Kernel> Agent<K> {
 
     /// Applies a change set to the inputs, keeping our NodePort addresses over the Node's.
     fn take(&mut self, mut cs: ChangeSet) {
+        // kube-proxy's QueuedUpdate: the health check times out if no sync applies this.
+        if !cs.services.is_empty() || cs.node.is_some() {
+            self.shared.queued();
+        }
+        if let Some(node) = &cs.node {
+            self.shared.set_node_draining(node.draining);
+        }
         // Moved, not copied: the first change set is the whole cluster.
         for e in cs.move_into(&mut self.inputs) {
             tracing::warn!("skipping an object the model refused: {e}");
@@ -333,6 +340,8 @@ impl<K: Kernel> Agent<K> {
         }
         if cs.node.is_some() {
             self.impose_node_ips();
+            self.shared
+                .set_families(!self.inputs.node().node_ips_v6.is_empty());
         }
         if let Some(hc) = &mut self.health_checks {
             hc.update(cs.services.keys(), &self.inputs);
@@ -645,17 +654,26 @@ impl<K: Kernel> Agent<K> {
         let applied = (ops - failures.len()) as u64;
         let elapsed = start.elapsed();
         let pending = self.retry.len() as u64;
-        let wall = (self.wall)()
+        let now = (self.wall)();
+        let wall = now
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
             .unwrap_or(0.0);
+        // A sync whose every operation failed programmed nothing: not a successful sync.
+        let succeeded = ops == 0 || applied > 0;
         self.shared.with_metrics(|m| {
             m.sync_duration.observe(elapsed);
             m.add_operations(kind, applied);
-            m.last_sync_timestamp = wall;
+            if succeeded {
+                m.last_sync_timestamp = wall;
+            }
             m.pending_retries = pending;
         });
-        self.shared.synced();
+        if succeeded {
+            self.shared.synced(now);
+        } else {
+            self.shared.sync_failed();
+        }
         if ops > 0 || kind == SyncKind::Startup {
             tracing::info!(
                 "{} sync: applied {applied} of {} in {:.1} ms",

@@ -389,6 +389,7 @@ mod tests {
                 ips_v4: vec![std::net::Ipv4Addr::new(10, 0, 0, 7)],
                 ips_v6: vec![],
                 pod_cidrs: vec![],
+                draining: false,
             }),
             ..ChangeSet::default()
         };
