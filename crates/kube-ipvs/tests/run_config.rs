@@ -1,6 +1,7 @@
 //! Host tests of `kube-ipvs run`'s settings: kubeadm's kube-proxy ConfigMap (`config.conf`)
-//! loads unchanged with `mode: ipvs`, flags win over the file, unknown keys and other modes are
-//! refused naming the key, and the binary stops before touching the kernel with one line and a
+//! loads unchanged with `mode: ipvs`, flags win over the file, unknown keys are warned about and
+//! ignored (kube-proxy's lenient decoding), other modes and bad values are refused naming the
+//! key, and the binary stops before touching the kernel with one line and a
 //! distinct exit code for a bad file (3) and a bad setting (4).
 
 use std::path::PathBuf;
@@ -139,19 +140,52 @@ fn flags_win_over_the_file() {
     assert_eq!(s.timeouts.tcp, Some(900));
 }
 
+/// kube-proxy decodes a file with unknown keys leniently and warns; so does kube-ipvs, naming
+/// each key with its section, and the misspelt setting keeps its default.
 #[test]
-fn unknown_keys_other_modes_and_bad_values_name_the_setting() {
+fn unknown_keys_are_warned_about_and_ignored() {
+    let text = KUBEADM
+        .replace("strictARP:", "strictArp:")
+        .replace("portRange:", "portRnage:")
+        .replace(
+            "kind: KubeProxyConfiguration",
+            "kind: KubeProxyConfiguration\nserviceProxyName: ipvs-only",
+        );
+    let s = Settings::resolve(&args(config_file("unknown-keys.yaml", &text))).expect("loads");
+    assert!(!s.strict_arp, "the misspelt key set nothing");
+    let unknown: Vec<&String> = s
+        .warnings
+        .iter()
+        .filter(|w| w.contains("is not a KubeProxyConfiguration key"))
+        .collect();
+    assert_eq!(unknown.len(), 2, "{:?}", s.warnings);
+    assert!(
+        unknown[0].contains("config key ipvs.strictArp "),
+        "{unknown:?}"
+    );
+    assert!(unknown[1].contains("config key portRnage "), "{unknown:?}");
+    // serviceProxyName is ours in the file, like --service-proxy-name.
+    assert_eq!(s.source.service_proxy_name.as_deref(), Some("ipvs-only"));
+}
+
+/// `nodePortAddresses: [primary]` (kube-proxy's "the node's primary addresses") loads and
+/// means the Node object's InternalIPs, as with no setting; a CIDR list still works.
+#[test]
+fn node_port_addresses_primary_is_the_nodes_own_addresses() {
+    let primary = KUBEADM.replace("nodePortAddresses: null", "nodePortAddresses: [primary]");
+    let s = Settings::resolve(&args(config_file("primary.yaml", &primary))).expect("loads");
+    assert!(s.nodeport_cidrs.is_empty());
+    let cidrs = KUBEADM.replace(
+        "nodePortAddresses: null",
+        "nodePortAddresses: [192.168.0.0/16]",
+    );
+    let s = Settings::resolve(&args(config_file("np-cidrs.yaml", &cidrs))).expect("loads");
+    assert_eq!(s.nodeport_cidrs.len(), 1);
+}
+
+#[test]
+fn other_modes_and_bad_values_name_the_setting() {
     let cases = [
-        (
-            KUBEADM.replace("strictARP:", "strictArp:"),
-            "strictArp",
-            true,
-        ),
-        (
-            KUBEADM.replace("portRange:", "portRnage:"),
-            "portRnage",
-            true,
-        ),
         (
             KUBEADM.replace("kubeproxy.config.k8s.io/v1alpha1", "v1"),
             "apiVersion",
@@ -201,7 +235,10 @@ fn run_exit(args: &[&str]) -> (Option<i32>, String) {
 fn the_binary_refuses_bad_settings_with_one_line_and_its_exit_code() {
     let missing = std::env::temp_dir().join("kube-ipvs-no-such-config.yaml");
     let malformed = config_file("malformed.yaml", "apiVersion: [unclosed\n");
-    let unknown = config_file("unknown.yaml", &KUBEADM.replace("mode:", "mod:"));
+    let wrong_type = config_file(
+        "wrong-type.yaml",
+        &KUBEADM.replace("strictARP: true", "strictARP: [yes]"),
+    );
     for (args, code, want) in [
         (
             vec!["--config", missing.to_str().expect("utf-8")],
@@ -213,7 +250,11 @@ fn the_binary_refuses_bad_settings_with_one_line_and_its_exit_code() {
             3,
             "malformed.yaml",
         ),
-        (vec!["--config", unknown.to_str().expect("utf-8")], 3, "mod"),
+        (
+            vec!["--config", wrong_type.to_str().expect("utf-8")],
+            3,
+            "wrong-type.yaml",
+        ),
         (vec!["--scheduler", "fastest"], 4, "--scheduler \"fastest\""),
         (vec!["--exclude-cidrs", "10.0.0.0/40"], 4, "--exclude-cidrs"),
         (vec!["--sync-period", "0s"], 4, "--sync-period"),

@@ -274,10 +274,16 @@ pub struct RunArgs {
     pub kube_api_content_type: Option<String>,
 }
 
+/// Keys of a section that no field took, by name.
+type Unknown = std::collections::BTreeMap<String, IgnoredAny>;
+
 /// The `conntrack` section of `KubeProxyConfiguration`.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 struct ConntrackSection {
+    /// Keys kube-proxy does not know either: warned about, as its lenient decoding does.
+    #[serde(flatten)]
+    unknown: Unknown,
     max_per_core: Option<u32>,
     min: Option<u32>,
     tcp_established_timeout: Option<String>,
@@ -289,16 +295,22 @@ struct ConntrackSection {
 
 /// The `detectLocal` section of `KubeProxyConfiguration`.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 struct DetectLocalSection {
+    /// Keys kube-proxy does not know either: warned about, as its lenient decoding does.
+    #[serde(flatten)]
+    unknown: Unknown,
     bridge_interface: Option<String>,
     interface_name_prefix: Option<String>,
 }
 
 /// The `ipvs` section of `KubeProxyConfiguration`.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 struct IpvsSection {
+    /// Keys kube-proxy does not know either: warned about, as its lenient decoding does.
+    #[serde(flatten)]
+    unknown: Unknown,
     scheduler: Option<String>,
     sync_period: Option<String>,
     min_sync_period: Option<String>,
@@ -314,12 +326,15 @@ struct IpvsSection {
 /// The `iptables` section: only `masqueradeAll` means something in IPVS mode (kube-proxy's
 /// IPVS proxier reads it from here too).
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 #[expect(
     dead_code,
     reason = "kube-proxy keys that mean nothing to IPVS mode are accepted and ignored"
 )]
 struct IptablesSection {
+    /// Keys kube-proxy does not know either: warned about, as its lenient decoding does.
+    #[serde(flatten)]
+    unknown: Unknown,
     masquerade_all: Option<bool>,
     masquerade_bit: Option<u8>,
     localhost_node_ports: Option<IgnoredAny>,
@@ -330,12 +345,15 @@ struct IptablesSection {
 /// `clientConnection`: only the kubeconfig path is ours; rates and content types are the
 /// client library's business.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 #[expect(
     dead_code,
     reason = "kube-proxy keys that mean nothing to IPVS mode are accepted and ignored"
 )]
 struct ClientConnection {
+    /// Keys kube-proxy does not know either: warned about, as its lenient decoding does.
+    #[serde(flatten)]
+    unknown: Unknown,
     kubeconfig: Option<String>,
     accept_content_types: Option<IgnoredAny>,
     content_type: Option<IgnoredAny>,
@@ -346,12 +364,15 @@ struct ClientConnection {
 /// kube-proxy's `KubeProxyConfiguration`, every key it knows. Keys that do not apply to IPVS
 /// mode are accepted and ignored so a kubeadm ConfigMap loads unchanged.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 #[expect(
     dead_code,
     reason = "kube-proxy keys that mean nothing to IPVS mode are accepted and ignored"
 )]
 struct ProxyConfig {
+    /// Keys kube-proxy does not know either: warned about, as its lenient decoding does.
+    #[serde(flatten)]
+    unknown: Unknown,
     api_version: Option<String>,
     kind: Option<String>,
     mode: Option<String>,
@@ -379,6 +400,40 @@ struct ProxyConfig {
     show_hidden_metrics_for_version: Option<IgnoredAny>,
     winkernel: Option<IgnoredAny>,
     windows_run_as_service: Option<IgnoredAny>,
+    /// Ours, not kube-proxy's: `--service-proxy-name` in the file.
+    service_proxy_name: Option<String>,
+}
+
+impl ProxyConfig {
+    /// Every key no field took, with its section (`ipvs.foo`), sorted.
+    fn unknown_keys(&self) -> Vec<String> {
+        let section = |name: &str, keys: Option<&Unknown>| {
+            keys.into_iter()
+                .flat_map(|k| k.keys())
+                .map(|k| format!("{name}.{k}"))
+                .collect::<Vec<_>>()
+        };
+        let mut out: Vec<String> = self.unknown.keys().cloned().collect();
+        out.extend(section("ipvs", self.ipvs.as_ref().map(|s| &s.unknown)));
+        out.extend(section(
+            "iptables",
+            self.iptables.as_ref().map(|s| &s.unknown),
+        ));
+        out.extend(section(
+            "clientConnection",
+            self.client_connection.as_ref().map(|s| &s.unknown),
+        ));
+        out.extend(section(
+            "conntrack",
+            self.conntrack.as_ref().map(|s| &s.unknown),
+        ));
+        out.extend(section(
+            "detectLocal",
+            self.detect_local.as_ref().map(|s| &s.unknown),
+        ));
+        out.sort();
+        out
+    }
 }
 
 /// Reads and checks a `KubeProxyConfiguration` file.
@@ -735,7 +790,13 @@ impl Settings {
                 "kube-ipvs only implements the ipvs mode; use \"ipvs\" or leave it empty",
             ));
         }
-        let warnings = ignored_flags(args);
+        let mut warnings = ignored_flags(args);
+        // kube-proxy decodes leniently when strict decoding fails, with a warning; so do we.
+        warnings.extend(
+            file.unknown_keys()
+                .into_iter()
+                .map(|k| format!("config key {k} is not a KubeProxyConfiguration key; ignored")),
+        );
         let ipvs = file.ipvs.unwrap_or_default();
         let iptables = file.iptables.unwrap_or_default();
         let client = file.client_connection.unwrap_or_default();
@@ -879,12 +940,18 @@ impl Settings {
             ),
             DEFAULT_METRICS,
         )?;
-        let nodeport_cidrs = cidrs(pick(
+        let nodeport_addresses = pick(
             args.nodeport_addresses.as_deref(),
             "nodeport-addresses",
             joined(&file.node_port_addresses).as_deref(),
             "nodePortAddresses",
-        ))?;
+        );
+        // kube-proxy's `primary`: the node's primary addresses, which are the Node object's
+        // InternalIPs here, as without the setting.
+        let nodeport_cidrs = match nodeport_addresses {
+            Some((v, _)) if v.trim() == "primary" => Vec::new(),
+            other => cidrs(other)?,
+        };
         let cluster_cidrs = cidrs(cluster.clone())?;
         let node_pod_cidrs = cidrs(
             args.node_pod_cidr
@@ -907,7 +974,10 @@ impl Settings {
             scheduler: scheduler.0.clone(),
             cluster_cidr: cluster.map(|(v, _)| v),
             exclude_cidrs: exclude.map(|(v, _)| v),
-            service_proxy_name: args.service_proxy_name.clone(),
+            service_proxy_name: args
+                .service_proxy_name
+                .clone()
+                .or_else(|| file.service_proxy_name.clone().filter(|n| !n.is_empty())),
             graceful_termination_timeout: args.graceful_termination_timeout.clone(),
             local_fwmark_mask: args.local_fwmark_mask.clone(),
         };
