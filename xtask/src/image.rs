@@ -124,6 +124,13 @@ fn build(out_dir: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(&bin_dir)?;
     let installed = bin_dir.join("kube-ipvs");
     std::fs::copy(&binary, &installed).with_context(|| format!("copying {}", binary.display()))?;
+    // kube-proxy's DaemonSets run `/usr/local/bin/kube-proxy` with kube-proxy's flags: under that
+    // name the binary is `kube-ipvs run`, so swapping only the image keeps their `command`.
+    let alias = bin_dir.join("kube-proxy");
+    if !alias.exists() {
+        std::os::unix::fs::symlink("kube-ipvs", &alias)
+            .with_context(|| format!("linking {}", alias.display()))?;
+    }
     // The release profile keeps line tables for backtraces on developer machines; on nodes they
     // are most of the image's size. Without binutils the image is just larger.
     if util::which("strip").is_some() {

@@ -32,7 +32,40 @@ enum Command {
     Cleanup(kube_ipvs::cmd::cleanup::CleanupArgs),
 }
 
+/// `kube-ipvs` started under the name `kube-proxy` (the image links
+/// `/usr/local/bin/kube-proxy` to it): kube-proxy's command line, unchanged, is `run`'s, so a
+/// DaemonSet whose image is swapped keeps its `command`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "kube-proxy",
+    version,
+    about = "kube-ipvs run, under kube-proxy's name and flags"
+)]
+struct KubeProxyCli {
+    /// kube-proxy's `--cleanup`: remove what the proxy created and exit (`kube-ipvs cleanup`).
+    #[arg(long)]
+    cleanup: bool,
+    #[command(flatten)]
+    run: kube_ipvs::agent::RunArgs,
+}
+
+/// Whether the program was started as `kube-proxy`.
+fn started_as_kube_proxy() -> bool {
+    std::env::args_os()
+        .next()
+        .map(std::path::PathBuf::from)
+        .and_then(|p| p.file_name().map(|n| n == "kube-proxy"))
+        .unwrap_or(false)
+}
+
 fn main() -> ExitCode {
+    if started_as_kube_proxy() {
+        let cli = KubeProxyCli::parse();
+        if cli.cleanup {
+            return kube_ipvs::cmd::cleanup::main(&kube_ipvs::cmd::cleanup::CleanupArgs::default());
+        }
+        return kube_ipvs::agent::main(&cli.run);
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Dump(args) => kube_ipvs::cmd::dump::main(&args),

@@ -338,3 +338,34 @@ fn a_yaml_error_names_the_file_the_document_from_1_and_the_line() {
         )
     );
 }
+
+/// Started as `kube-proxy` (the image's link), the binary is `run` with kube-proxy's flags:
+/// its usage is kube-proxy's, and a setting it refuses exits 4 naming it, before any kernel or
+/// API access.
+#[test]
+fn started_as_kube_proxy_it_is_run_with_kube_proxys_flags() {
+    let dir = std::env::temp_dir().join(format!("kube-proxy-alias-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let alias = dir.join("kube-proxy");
+    let _ = std::fs::remove_file(&alias);
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_kube-ipvs"), &alias).expect("link");
+    let help = Command::new(&alias).arg("--help").output().expect("run");
+    assert_eq!(help.status.code(), Some(0));
+    let usage = text(&help.stdout);
+    assert!(usage.contains("Usage: kube-proxy [OPTIONS]"), "{usage}");
+    assert!(
+        usage.contains("--cleanup") && usage.contains("--scheduler"),
+        "{usage}"
+    );
+    let out = Command::new(&alias)
+        .args([
+            "--hostname-override=node-1",
+            "--proxy-mode=iptables",
+            "--v=2",
+        ])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("--proxy-mode \"iptables\""));
+    let _ = std::fs::remove_dir_all(&dir);
+}

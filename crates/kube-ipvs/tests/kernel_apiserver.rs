@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::apiserver::{Agent, Cluster, check_exit, rs, wait_for_table};
+use common::apiserver::{Agent, Cluster, DIR, check_exit, rs, wait_for_table};
 use common::{ipvsadm, run, wait_for};
 
 #[test]
@@ -96,6 +96,77 @@ fn the_agent_converges_then_follows_creates_updates_and_deletes() {
         || check_exit() == Some(0),
     );
     agent.assert_running();
+}
+
+/// kubeadm's `config.conf` of the `kube-proxy` ConfigMap (with `mode: ipvs`).
+const KUBEADM_CONFIG: &str = include_str!("fixtures/kubeadm-kube-proxy.conf");
+
+/// kube-proxy's DaemonSets keep their `command` when only the image is swapped: the binary
+/// started as `/usr/local/bin/kube-proxy` (as the image links it) with kubeadm's command line
+/// and `config.conf` (every key kubeadm writes), then with a kops-style command line (flags
+/// only, `--master` among them), each unchanged, programs the Service, turns healthy and exits
+/// 0 on SIGTERM.
+#[test]
+fn kube_proxys_command_lines_run_unchanged() {
+    let cluster = Cluster::new("cmdline");
+    let web = cluster.create_service_with("web", 80, &[("10.244.1.10", true)]);
+    let web_vip = format!("{web}:80");
+    std::fs::create_dir_all("/var/lib/kube-proxy").expect("mkdir /var/lib/kube-proxy");
+    std::fs::copy(
+        format!("{DIR}/agent.kubeconfig"),
+        "/var/lib/kube-proxy/kubeconfig.conf",
+    )
+    .expect("the DaemonSet's kubeconfig");
+    std::fs::write("/var/lib/kube-proxy/config.conf", KUBEADM_CONFIG).expect("config.conf");
+    let kubeconfig = std::fs::read_to_string(format!("{DIR}/agent.kubeconfig")).expect("read");
+    let server = kubeconfig
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server:"))
+        .map(|s| s.trim().trim_matches('"').to_owned())
+        .expect("the kubeconfig's server");
+    let alias_dir = std::path::Path::new("/tmp/kube-proxy-alias");
+    std::fs::create_dir_all(alias_dir).expect("mkdir");
+    let alias = alias_dir.join("kube-proxy");
+    let _ = std::fs::remove_file(&alias);
+    std::os::unix::fs::symlink(common::kube_ipvs_bin(), &alias).expect("link kube-proxy");
+    let alias = alias.to_str().expect("utf-8").to_owned();
+
+    let master = format!("--master={server}");
+    let lines: [(&str, Vec<&str>); 2] = [
+        (
+            "kubeadm",
+            vec![
+                "--config=/var/lib/kube-proxy/config.conf",
+                "--hostname-override=node-1",
+            ],
+        ),
+        (
+            "kops",
+            vec![
+                "--cluster-cidr=100.96.0.0/11",
+                "--conntrack-max-per-core=131072",
+                "--hostname-override=node-1",
+                "--kubeconfig=/var/lib/kube-proxy/kubeconfig.conf",
+                &master,
+                "--oom-score-adj=-998",
+                "--v=2",
+                "--proxy-mode=ipvs",
+                "--ipvs-scheduler=rr",
+            ],
+        ),
+    ];
+    for (who, args) in lines {
+        let log = std::path::PathBuf::from(format!("/tmp/kube-proxy-{who}.log"));
+        let mut agent = common::RunningAgent::spawn_program(&alias, &args, log);
+        wait_for_table(&format!("the Service under {who}'s command line"), |t| {
+            t.get(&web_vip) == Some(&rs(&["10.244.1.10"]))
+        });
+        agent.wait_healthy();
+        let log = agent.log();
+        println!("--- {who} ---\n{log}");
+        assert_eq!(agent.terminate(), Some(0), "{who}: exit on SIGTERM");
+    }
+    drop(cluster);
 }
 
 #[test]

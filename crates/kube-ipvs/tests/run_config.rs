@@ -12,75 +12,7 @@ use kube_ipvs::agent::{RunArgs, Settings};
 
 /// `config.conf` of the `kube-proxy` ConfigMap as kubeadm (v1.31) writes it, with `mode: ipvs`
 /// and the ipvs section filled in as an operator would.
-const KUBEADM: &str = r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
-bindAddress: 0.0.0.0
-bindAddressHardFail: false
-clientConnection:
-  acceptContentTypes: ""
-  burst: 0
-  contentType: ""
-  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
-  qps: 0
-clusterCIDR: 10.244.0.0/16
-configSyncPeriod: 0s
-conntrack:
-  maxPerCore: null
-  min: null
-  tcpBeLiberal: false
-  tcpCloseWaitTimeout: null
-  tcpEstablishedTimeout: null
-  udpStreamTimeout: 0s
-  udpTimeout: 0s
-detectLocal:
-  bridgeInterface: ""
-  interfaceNamePrefix: ""
-detectLocalMode: ""
-enableProfiling: false
-healthzBindAddress: ""
-hostnameOverride: ""
-iptables:
-  localhostNodePorts: null
-  masqueradeAll: false
-  masqueradeBit: null
-  minSyncPeriod: 0s
-  syncPeriod: 0s
-ipvs:
-  excludeCIDRs:
-  - 10.200.0.0/16
-  minSyncPeriod: 2s
-  scheduler: lc
-  strictARP: true
-  syncPeriod: 1m0s
-  tcpFinTimeout: 0s
-  tcpTimeout: 15m
-  udpTimeout: 0s
-kind: KubeProxyConfiguration
-logging:
-  flushFrequency: 0
-  options:
-    json:
-      infoBufferSize: "0"
-    text:
-      infoBufferSize: "0"
-  verbosity: 0
-metricsBindAddress: 0.0.0.0:10249
-mode: ipvs
-nftables:
-  masqueradeAll: false
-  masqueradeBit: null
-  minSyncPeriod: 0s
-  syncPeriod: 0s
-nodePortAddresses: null
-oomScoreAdj: null
-portRange: ""
-showHiddenMetricsForVersion: ""
-winkernel:
-  enableDSR: false
-  forwardHealthCheckVip: false
-  networkName: ""
-  rootHnsEndpointName: ""
-  sourceVip: ""
-"#;
+const KUBEADM: &str = include_str!("fixtures/kubeadm-kube-proxy.conf");
 
 fn config_file(name: &str, text: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("kube-ipvs-run-config-{}", std::process::id()));

@@ -99,6 +99,9 @@ pub struct RunArgs {
     /// The kubeconfig for the API server; default: in-cluster config, then `$KUBECONFIG`.
     #[arg(long, value_name = "PATH")]
     pub kubeconfig: Option<PathBuf>,
+    /// The API server's address, overriding the kubeconfig's (kube-proxy's `--master`).
+    #[arg(long, value_name = "URL")]
+    pub master: Option<String>,
     /// This node's name (default: the kernel's hostname, lowercased).
     #[arg(long, value_name = "NAME")]
     pub hostname_override: Option<String>,
@@ -969,6 +972,7 @@ impl Settings {
                 kubeconfig.map(|(v, _)| PathBuf::from(v))
             },
             hostname_override: hostname.as_ref().map(|(v, _)| v.clone()),
+            master: args.master.clone(),
             node_zone: args.node_zone.clone(),
             node_ips: args.node_ips.clone(),
             scheduler: scheduler.0.clone(),

@@ -58,6 +58,9 @@ pub struct SourceArgs {
     /// then `~/.kube/config`.
     #[arg(long, value_name = "PATH", conflicts_with = "manifests")]
     pub kubeconfig: Option<PathBuf>,
+    /// The API server's address, overriding the kubeconfig's (kube-proxy's `--master`).
+    #[arg(long, value_name = "URL", conflicts_with = "manifests")]
+    pub master: Option<String>,
     /// This node's name (default: the kernel's hostname, lowercased).
     #[arg(long, value_name = "NAME")]
     pub hostname_override: Option<String>,
@@ -308,7 +311,7 @@ impl SourceArgs {
         let config_err = |what: String| {
             move |e: Box<dyn std::error::Error + Send + Sync>| SourceError::Api { what, source: e }
         };
-        let config = match &self.kubeconfig {
+        let mut config = match &self.kubeconfig {
             Some(path) => {
                 let what = format!("kubeconfig {}", path.display());
                 let kc = kube::config::Kubeconfig::read_from(path)
@@ -324,6 +327,11 @@ impl SourceArgs {
                 .await
                 .map_err(|e| config_err("find the API server".to_owned())(Box::new(e)))?,
         };
+        if let Some(master) = &self.master {
+            config.cluster_url = master
+                .parse::<hyper::Uri>()
+                .map_err(|e| config_err(format!("--master {master:?}"))(Box::new(e)))?;
+        }
         kube::Client::try_from(config)
             .map_err(|e| config_err("create the API client".to_owned())(Box::new(e)))
     }

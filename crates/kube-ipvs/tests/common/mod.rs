@@ -131,9 +131,14 @@ pub(crate) struct RunningAgent {
 impl RunningAgent {
     /// Starts `kube-ipvs ARGS` (an argument list, never a shell string), stderr to `log`.
     pub(crate) fn spawn(args: &[&str], log: PathBuf) -> RunningAgent {
+        RunningAgent::spawn_program(&kube_ipvs_bin(), args, log)
+    }
+
+    /// [`RunningAgent::spawn`] of `program` (the binary under another name, say).
+    pub(crate) fn spawn_program(program: &str, args: &[&str], log: PathBuf) -> RunningAgent {
         let file = std::fs::File::create(&log).expect("create log");
-        println!("$ kube-ipvs {} &", args.join(" "));
-        let child = Command::new(kube_ipvs_bin())
+        println!("$ {program} {} &", args.join(" "));
+        let child = Command::new(program)
             .args(args)
             .stdout(std::process::Stdio::null())
             .stderr(file)
