@@ -386,6 +386,15 @@ fn self_check(out_dir: &Path) -> Result<()> {
         bail!("kube-ipvs dump --help in the image printed {help:?}");
     }
     println!("  dump --help: {} lines", help.lines().count());
+    // kube-proxy's DaemonSet command, unchanged, reaches `run`.
+    let alias = util::output(Command::new("chroot").arg(&root).args([
+        "/usr/local/bin/kube-proxy",
+        "--help",
+    ]))?;
+    if !alias.contains("Usage: kube-proxy") {
+        bail!("kube-proxy --help in the image printed {alias:?}");
+    }
+    println!("  kube-proxy --help: {} lines", alias.lines().count());
     for tool in [
         &["/usr/sbin/iptables", "--version"][..],
         &["/usr/sbin/iptables-legacy", "--version"][..],
