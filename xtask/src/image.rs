@@ -387,10 +387,11 @@ fn self_check(out_dir: &Path) -> Result<()> {
     }
     println!("  dump --help: {} lines", help.lines().count());
     // kube-proxy's DaemonSet command, unchanged, reaches `run`.
-    let alias = util::output(Command::new("chroot").arg(&root).args([
-        "/usr/local/bin/kube-proxy",
-        "--help",
-    ]))?;
+    let alias = util::output(
+        Command::new("chroot")
+            .arg(&root)
+            .args(["/usr/local/bin/kube-proxy", "--help"]),
+    )?;
     if !alias.contains("Usage: kube-proxy") {
         bail!("kube-proxy --help in the image printed {alias:?}");
     }
