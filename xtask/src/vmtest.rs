@@ -16,7 +16,8 @@
 //!   FILTER is a substring of that. Each test has a timeout (`--test-timeout`, default 120 s).
 //! * The full console goes to `target/vm/last-run.log`; print captured kernel bytes there.
 //! * Test targets named `kernel_apiserver*` need a real API server: vm-test starts etcd and
-//!   kube-apiserver on the host (`cargo xtask tools` builds them), forwards its port and a
+//!   kube-apiserver on the host (`cargo xtask tools` builds them; the pinned kube-proxy goes
+//!   into the guest as `/usr/local/bin/kube-proxy-upstream` for the migration test), forwards its port and a
 //!   control port into the guest and ships kubeconfigs under `/etc/kube-ipvs-test/` (see
 //!   `cluster.rs`). Without a Go toolchain those tests are reported as skipped, with the reason.
 //!
@@ -305,6 +306,9 @@ fn vm_test(options: &Options) -> Result<()> {
 /// The test targets that need the API server (see the module docs).
 const APISERVER_TARGET: &str = "kernel_apiserver";
 
+/// Where those tests find the pinned kube-proxy in the guest.
+const UPSTREAM_KUBE_PROXY: &str = "/usr/local/bin/kube-proxy-upstream";
+
 /// Whether FILTER can select a test of `label` (`PACKAGE/TARGET`): the filter is a substring of
 /// `label::NAME`, or names the target and more.
 fn filter_may_select(filter: Option<&str>, label: &str) -> bool {
@@ -343,6 +347,11 @@ fn control_plane(
     plane.serve_control()?;
     job.forward_ports.extend([plane.port, plane.control_port]);
     job.data.extend(plane.guest_files()?);
+    // The pinned kube-proxy, for the migration test (kube-proxy's IPVS mode replaced by us).
+    job.executables.push(GuestFile {
+        host: tools.kube_proxy.clone(),
+        guest: PathBuf::from(UPSTREAM_KUBE_PROXY),
+    });
     Ok(Some(plane))
 }
 

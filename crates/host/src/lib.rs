@@ -1,6 +1,6 @@
 //! The node's kernel interfaces that are not netlink: the masquerade rules through the iptables tools
-//! ([`masquerade`]: rule text as data, backend choice, the `iptables-restore` runner), and kernel modules,
-//! sysctls and the hostname ([`setup`]).
+//! ([`masquerade`]: rule text as data, backend choice, the `iptables-restore` runner), the removal of
+//! kube-proxy's leftovers ([`kube_proxy`]), and kernel modules, sysctls and the hostname ([`setup`]).
 //!
 //! With `kube-ipvs-netlink` this is one of the two kernel-facing crates: nothing else in the workspace spawns a
 //! kernel tool, opens a socket or touches `/proc` (the tidy test, `xtask/tests/tidy.rs`, checks it). It is a
@@ -13,6 +13,7 @@
 //! our own lists.
 
 pub mod filter;
+pub mod kube_proxy;
 pub mod masquerade;
 pub mod sets;
 pub mod setup;

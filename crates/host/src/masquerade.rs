@@ -113,6 +113,9 @@ pub enum MasqueradeError {
     /// `iptables --version` printed something that names no backend we know.
     #[error("masquerade: cannot tell the iptables backend from {tool} --version output {output:?}")]
     UnknownBackend { tool: String, output: String },
+    /// An ipset request failed (it names the set).
+    #[error("{0}")]
+    Ipset(#[from] kube_ipvs_netlink::Error),
     /// The IPVS conntrack sysctl could not be set.
     #[error("masquerade: cannot set {path} to 1 (is ip_vs loaded?): {source}")]
     Sysctl {
@@ -453,6 +456,12 @@ fn missing_in(save: &str, table: &Table, jumps: &[Jump]) -> Vec<String> {
 /// `kube-ipvs cleanup`'s part: removes our rules from both backends and both families, skipping
 /// tools that are not installed, and says what it removed.
 pub fn cleanup_everywhere(bin_dir: Option<&Path>) -> Result<Vec<Removed>> {
+    tables_everywhere(bin_dir, &[&NAT, &FILTER, &MANGLE])
+}
+
+/// [`cleanup_tables`] in both backends and both families, skipping tools that are not
+/// installed.
+pub(crate) fn tables_everywhere(bin_dir: Option<&Path>, tables: &[&Table]) -> Result<Vec<Removed>> {
     let mut removed = Vec::new();
     for backend in [Backend::Legacy, Backend::Nft] {
         for family in [Family::V4, Family::V6] {
@@ -460,7 +469,7 @@ pub fn cleanup_everywhere(bin_dir: Option<&Path>) -> Result<Vec<Removed>> {
             if bin_dir.is_some() && !save.exists() {
                 continue;
             }
-            match cleanup_family(bin_dir, backend, family) {
+            match cleanup_tables(bin_dir, backend, family, tables) {
                 Ok(r) => removed.push(r),
                 Err(MasqueradeError::Spawn { source, .. })
                     if source.kind() == std::io::ErrorKind::NotFound => {}
@@ -482,6 +491,13 @@ pub fn all_sets() -> impl Iterator<Item = &'static str> {
 /// (the kernel refuses to destroy a referenced set). Returns the names destroyed. A kernel
 /// without ipset support has no sets, which is not an error.
 pub fn cleanup_sets() -> std::result::Result<Vec<&'static str>, kube_ipvs_netlink::Error> {
+    destroy_sets(all_sets())
+}
+
+/// Destroys each of `names` that exists; says which it destroyed.
+pub(crate) fn destroy_sets(
+    names: impl IntoIterator<Item = &'static str>,
+) -> std::result::Result<Vec<&'static str>, kube_ipvs_netlink::Error> {
     // EINVAL: nfnetlink has no ipset subsystem (ip_set not loaded and not loadable), as
     // `nfnetlink_rcv_msg` in net/netfilter/nfnetlink.c answers; our requests are well formed.
     let no_ipset = |e: &kube_ipvs_netlink::Error| e.errno() == Some(22);
@@ -496,7 +512,7 @@ pub fn cleanup_sets() -> std::result::Result<Vec<&'static str>, kube_ipvs_netlin
     let busy = |e: &kube_ipvs_netlink::Error| e.errno() == Some(ipset::IPSET_ERR_BUSY);
     let mut removed = Vec::new();
     let mut first_error = None;
-    for name in all_sets() {
+    for name in names {
         let mut tries = 0;
         let outcome = loop {
             match sets.destroy(name) {
@@ -564,10 +580,10 @@ pub fn saved_chains() -> Vec<(String, Vec<String>)> {
 
 /// What of ours lives in one table: our chains, and the chains the built-in ones jump to.
 #[derive(Debug)]
-struct Table {
-    name: &'static str,
-    chains: &'static [&'static str],
-    jump_targets: &'static [&'static str],
+pub(crate) struct Table {
+    pub(crate) name: &'static str,
+    pub(crate) chains: &'static [&'static str],
+    pub(crate) jump_targets: &'static [&'static str],
 }
 
 const NAT: Table = Table {
@@ -604,6 +620,18 @@ fn chains_in(save: &str, table: &Table) -> Vec<String> {
 }
 
 fn cleanup_family(bin_dir: Option<&Path>, backend: Backend, family: Family) -> Result<Removed> {
+    cleanup_tables(bin_dir, backend, family, &[&NAT, &FILTER, &MANGLE])
+}
+
+/// Removes the jumps to and the chains of `tables` (their chains are whoever's: ours, or
+/// kube-proxy's for [`crate::kube_proxy`]) from one backend and family, in one
+/// `iptables-restore --noflush` run.
+pub(crate) fn cleanup_tables(
+    bin_dir: Option<&Path>,
+    backend: Backend,
+    family: Family,
+    tables: &[&Table],
+) -> Result<Removed> {
     let save_tool = tool_path(bin_dir, backend, family, "-save");
     let restore = tool_path(bin_dir, backend, family, "-restore");
     let mut input = String::new();
@@ -612,7 +640,7 @@ fn cleanup_family(bin_dir: Option<&Path>, backend: Backend, family: Family) -> R
         tool: restore.display().to_string(),
         ..Removed::default()
     };
-    for table in [&NAT, &FILTER, &MANGLE] {
+    for table in tables {
         let save = run_tool(&save_tool, &["-t", table.name], None)?;
         let (text, r) = cleanup_input(&save, table);
         if r.jumps > 0 || !r.chains.is_empty() {
@@ -630,7 +658,7 @@ fn cleanup_family(bin_dir: Option<&Path>, backend: Backend, family: Family) -> R
 /// The `iptables-restore` input that deletes what `iptables-save -t TABLE` output shows of ours
 /// in `table`: each jump rule (by its saved spec, `-A` turned into `-D`), then our chains
 /// (flushed, then deleted: a chain is deleted only once nothing jumps to it).
-fn cleanup_input(save: &str, table: &Table) -> (String, Removed) {
+pub(crate) fn cleanup_input(save: &str, table: &Table) -> (String, Removed) {
     let jumps = jump_lines(save, table);
     let chains = chains_in(save, table);
     let mut input = format!("*{}\n", table.name);

@@ -246,3 +246,303 @@ fn an_api_server_restart_leaves_the_kernel_untouched() {
     });
     agent.assert_running();
 }
+
+const IP: &str = "/usr/sbin/ip";
+/// The pinned kube-proxy vm-test puts in the guest.
+const UPSTREAM_KUBE_PROXY: &str = "/usr/local/bin/kube-proxy-upstream";
+
+/// Network namespaces of one test: hosts behind veths whose node end is the gateway
+/// 169.254.1.1, and servers in them; all removed on drop.
+struct Hosts {
+    namespaces: Vec<String>,
+    children: Vec<std::process::Child>,
+}
+
+impl Hosts {
+    fn new() -> Hosts {
+        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1\n").expect("ip_forward");
+        Hosts {
+            namespaces: Vec::new(),
+            children: Vec::new(),
+        }
+    }
+
+    /// A namespace `ns` holding `addr`/32, its veth's node end `link`.
+    fn host(&mut self, ns: &str, addr: &str, link: &str) {
+        let ok = |args: &[&str]| assert!(run(IP, args).status.success(), "ip {args:?}");
+        let _ = run(IP, &["netns", "del", ns]);
+        ok(&["netns", "add", ns]);
+        self.namespaces.push(ns.to_owned());
+        let peer = format!("{link}p");
+        ok(&["link", "add", link, "type", "veth", "peer", "name", &peer]);
+        ok(&["link", "set", &peer, "netns", ns]);
+        ok(&["-n", ns, "link", "set", "lo", "up"]);
+        ok(&["-n", ns, "link", "set", &peer, "up"]);
+        ok(&["-n", ns, "addr", "add", &format!("{addr}/32"), "dev", &peer]);
+        ok(&["-n", ns, "route", "add", "169.254.1.1", "dev", &peer]);
+        ok(&[
+            "-n",
+            ns,
+            "route",
+            "add",
+            "default",
+            "via",
+            "169.254.1.1",
+            "dev",
+            &peer,
+        ]);
+        ok(&["link", "set", link, "up"]);
+        ok(&["addr", "add", "169.254.1.1/32", "dev", link]);
+        ok(&["route", "add", &format!("{addr}/32"), "dev", link]);
+    }
+
+    /// An echo server on `port` in `ns`: it says its address, then copies lines back.
+    fn echo_server(&mut self, ns: &str, port: u16) {
+        let listen = format!("TCP-LISTEN:{port},fork,reuseaddr");
+        let child = Command::new(IP)
+            .args(["netns", "exec", ns, "socat", &listen])
+            .arg("SYSTEM:echo $SOCAT_SOCKADDR; exec cat")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start socat");
+        self.children.push(child);
+    }
+
+    /// One connection from `ns` to `target`: the server's first line, if any.
+    fn ask(&self, ns: &str, target: &str) -> Option<String> {
+        let remote = format!("TCP:{target},connect-timeout=3");
+        let out = run(
+            IP,
+            &[
+                "netns", "exec", ns, "socat", "-T", "3", "-u", &remote, "STDOUT",
+            ],
+        );
+        let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        (out.status.success() && !text.is_empty()).then_some(text)
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for ns in &self.namespaces {
+            let _ = run(IP, &["netns", "del", ns]);
+        }
+    }
+}
+
+/// A connection held open from a namespace, through which lines are echoed.
+struct Held {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Held {
+    fn open(ns: &str, target: &str) -> Held {
+        use std::io::BufRead as _;
+        let remote = format!("TCP:{target},connect-timeout=3");
+        let mut child = Command::new(IP)
+            .args(["netns", "exec", ns, "socat", "-", &remote])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start socat client");
+        let stdin = child.stdin.take().expect("stdin");
+        let out = child.stdout.take().expect("stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let held = Held {
+            child,
+            stdin,
+            lines,
+        };
+        assert!(held.line().is_some(), "the server answered {target}");
+        held
+    }
+
+    fn line(&self) -> Option<String> {
+        self.lines.recv_timeout(Duration::from_secs(10)).ok()
+    }
+
+    fn echoes(&mut self, text: &str) -> bool {
+        use std::io::Write as _;
+        if writeln!(self.stdin, "{text}").is_err() {
+            return false;
+        }
+        self.line().as_deref() == Some(text)
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The pinned kube-proxy, `--proxy-mode=ipvs`, as admin (its RBAC is not what is tested).
+fn start_kube_proxy(log: &str) -> common::RunningAgent {
+    let kubeconfig = format!("--kubeconfig={DIR}/admin.kubeconfig");
+    common::RunningAgent::spawn_program(
+        UPSTREAM_KUBE_PROXY,
+        &[
+            "--proxy-mode=ipvs",
+            &kubeconfig,
+            "--hostname-override=node-1",
+            "--cluster-cidr=10.244.0.0/16",
+            // nf_conntrack_max is read-only in the test's network namespace.
+            "--conntrack-max-per-core=0",
+            "--healthz-bind-address=127.0.0.1:10266",
+            "--metrics-bind-address=127.0.0.1:10269",
+        ],
+        std::path::PathBuf::from(log),
+    )
+}
+
+/// A tool's standard output, without echoing it to the console (these are polled).
+fn quiet(bin: &str, args: &[&str]) -> String {
+    Command::new(bin)
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+/// Every backend's `iptables-save` of `table` (both families).
+fn saved(table: &str) -> String {
+    [
+        "iptables-nft-save",
+        "iptables-legacy-save",
+        "ip6tables-nft-save",
+    ]
+    .iter()
+    .map(|tool| quiet(tool, &["-t", table]))
+    .collect()
+}
+
+fn ipsets() -> String {
+    quiet("/usr/sbin/ipset", &["list", "-n"])
+}
+
+/// The migration from kube-proxy's IPVS mode and back, on real traffic: the pinned kube-proxy
+/// serves a Service to a client namespace; it stops and kube-ipvs starts on the same node; a
+/// connection opened through kube-proxy keeps echoing, new ones work, kube-proxy's chains and
+/// ipsets are gone, and a Service created afterwards answers (kube-proxy's stale
+/// `KUBE-IPVS-FILTER` would reject its new ClusterIP). Then the roll-back: kube-ipvs stops,
+/// `kube-ipvs cleanup` runs, kube-proxy starts again and serves, and nothing of ours is left.
+#[test]
+fn kube_proxy_is_replaced_with_open_connections_kept_and_rolled_back_clean() {
+    let cluster = Cluster::new("migrate");
+    let mut hosts = Hosts::new();
+    hosts.host("mg-client", "192.168.56.100", "mgh1");
+    hosts.host("mg-pod", "10.244.1.70", "mgh2");
+    hosts.echo_server("mg-pod", 8080);
+    let web = cluster.create_service_with("web", 80, &[("10.244.1.70", true)]);
+    let web_vip = format!("{web}:80");
+
+    let proxy = start_kube_proxy("/tmp/kube-proxy-migrate-1.log");
+    wait_for_table("kube-proxy to program web", |t| {
+        t.get(&web_vip) == Some(&rs(&["10.244.1.70"]))
+    });
+    wait_for("kube-proxy's rules", Duration::from_secs(60), || {
+        saved("nat").contains(":KUBE-SERVICES ") && ipsets().contains("KUBE-CLUSTER-IP")
+    });
+    wait_for("web through kube-proxy", Duration::from_secs(30), || {
+        hosts.ask("mg-client", &web_vip).is_some()
+    });
+    let mut held = Held::open("mg-client", &web_vip);
+    assert!(held.echoes("before the swap"));
+    println!("--- kube-proxy ---\n{}", proxy.log());
+    // Deleted like its pod: SIGTERM (kube-proxy leaves its rules in place).
+    let _ = proxy.terminate();
+    assert!(
+        saved("filter").contains(":KUBE-IPVS-FILTER "),
+        "kube-proxy leaves its rules behind"
+    );
+
+    let mut agent = Agent::start("migrate");
+    wait_for("check to exit 0", Duration::from_secs(60), || {
+        check_exit() == Some(0)
+    });
+    wait_for(
+        "kube-proxy's leftovers to go",
+        Duration::from_secs(60),
+        || {
+            let (nat, filter, sets) = (saved("nat"), saved("filter"), ipsets());
+            !nat.contains(":KUBE-SERVICES ")
+                && !nat.contains(":KUBE-MARK-MASQ ")
+                && !filter.contains(":KUBE-IPVS-FILTER ")
+                && !filter.contains(":KUBE-FORWARD ")
+                && !sets
+                    .lines()
+                    .any(|s| s == "KUBE-CLUSTER-IP" || s == "KUBE-IPVS-IPS")
+        },
+    );
+    agent.assert_running();
+    assert!(
+        held.echoes("after the swap"),
+        "the open connection survives"
+    );
+    assert!(
+        hosts.ask("mg-client", &web_vip).is_some(),
+        "a new connection"
+    );
+    let api = cluster.create_service_with("api", 8443, &[("10.244.1.70", true)]);
+    let api_vip = format!("{api}:8443");
+    wait_for(
+        "a Service created after the swap",
+        Duration::from_secs(30),
+        || hosts.ask("mg-client", &api_vip).is_some(),
+    );
+    drop(held);
+    println!("--- kube-ipvs ---\n{}", agent.log());
+
+    // Roll back.
+    assert_eq!(agent.terminate(), Some(0));
+    let out = run(&common::kube_ipvs_bin(), &["cleanup"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let proxy = start_kube_proxy("/tmp/kube-proxy-migrate-2.log");
+    wait_for(
+        "web through kube-proxy again",
+        Duration::from_secs(60),
+        || hosts.ask("mg-client", &web_vip).is_some(),
+    );
+    let ours = kube_ipvs_host::masquerade::all_sets().collect::<Vec<_>>();
+    let sets = ipsets();
+    for set in &ours {
+        assert!(!sets.lines().any(|s| s == *set), "{set} left behind");
+    }
+    let rules = saved("nat") + &saved("filter") + &saved("mangle");
+    for chain in [
+        "KUBE-IPVS-POSTROUTING",
+        "KUBE-IPVS-MASQ",
+        "KUBE-IPVS-SERVICES",
+        "KUBE-IPVS-INPUT",
+        "KUBE-IPVS-FORWARD",
+        "KUBE-IPVS-LOCAL-PODS",
+    ] {
+        assert!(!rules.contains(chain), "{chain} left behind");
+    }
+    assert!(
+        !ipvsadm(&["-Ln"]).contains("FWM"),
+        "no fwmark service of ours"
+    );
+    let _ = proxy.terminate();
+    drop(cluster);
+}

@@ -76,6 +76,7 @@ fn start_with(
         retry_max: SYNC_PERIOD,
         node_ips: Vec::new(),
         nodeport_cidrs: Vec::new(),
+        remove_kube_proxy_leftovers: true,
     };
     let mut agent = setup(Agent::new(kernel, inputs(), cfg, shared.clone()));
     let (tx, rx) = mpsc::channel(4);
@@ -325,6 +326,7 @@ async fn health_check_node_ports_follow_local_endpoints() {
         retry_max: SYNC_PERIOD,
         node_ips: Vec::new(),
         nodeport_cidrs: Vec::new(),
+        remove_kube_proxy_leftovers: true,
     };
     let mut agent =
         Agent::new(MemKernel::default(), inputs(), cfg, shared.clone()).with_health_checks(hc);
@@ -493,5 +495,53 @@ async fn an_endpoint_change_on_this_node_is_a_hairpin_set_delta_without_rules() 
     run.syncs(3).await;
     assert_eq!(kernel.state().set_log.len(), 2);
     assert_eq!(kernel.state().rules.len(), 1);
+    run.stop().await;
+}
+
+/// kube-proxy's leftovers are removed once, and only after our own rules are in place: not
+/// while iptables refuses them, then at the first forced sync that applies them, and never
+/// again.
+#[tokio::test(start_paused = true)]
+async fn kube_proxys_leftovers_go_once_our_rules_are_in_place() {
+    use kube_ipvs::agent::masq::{Fixed, Masq};
+    use kube_ipvs_host::masquerade::Backend;
+
+    let kernel = MemKernel::default();
+    {
+        let mut st = kernel.state();
+        st.fail_rules = true;
+        st.kube_proxy_leftovers =
+            vec!["iptables chain KUBE-SERVICES (iptables-nft-restore)".into()];
+    }
+    let masq = Masq::new(Fixed {
+        cluster_cidrs: Vec::new(),
+        masquerade_all: false,
+        node_pod_cidrs: Vec::new(),
+        backend: Backend::Legacy,
+        detect_local: kube_ipvs::agent::masq::DetectLocal::ClusterCidr,
+        mark_bit: 14,
+        random_fully: true,
+        local_marks: Some(0x3ff0_0000),
+    });
+    let run = start_with(kernel.clone(), |a| a.with_masquerade(masq));
+    let (_tracker, cs) = tracker_with_examples();
+    run.changes.send(cs).await.expect("send");
+    run.syncs(1).await;
+    assert!(
+        kernel.state().kube_proxy_removals.is_empty(),
+        "not while our rules are refused"
+    );
+    kernel.state().fail_rules = false;
+    // The next reconcile applies our rules, then removes kube-proxy's.
+    let before = kernel.state().rules.len();
+    tokio::time::advance(SYNC_PERIOD).await;
+    run.syncs(2).await;
+    let removals = kernel.state().kube_proxy_removals.clone();
+    assert_eq!(removals.len(), 1, "{removals:?}");
+    assert!(removals[0] > before, "after our rules were ensured");
+    assert!(kernel.state().kube_proxy_leftovers.is_empty());
+    tokio::time::advance(SYNC_PERIOD).await;
+    run.syncs(3).await;
+    assert_eq!(kernel.state().kube_proxy_removals.len(), 1, "once");
     run.stop().await;
 }

@@ -147,6 +147,12 @@ pub struct RunArgs {
     /// loadBalancerSourceRanges in `filter` (e.g. when another component does both).
     #[arg(long)]
     pub no_masquerade: bool,
+    /// Keep kube-proxy's IPVS-mode chains (`KUBE-SERVICES`, `KUBE-IPVS-FILTER`, ...) and ipsets
+    /// (`KUBE-CLUSTER-IP`, ...) instead of removing them once our rules are in place. Left
+    /// behind they act on every packet and go wrong as Services change; keep them only while
+    /// kube-proxy itself still runs on the node.
+    #[arg(long)]
+    pub keep_kube_proxy_rules: bool,
     /// NodePorts listen on the node's addresses inside these networks, comma-separated,
     /// re-read on every full reconcile.
     #[arg(long, value_name = "CIDR[,CIDR]")]
@@ -763,6 +769,8 @@ pub struct Settings {
     pub conntrack: kube_ipvs_host::setup::Conntrack,
     /// Flags accepted and ignored, to log once logging is up.
     pub warnings: Vec<String>,
+    /// `--keep-kube-proxy-rules`.
+    pub keep_kube_proxy_rules: bool,
     /// `/healthz` and `/livez`.
     pub healthz: SocketAddr,
     /// `/metrics`.
@@ -1030,6 +1038,7 @@ impl Settings {
             healthz,
             metrics,
             warnings,
+            keep_kube_proxy_rules: args.keep_kube_proxy_rules,
         })
     }
 }

@@ -231,6 +231,7 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
         retry_max: settings.sync_period.max(Duration::from_secs(1)),
         node_ips: settings.source.node_ips.clone(),
         nodeport_cidrs: settings.nodeport_cidrs.clone(),
+        remove_kube_proxy_leftovers: !settings.keep_kube_proxy_rules,
     };
     // Per-Service health checks listen on every address, as kube-proxy's do by default.
     let (health_checks, checks) = hcport::HealthChecks::new();

@@ -90,6 +90,9 @@ pub struct AgentConfig {
     pub node_ips: Vec<IpAddr>,
     /// NodePorts on the node's addresses inside these, re-read at each full sync.
     pub nodeport_cidrs: Vec<Cidr>,
+    /// Remove kube-proxy's IPVS-mode chains and ipsets once our rules are in place
+    /// (`--keep-kube-proxy-rules` turns it off).
+    pub remove_kube_proxy_leftovers: bool,
 }
 
 /// Why the loop stopped on its own.
@@ -159,12 +162,15 @@ pub struct Agent<K> {
     unprogrammed_unknown: bool,
     /// How many Service ports had found the short-circuit mark space full when last logged.
     marks_short: usize,
+    /// Whether kube-proxy's leftovers are still to be removed.
+    kube_proxy_leftovers_pending: bool,
 }
 
 impl<K: Kernel> Agent<K> {
     /// An agent with an empty engine: its first sync adopts whatever the kernel holds.
     pub fn new(kernel: K, inputs: Inputs, cfg: AgentConfig, shared: Arc<Shared>) -> Self {
         let node_ips = (!cfg.node_ips.is_empty()).then(|| cfg.node_ips.clone());
+        let cfg_removes_leftovers = cfg.remove_kube_proxy_leftovers;
         Self {
             kernel,
             engine: Engine::new(),
@@ -183,6 +189,7 @@ impl<K: Kernel> Agent<K> {
             unprogrammed: BTreeSet::new(),
             unprogrammed_unknown: false,
             marks_short: 0,
+            kube_proxy_leftovers_pending: cfg_removes_leftovers,
         }
     }
 
@@ -367,6 +374,22 @@ impl<K: Kernel> Agent<K> {
             Err(e) => {
                 tracing::warn!("masquerade rules (retried at the next reconcile): {e}");
                 self.shared.with_metrics(|m| m.masquerade_errors += 1);
+                return;
+            }
+        }
+        // Our rules are in place: kube-proxy's leftovers can go (once; retried at the next
+        // forced sync if it fails).
+        if force && self.kube_proxy_leftovers_pending {
+            match self.kernel.remove_kube_proxy_leftovers() {
+                Ok(removed) => {
+                    self.kube_proxy_leftovers_pending = false;
+                    for what in &removed {
+                        tracing::info!("removed kube-proxy's {what}");
+                    }
+                }
+                Err(e) => tracing::warn!(
+                    "removing kube-proxy's chains and ipsets (retried at the next reconcile): {e}"
+                ),
             }
         }
     }
@@ -794,6 +817,7 @@ mod tests {
             retry_max: period,
             node_ips: Vec::new(),
             nodeport_cidrs: vec!["192.168.77.0/24".parse().expect("literal")],
+            remove_kube_proxy_leftovers: false,
         };
         let inputs = Inputs::new(kube_ipvs_diff::NodeContext::new("node-1")).expect("valid node");
         let (signal, signals) = mpsc::channel(1);
@@ -887,6 +911,7 @@ mod tests {
                 retry_max: period,
                 node_ips: Vec::new(),
                 nodeport_cidrs: Vec::new(),
+                remove_kube_proxy_leftovers: false,
             };
             let inputs =
                 Inputs::new(kube_ipvs_diff::NodeContext::new("node-1")).expect("valid node");

@@ -60,6 +60,11 @@ pub struct MemState {
     pub refuse_set_rules: bool,
     /// Rules matching the service sets are refused (iptables without a match they use).
     pub refuse_service_set_rules: bool,
+    /// kube-proxy's leftovers [`Kernel::remove_kube_proxy_leftovers`] finds (and removes).
+    pub kube_proxy_leftovers: Vec<String>,
+    /// How many times they were asked to be removed, and how many rule sets had been
+    /// ensured by then.
+    pub kube_proxy_removals: Vec<usize>,
 }
 
 impl MemState {
@@ -265,5 +270,12 @@ impl Kernel for MemKernel {
         } else {
             Ok(())
         }
+    }
+
+    fn remove_kube_proxy_leftovers(&mut self) -> Result<Vec<String>, KernelError> {
+        let mut st = self.state();
+        let ensured = st.rules.len();
+        st.kube_proxy_removals.push(ensured);
+        Ok(std::mem::take(&mut st.kube_proxy_leftovers))
     }
 }

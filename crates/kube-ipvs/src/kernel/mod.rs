@@ -159,6 +159,11 @@ pub trait Kernel: Send {
     ) -> Result<(), KernelError>;
     /// Makes the kernel hold exactly these masquerade rules (our chains, `iptables-restore`).
     fn ensure_rules(&mut self, config: &masquerade::Config) -> Result<(), KernelError>;
+    /// Removes kube-proxy's IPVS-mode chains and ipsets ([`kube_ipvs_host::kube_proxy`]) and
+    /// says what it removed, one line each. The default has none to remove.
+    fn remove_kube_proxy_leftovers(&mut self) -> Result<Vec<String>, KernelError> {
+        Ok(Vec::new())
+    }
 }
 
 /// The real kernel: the IPVS handle and rtnetlink, the ipset handle (opened at first use and
@@ -331,6 +336,21 @@ impl Kernel for RealKernel {
     fn ensure_rules(&mut self, config: &masquerade::Config) -> Result<(), KernelError> {
         masquerade::Masquerade::new(config.clone())?.ensure()?;
         Ok(())
+    }
+
+    fn remove_kube_proxy_leftovers(&mut self) -> Result<Vec<String>, KernelError> {
+        let found = kube_ipvs_host::kube_proxy::remove(None)?;
+        let mut lines = Vec::new();
+        for r in &found.rules {
+            for c in &r.chains {
+                lines.push(format!("iptables chain {c} ({})", r.tool));
+            }
+            if r.jumps > 0 {
+                lines.push(format!("{} jump rule(s) to them ({})", r.jumps, r.tool));
+            }
+        }
+        lines.extend(found.sets.iter().map(|s| format!("ipset {s}")));
+        Ok(lines)
     }
 }
 

@@ -321,6 +321,11 @@ impl Agent {
         self.inner.assert_running();
     }
 
+    /// Sends SIGTERM and waits for the exit code.
+    pub(crate) fn terminate(self) -> Option<i32> {
+        self.inner.terminate()
+    }
+
     /// `/metrics`, or `None` while it does not answer.
     pub(crate) fn metrics(&self) -> Option<String> {
         let mut s = TcpStream::connect(("127.0.0.1", self.metrics)).ok()?;
