@@ -54,7 +54,7 @@ pub use desired::{
 };
 pub use engine::{ConnectionCounts, Draining, Engine, UnknownCounts};
 pub use error::{Error, Result};
-pub use marks::{MarkSpace, PortMark};
+pub use marks::{MarkHint, MarkSpace, PortMark};
 pub use model::{
     Changes, Cidr, Endpoint, EndpointPort, Inputs, NodeContext, Options, Protocol, Scheduler,
     SchedulerKind, ServiceInfo, ServiceKind, ServiceName, ServicePort, ServicePortName,

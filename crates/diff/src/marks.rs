@@ -13,13 +13,16 @@
 //! Marks come from a [`MarkSpace`] (a run of bits of the packet mark the operator leaves to us)
 //! and are handed out by [`MarkTable`], kept by [`crate::Inputs`] so every reader of a
 //! [`crate::ServiceInfo`] sees the same assignment. A port keeps its mark while it needs one;
-//! a new one starts its search at a hash of its name, so marks mostly survive a restart.
+//! a new one takes the mark the kernel already maps one of its ways in to (hints read from the
+//! short circuit's sets at start, so a restarted agent and `check` agree with the running
+//! agent), else starts its search at a hash of its name.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::net::IpAddr;
 use std::str::FromStr;
 
-use crate::model::{Protocol, ServiceInfo, ServiceKind, ServiceName, TrafficPolicy};
+use crate::model::{Protocol, ServiceInfo, ServiceKind, ServiceName, ServicePort, TrafficPolicy};
 
 /// The bits of the packet mark kube-ipvs gives its fwmark virtual servers: one contiguous run.
 /// A mark is an index from 1 shifted to the run's lowest bit; every mark has no bit outside
@@ -123,6 +126,10 @@ pub fn needs_marks(info: &ServiceInfo) -> bool {
             || info.ports.iter().any(|p| p.node_port.is_some()))
 }
 
+/// Where a mark was seen in the kernel (the short circuit's set): a way in (an external or
+/// load-balancer address, or `None` for a NodePort on any address), a protocol and a port.
+pub type MarkHint = (Option<IpAddr>, Protocol, u16);
+
 /// The marks in use, and the space they come from (`None`: no marks, no short circuit).
 #[derive(Debug, Clone, Default)]
 pub struct MarkTable {
@@ -130,6 +137,9 @@ pub struct MarkTable {
     used: HashSet<u32>,
     /// Service ports that needed a mark and got none (the space was full).
     short: usize,
+    /// The marks the kernel already maps each way in to: a port takes its way in's mark when
+    /// it is free, so a restarted agent (and `check`) assigns what the running one did.
+    hints: HashMap<MarkHint, u32>,
 }
 
 impl MarkTable {
@@ -139,7 +149,27 @@ impl MarkTable {
             space,
             used: HashSet::new(),
             short: 0,
+            hints: HashMap::new(),
         }
+    }
+
+    /// The marks the kernel holds, to be preferred by the ports whose ways in they map.
+    pub fn set_hints(&mut self, hints: HashMap<MarkHint, u32>) {
+        self.hints = hints;
+    }
+
+    /// The hinted mark of one of `info`'s ways in for `port`, if free and of the space.
+    fn hinted(&self, space: MarkSpace, info: &ServiceInfo, port: &ServicePort) -> Option<u32> {
+        let addrs = info
+            .external_ips
+            .iter()
+            .chain(&info.load_balancer_ips)
+            .map(|a| (Some(*a), port.protocol, port.port));
+        let node_port = port.node_port.map(|np| (None, port.protocol, np));
+        addrs
+            .chain(node_port)
+            .filter_map(|h| self.hints.get(&h).copied())
+            .find(|m| space.contains(*m) && !self.used.contains(m))
     }
 
     /// The space marks come from.
@@ -168,7 +198,14 @@ impl MarkTable {
                     .iter()
                     .find(|m| (m.protocol, m.port) == (p.protocol, p.port))
                     .map(|m| m.mark);
-                let mark = kept.or_else(|| self.take(space, name, p.protocol, p.port));
+                let hinted = || {
+                    self.hinted(space, info, p).inspect(|m| {
+                        self.used.insert(*m);
+                    })
+                };
+                let mark = kept
+                    .or_else(hinted)
+                    .or_else(|| self.take(space, name, p.protocol, p.port));
                 match mark {
                     Some(mark) => marks.push(PortMark {
                         protocol: p.protocol,
@@ -305,6 +342,51 @@ mod tests {
         assert_eq!(t.short(), 1);
         let unique: HashSet<u32> = all.iter().map(|m| m.mark).collect();
         assert_eq!(unique.len(), 15);
+    }
+
+    /// Two ports whose hashes collide get their marks in arrival order; a table seeded with the
+    /// kernel's marks gives them the same marks whatever the order they arrive in.
+    #[test]
+    fn hints_from_the_kernel_keep_the_marks_the_running_agent_gave() {
+        let space = MarkSpace::new(0xf).expect("valid");
+        // 14 ports in 15 marks: their hashes collide, so the order decides.
+        let names: Vec<ServiceName> = (0..14)
+            .map(|i| ServiceName::new("ns", format!("s{i}")))
+            .collect();
+        let info = |i: u16| local_node_port(&[80 + i]);
+        let mut running = MarkTable::new(Some(space));
+        let mut given = HashMap::new();
+        for (i, n) in names.iter().enumerate() {
+            let mut svc = info(i as u16);
+            running.assign(n, &mut svc, &[]);
+            let m = svc.local_marks[0];
+            let np = svc.ports[0].node_port.expect("node port");
+            given.insert((None, m.protocol, np), m.mark);
+        }
+        // Without hints, the opposite order gives some port another mark.
+        let mut unhinted = MarkTable::new(Some(space));
+        let mut moved = 0;
+        for (i, n) in names.iter().enumerate().rev() {
+            let mut svc = info(i as u16);
+            unhinted.assign(n, &mut svc, &[]);
+            let np = svc.ports[0].node_port.expect("node port");
+            let same = given.get(&(None, Protocol::Tcp, np)) == Some(&svc.local_marks[0].mark);
+            moved += usize::from(!same);
+        }
+        assert!(moved > 0, "the test needs colliding ports");
+        // A restart sees the Services in the opposite order, with the kernel's marks as hints.
+        let mut restarted = MarkTable::new(Some(space));
+        restarted.set_hints(given.clone());
+        for (i, n) in names.iter().enumerate().rev() {
+            let mut svc = info(i as u16);
+            restarted.assign(n, &mut svc, &[]);
+            let np = svc.ports[0].node_port.expect("node port");
+            assert_eq!(
+                Some(&svc.local_marks[0].mark),
+                given.get(&(None, Protocol::Tcp, np)),
+                "{n}"
+            );
+        }
     }
 
     #[test]

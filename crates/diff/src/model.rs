@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::marks::{MarkSpace, MarkTable, PortMark};
+use crate::marks::{MarkHint, MarkSpace, MarkTable, PortMark};
 
 /// The annotation a Service may carry to choose its own IPVS scheduler, overriding the node's
 /// `--scheduler`. Its value is parsed with [`Scheduler::from_str`], e.g. `wrr` or `mh:fallback,port`.
@@ -932,6 +932,13 @@ impl Inputs {
             self.marks.release(&info.local_marks);
             self.changed.insert(name.clone());
         }
+    }
+
+    /// The marks the kernel already maps ways in to (the short circuit's sets, read at start),
+    /// preferred by the Service ports upserted after this call: a restarted agent, and
+    /// `check`, assign the marks the running agent did (see [`crate::marks`]).
+    pub fn set_mark_hints(&mut self, hints: HashMap<MarkHint, u32>) {
+        self.marks.set_hints(hints);
     }
 
     /// How many Service ports needed a Local-policy short-circuit mark and got none because

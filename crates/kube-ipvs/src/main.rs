@@ -62,7 +62,7 @@ fn main() -> ExitCode {
     if started_as_kube_proxy() {
         let cli = KubeProxyCli::parse();
         if cli.cleanup {
-            return kube_ipvs::cmd::cleanup::main(&kube_ipvs::cmd::cleanup::CleanupArgs::default());
+            return kube_ipvs::cmd::cleanup::as_kube_proxy(&cli.run);
         }
         return kube_ipvs::agent::main(&cli.run);
     }

@@ -164,8 +164,10 @@ async fn serve_port(
         let shared = shared.clone();
         tokio::spawn(async move {
             let svc = service_fn(move |_: Request<hyper::body::Incoming>| {
-                let (status, body, weight) =
-                    respond(checks.borrow().get(&port), shared.health().healthy());
+                let (status, body, weight) = respond(
+                    checks.borrow().get(&port),
+                    shared.health().not_ready.is_none(),
+                );
                 let mut resp = Response::new(Full::new(Bytes::from(body)));
                 *resp.status_mut() = status;
                 let headers = resp.headers_mut();

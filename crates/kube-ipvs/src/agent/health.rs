@@ -6,11 +6,14 @@
 //! period, kube-proxy's `2 * syncPeriod`) — "the queued-update rule"; `/healthz` is also 503 when
 //! the Node is going away (deletion timestamp, or the cluster autoscaler's
 //! `ToBeDeletedByClusterAutoscaler` taint: `nodeEligible: false`), so load balancers drain the
-//! node first, while `/livez` ignores that. Two rules are stricter than kube-proxy's: 503 until
-//! the first sync has finished (kube-proxy answers 200 until its first queued update times out),
-//! and 503 when no sync at all finished within the health timeout (the loop reconciles every
+//! node first, while `/livez` ignores that. Two rules are stricter than kube-proxy's:
+//! `/healthz` (and the health-check node ports) answer 503 until the first sync has finished
+//! (kube-proxy answers 200 until its first queued update times out; `/livez` does too, so an
+//! agent waiting for an unreachable API server is not restarted), and both answer 503 when no
+//! sync at all finished within the health timeout after the first (the loop reconciles every
 //! period, so a loop stuck in the kernel is seen even without changes). A sync in which every
-//! operation failed does not count as finished.
+//! operation failed, for more than one Service, does not count as finished (one Service the
+//! kernel keeps refusing is retried, not a reason to drain the node).
 //!
 //! The monotonic clock is tokio's, so paused-time tests drive it; the wall times in the bodies
 //! are the caller's. The server answers only these paths and never shows configuration or
@@ -61,8 +64,11 @@ pub struct Shared {
 /// The verdict at one moment, with what kube-proxy's JSON reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Health {
-    /// `None` when healthy, else why not.
+    /// `None` when live (`/livez`), else why not.
     pub problem: Option<String>,
+    /// `None` when ready (`/healthz`, the Node's state aside), else why not: also not before
+    /// the first sync.
+    pub not_ready: Option<String>,
     /// The wall time of the last finished sync.
     pub last_updated: Option<SystemTime>,
     /// Whether the Node is going away.
@@ -149,7 +155,6 @@ impl Shared {
         let s = self.state();
         let now = Instant::now();
         let problem = match (s.last_sync, s.queued) {
-            (None, _) => Some("the first sync has not finished".to_owned()),
             (_, Some(q)) if now.duration_since(q) >= self.timeout => Some(format!(
                 "a change has waited {:.1}s for a sync (limit {:.1}s)",
                 now.duration_since(q).as_secs_f64(),
@@ -162,8 +167,16 @@ impl Shared {
             )),
             _ => None,
         };
+        // Readiness only: before the first sync the node has no rules to offer, but a liveness
+        // probe failing then would restart an agent that waits for an unreachable API server.
+        let not_ready = match (&problem, s.last_sync) {
+            (Some(p), _) => Some(p.clone()),
+            (None, None) => Some("the first sync has not finished".to_owned()),
+            (None, Some(_)) => None,
+        };
         Health {
             problem,
+            not_ready,
             last_updated: s.last_sync.map(|(_, wall)| wall),
             node_draining: s.node_draining,
             families: s.families.clone(),
@@ -210,7 +223,11 @@ pub fn health_json(h: &Health, healthz: bool, now: SystemTime) -> (bool, String)
         #[serde(skip_serializing_if = "BTreeMap::is_empty")]
         status: BTreeMap<&'static str, Family>,
     }
-    let healthy = h.healthy() && !(healthz && h.node_draining);
+    let healthy = if healthz {
+        h.not_ready.is_none() && !h.node_draining
+    } else {
+        h.healthy()
+    };
     let status = if h.last_updated.is_some() {
         h.families
             .iter()
@@ -276,8 +293,8 @@ pub fn respond(
     match (routes, path) {
         (_, "/healthz" | "/livez") => {
             let health = shared.health();
-            if let Some(why) = &health.problem {
-                tracing::debug!("{path}: unhealthy: {why}");
+            if let Some(why) = health.not_ready.as_ref().or(health.problem.as_ref()) {
+                tracing::debug!("{path}: {why}");
             }
             let (ok, body) = health_json(&health, path == "/healthz", now);
             shared.with_metrics(|m| m.count_health(path == "/healthz", ok));
@@ -362,7 +379,12 @@ mod tests {
         assert_eq!(
             get(&s, "/healthz").0,
             StatusCode::SERVICE_UNAVAILABLE,
-            "before the first sync"
+            "not ready before the first sync"
+        );
+        assert_eq!(
+            get(&s, "/livez").0,
+            StatusCode::OK,
+            "but live: an agent waiting for the API server is not restarted"
         );
         s.synced(at(1_799_999_990));
         assert_eq!(get(&s, "/healthz").0, StatusCode::OK);
@@ -393,8 +415,12 @@ mod tests {
     async fn bodies_are_kube_proxys_json() {
         let s = Shared::new(Duration::from_secs(30));
         assert_eq!(
+            get(&s, "/healthz").1,
+            r#"{"lastUpdated":"0001-01-01T00:00:00Z","currentTime":"2027-01-15T08:00:00Z","nodeEligible":true,"healthy":false}"#
+        );
+        assert_eq!(
             get(&s, "/livez").1,
-            r#"{"lastUpdated":"0001-01-01T00:00:00Z","currentTime":"2027-01-15T08:00:00Z","healthy":false}"#
+            r#"{"lastUpdated":"2027-01-15T08:00:00Z","currentTime":"2027-01-15T08:00:00Z","healthy":true}"#
         );
         s.synced(at(1_799_999_999) + Duration::from_millis(250));
         assert_eq!(

@@ -185,10 +185,13 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
     tokio::spawn(health::serve(healthz, shared.clone(), Routes::Health));
     tokio::spawn(health::serve(metrics, shared.clone(), Routes::Metrics));
 
-    let inputs = match Inputs::new(settings.node.clone()) {
+    let mut inputs = match Inputs::new(settings.node.clone()) {
         Ok(i) => i,
         Err(e) => return fail(exit::SETTING, format!("node context: {e}")),
     };
+    // Before any Service arrives: the short circuit's marks stay what they were.
+    let mut kernel = kernel;
+    inputs.set_mark_hints(sets::mark_hints(&mut kernel));
     let translate = TranslateOptions {
         service_proxy_name: settings.source.service_proxy_name.clone(),
     };
@@ -246,7 +249,6 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
     } else {
         None
     };
-    let mut kernel = kernel;
     let masq = if settings.masquerade {
         // Changes are applied on a worker with a kernel handle of its own, so IPVS programming
         // never waits for iptables.

@@ -224,6 +224,38 @@ pub struct ServiceSets {
     /// Whether the kernel's sets were made exact by the last forced sync and every delta since
     /// applied; after a failure, deltas wait for the next forced sync.
     synced: bool,
+    /// The marks claimed for each Local-policy external virtual server, with how many Services
+    /// claim each: only an address all its claimants give the same mark is in the set.
+    local_claims: HashMap<LocalKey, BTreeMap<u32, u32>>,
+}
+
+/// A [`ServiceSet::LocalMarks`] member without its mark: the set, address, protocol and port
+/// (what the kernel keys the member on).
+type LocalKey = (&'static str, IpAddr, u8, u16);
+
+/// The mark of a claimed key: the one all claims agree on, or none when two Services claim one
+/// address and port (two Services sharing an external address: the short circuit must not send
+/// one's local clients to the other's endpoints, so neither gets it).
+fn agreed(claims: Option<&BTreeMap<u32, u32>>) -> Option<u32> {
+    let claims = claims?;
+    let mut marks = claims.iter().filter(|(_, n)| **n > 0).map(|(m, _)| *m);
+    match (marks.next(), marks.next()) {
+        (Some(m), None) => Some(m),
+        _ => None,
+    }
+}
+
+fn local_member(key: LocalKey, mark: u32) -> Keyed {
+    let (set, addr, protocol, port) = key;
+    (
+        set,
+        Member::IpPortMark {
+            addr,
+            protocol,
+            port,
+            mark,
+        },
+    )
 }
 
 fn node_ips(inputs: &Inputs) -> Vec<IpAddr> {
@@ -271,6 +303,7 @@ impl ServiceSets {
         self.node_ips = node_ips(inputs);
         self.counts.release_all();
         self.by_service.clear();
+        self.local_claims.clear();
         let names: Vec<ServiceName> = inputs.service_names().cloned().collect();
         for name in &names {
             let c = contribution(name, inputs);
@@ -284,11 +317,58 @@ impl ServiceSets {
     }
 
     fn hold(&mut self, k: Keyed) {
-        self.counts.hold(k, k.1.family() == Some(Family::V6));
+        if !self.claim(k, true) {
+            self.counts.hold(k, k.1.family() == Some(Family::V6));
+        }
     }
 
     fn release(&mut self, k: Keyed) {
-        self.counts.release(k, k.1.family() == Some(Family::V6));
+        if !self.claim(k, false) {
+            self.counts.release(k, k.1.family() == Some(Family::V6));
+        }
+    }
+
+    /// For a Local-policy mark member: records the claim (or its release) and moves the counts
+    /// from the key's old agreed member to its new one; `false` for any other member.
+    fn claim(&mut self, k: Keyed, hold: bool) -> bool {
+        let (
+            set,
+            Member::IpPortMark {
+                addr,
+                protocol,
+                port,
+                mark,
+            },
+        ) = k
+        else {
+            return false;
+        };
+        let key = (set, addr, protocol, port);
+        let before = agreed(self.local_claims.get(&key));
+        let claims = self.local_claims.entry(key).or_default();
+        let n = claims.entry(mark).or_insert(0);
+        if hold {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                claims.remove(&mark);
+            }
+        }
+        if claims.is_empty() {
+            self.local_claims.remove(&key);
+        }
+        let after = agreed(self.local_claims.get(&key));
+        if before != after {
+            let v6 = addr.is_ipv6();
+            if let Some(m) = before {
+                self.counts.release(local_member(key, m), v6);
+            }
+            if let Some(m) = after {
+                self.counts.hold(local_member(key, m), v6);
+            }
+        }
+        true
     }
 
     /// Whether any member is IPv6 (the IPv6 rules are then needed).
@@ -430,12 +510,74 @@ pub fn sorted_changes<T: Ord + Copy>(old: &[T], new: &[T]) -> Vec<Change<T>> {
 /// Every member every Service wants, with the Services that want it (for `check` and `plan`).
 pub fn desired_members(inputs: &Inputs) -> BTreeMap<Keyed, Vec<ServiceName>> {
     let mut out: BTreeMap<Keyed, Vec<ServiceName>> = BTreeMap::new();
+    let mut marks: HashMap<LocalKey, BTreeSet<u32>> = HashMap::new();
     for name in inputs.service_names() {
         for k in contribution(name, inputs) {
+            if let (
+                set,
+                Member::IpPortMark {
+                    addr,
+                    protocol,
+                    port,
+                    mark,
+                },
+            ) = k
+            {
+                marks
+                    .entry((set, addr, protocol, port))
+                    .or_default()
+                    .insert(mark);
+            }
             out.entry(k).or_default().push(name.clone());
         }
     }
+    // As the agent keeps them: an address two Services give different marks is in no set.
+    out.retain(|(set, m), _| match *m {
+        Member::IpPortMark {
+            addr,
+            protocol,
+            port,
+            ..
+        } => marks
+            .get(&(*set, addr, protocol, port))
+            .is_none_or(|s| s.len() == 1),
+        _ => true,
+    });
     out
+}
+
+/// The marks the kernel's [`ServiceSet::LocalMarks`] sets map ways in to, as hints for the
+/// input store ([`Inputs::set_mark_hints`]); none when the sets cannot be read.
+pub fn mark_hints(kernel: &mut dyn Kernel) -> HashMap<kube_ipvs_diff::MarkHint, u32> {
+    use kube_ipvs_diff::Protocol;
+    let mut hints = HashMap::new();
+    for family in [Family::V4, Family::V6] {
+        let Ok(Some(members)) = kernel.list_set(ServiceSet::LocalMarks.name(family)) else {
+            continue;
+        };
+        for m in members {
+            let Member::IpPortMark {
+                addr,
+                protocol,
+                port,
+                mark,
+            } = m
+            else {
+                continue;
+            };
+            let protocol = match protocol {
+                6 => Protocol::Tcp,
+                17 => Protocol::Udp,
+                132 => Protocol::Sctp,
+                _ => continue,
+            };
+            if mark != 0 {
+                hints.insert((Some(addr), protocol, port), mark);
+                hints.insert((None, protocol, port), mark);
+            }
+        }
+    }
+    hints
 }
 
 /// The kernel's sets by name; `None` for a set that does not exist.
@@ -688,6 +830,57 @@ mod tests {
         assert!(sorted_changes(&[1, 2], &[1, 2]).is_empty());
         assert_eq!(sorted_changes(&[], &[4]), [Change::New(4)]);
         assert_eq!(sorted_changes(&[4], &[]), [Change::Gone(4)]);
+    }
+
+    /// Two Local-policy Services on one load-balancer address and port: their marks differ, so
+    /// neither's local clients are short-circuited (one Service's clients must never reach the
+    /// other's endpoints); once one is gone, the other's mark is set, by a delta.
+    #[test]
+    fn an_address_two_services_mark_differently_is_in_no_mark_set() {
+        let mut inputs = inputs("192.168.1.10");
+        let mut k = MemKernel::default();
+        let a = ServiceName::new("default", "a");
+        let b = ServiceName::new("default", "b");
+        inputs.upsert_service(a.clone(), lb(&[])).expect("a");
+        let same_lb = ServiceInfo {
+            cluster_ips: vec![ip("10.96.0.21")],
+            ports: vec![ServicePort {
+                name: String::new(),
+                protocol: Protocol::Tcp,
+                port: 80,
+                node_port: None,
+            }],
+            ..lb(&[])
+        };
+        inputs.upsert_service(b.clone(), same_lb).expect("b");
+        let mark = |n: &ServiceName| inputs.service(n).expect("stored").local_marks[0].mark;
+        assert_ne!(mark(&a), mark(&b), "each Service port has its own mark");
+        let mut sets = ServiceSets::default();
+        sets.update_all(&inputs);
+        assert!(sets.sync(&mut k, true).expect("forced"));
+        let a_mark = mark(&a);
+        assert_eq!(
+            members(&k, "KUBE-IPVS-LOCAL-MARKS"),
+            [format!("192.168.1.10,tcp:30080 skbmark {a_mark:#x}")],
+            "only a's NodePort, which b does not share"
+        );
+        assert!(
+            !desired_members(&inputs)
+                .keys()
+                .any(|(set, m)| *set == "KUBE-IPVS-LOCAL-MARKS"
+                    && m.to_string().starts_with("203.0.113.7,")),
+            "check and plan agree"
+        );
+        inputs.remove_service(&b);
+        sets.update([&b], &inputs);
+        assert!(sets.sync(&mut k, false).expect("delta"));
+        assert_eq!(
+            members(&k, "KUBE-IPVS-LOCAL-MARKS"),
+            [
+                format!("192.168.1.10,tcp:30080 skbmark {a_mark:#x}"),
+                format!("203.0.113.7,tcp:80 skbmark {a_mark:#x}"),
+            ]
+        );
     }
 
     #[test]

@@ -423,6 +423,8 @@ impl<K: Kernel> Agent<K> {
                     tracing::info!("NodePort addresses: {chosen:?}");
                     self.node_ips = Some(chosen);
                     self.impose_node_ips();
+                    self.shared
+                        .set_families(!self.inputs.node().node_ips_v6.is_empty());
                     return true;
                 }
                 false
@@ -682,8 +684,15 @@ impl<K: Kernel> Agent<K> {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
             .unwrap_or(0.0);
-        // A sync whose every operation failed programmed nothing: not a successful sync.
-        let succeeded = ops == 0 || applied > 0;
+        // A sync whose every operation failed, for more than one Service, programmed nothing:
+        // the kernel refuses everything, which is not a successful sync. One Service the
+        // kernel keeps refusing (a scheduler whose module is missing) is retried and counted,
+        // but does not make the node unhealthy: that would drain every load balancer from it.
+        let mut failed_services: Vec<&ServiceName> =
+            failures.iter().flat_map(|f| &f.services).collect();
+        failed_services.sort_unstable();
+        failed_services.dedup();
+        let succeeded = ops == 0 || applied > 0 || failed_services.len() <= 1;
         self.shared.with_metrics(|m| {
             m.sync_duration.observe(elapsed);
             m.add_operations(kind, applied);

@@ -578,14 +578,20 @@ pub fn main(args: &CheckArgs) -> ExitCode {
         eprintln!("kube-ipvs check: {msg}");
         ExitCode::from(2)
     };
-    let desired = match args.source.load() {
+    // The kernel's short-circuit marks are hints for the desired state's (best effort: the
+    // desired state's errors are reported before the kernel's).
+    let mut kernel = RealKernel::open(DEFAULT_DUMMY);
+    let hints = kernel
+        .as_mut()
+        .map(|k| crate::agent::sets::mark_hints(k))
+        .unwrap_or_default();
+    let desired = match args.source.load_hinted(hints) {
         Ok(v) => v,
         Err(e) => return fail(e.to_string()),
     };
     desired.report("kube-ipvs check");
     let mut inputs = desired.inputs;
-    let observed =
-        RealKernel::open(DEFAULT_DUMMY).and_then(|mut k| Ok((k.read()?, read_sets(&mut k)?)));
+    let observed = kernel.and_then(|mut k| Ok((k.read()?, read_sets(&mut k)?)));
     let (observed, sets) = match observed {
         Ok(o) => o,
         Err(e) => return fail(e.to_string()),

@@ -71,6 +71,23 @@ fn parse_cidrs(v: Option<&str>) -> Result<Vec<Cidr>, String> {
         .collect()
 }
 
+/// kube-proxy's `--cleanup` under kube-proxy's name: `cleanup` with the exclude CIDRs and mark
+/// mask that `run` would use with the same flags and `--config` (exit 4 naming a bad setting).
+pub fn as_kube_proxy(run: &crate::agent::RunArgs) -> ExitCode {
+    let settings = match crate::agent::Settings::resolve(run) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("kube-proxy --cleanup: {e}");
+            return ExitCode::from(4);
+        }
+    };
+    main(&CleanupArgs {
+        exclude_cidrs: settings.source.exclude_cidrs.clone(),
+        local_fwmark_mask: settings.node.options.local_marks.unwrap_or_default(),
+        dry_run: false,
+    })
+}
+
 /// Runs `kube-ipvs cleanup`.
 pub fn main(args: &CleanupArgs) -> ExitCode {
     let exclude = match parse_cidrs(args.exclude_cidrs.as_deref()) {

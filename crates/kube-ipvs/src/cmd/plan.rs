@@ -115,18 +115,31 @@ pub fn main(args: &PlanArgs) -> ExitCode {
         eprintln!("kube-ipvs plan: {msg}");
         ExitCode::from(2)
     };
-    let desired = match args.source.load() {
+    if args.from_empty {
+        let desired = match args.source.load() {
+            Ok(v) => v,
+            Err(e) => return fail(e.to_string()),
+        };
+        desired.report("kube-ipvs plan");
+        let mut inputs = desired.inputs;
+        let ops = compute(&mut inputs, &Table::default());
+        print(&render(&ops));
+        return ExitCode::SUCCESS;
+    }
+    // The short circuit's marks the kernel holds are hints for the desired state's (best
+    // effort: the desired state's errors are reported before the kernel's).
+    let mut kernel = RealKernel::open(DEFAULT_DUMMY);
+    let hints = kernel
+        .as_mut()
+        .map(|k| crate::agent::sets::mark_hints(k))
+        .unwrap_or_default();
+    let desired = match args.source.load_hinted(hints) {
         Ok(v) => v,
         Err(e) => return fail(e.to_string()),
     };
     desired.report("kube-ipvs plan");
     let mut inputs = desired.inputs;
-    if args.from_empty {
-        let ops = compute(&mut inputs, &Table::default());
-        print(&render(&ops));
-        return ExitCode::SUCCESS;
-    }
-    let mut kernel = match RealKernel::open(DEFAULT_DUMMY) {
+    let mut kernel = match kernel {
         Ok(k) => k,
         Err(e) => return fail(e.to_string()),
     };

@@ -5,6 +5,7 @@
 //! skipped" are exactly the daemon's. The result is the engine's [`Inputs`]. This module never
 //! touches the kernel.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
@@ -223,6 +224,15 @@ impl SourceArgs {
     /// with what translation left out. Model rejections (which translation screens for, so they
     /// are unexpected) are returned as warnings.
     pub fn load(&self) -> Result<Desired, SourceError> {
+        self.load_hinted(HashMap::new())
+    }
+
+    /// [`SourceArgs::load`] with the short circuit's marks the kernel holds as hints, so the
+    /// marks are those the running agent gave ([`Inputs::set_mark_hints`]).
+    pub fn load_hinted(
+        &self,
+        hints: HashMap<kube_ipvs_diff::MarkHint, u32>,
+    ) -> Result<Desired, SourceError> {
         let ctx = self.node_context()?;
         let opts = self.translate_options();
         let (cs, skipped) = match &self.manifests {
@@ -231,7 +241,7 @@ impl SourceArgs {
             }
             None => self.list_cluster(&opts, &ctx.node_name)?,
         };
-        let (inputs, warnings) = self.inputs_from(ctx, &cs)?;
+        let (inputs, warnings) = self.inputs_from(ctx, &cs, hints)?;
         Ok(Desired {
             inputs,
             warnings,
@@ -244,8 +254,10 @@ impl SourceArgs {
         &self,
         ctx: NodeContext,
         cs: &ChangeSet,
+        hints: HashMap<kube_ipvs_diff::MarkHint, u32>,
     ) -> Result<(Inputs, Vec<String>), SourceError> {
         let mut inputs = Inputs::new(ctx).map_err(SourceError::Node)?;
+        inputs.set_mark_hints(hints);
         let warnings = cs
             .apply_to(&mut inputs)
             .into_iter()
@@ -402,7 +414,7 @@ mod tests {
             ..ChangeSet::default()
         };
         let ctx = a.node_context().expect("valid");
-        let (inputs, warnings) = a.inputs_from(ctx, &cs).expect("valid");
+        let (inputs, warnings) = a.inputs_from(ctx, &cs, HashMap::new()).expect("valid");
         assert!(warnings.is_empty());
         assert_eq!(inputs.node().zone.as_deref(), Some("zone-a"));
         // The Node object supplies what the flags left out.

@@ -275,7 +275,9 @@ impl Member {
             Self::NetNet(e) => e.is_valid(),
             Self::Ip(_) | Self::Port(_) => true,
             Self::IpPort { protocol, .. } => protocol != 0,
-            Self::IpPortMark { protocol, mark, .. } => protocol != 0 && mark != 0,
+            // Mark 0 is never one of ours, but a member read back with it (a mapping under
+            // another mask) must still be deletable.
+            Self::IpPortMark { protocol, .. } => protocol != 0,
             Self::IpPortNet {
                 addr,
                 protocol,
