@@ -245,6 +245,22 @@ fn agreed(claims: Option<&BTreeMap<u32, u32>>) -> Option<u32> {
     }
 }
 
+/// A [`ServiceSet::LocalMarks`] member as its key and mark; `None` for any other member.
+fn local_key(k: Keyed) -> Option<(LocalKey, u32)> {
+    match k {
+        (
+            set,
+            Member::IpPortMark {
+                addr,
+                protocol,
+                port,
+                mark,
+            },
+        ) => Some(((set, addr, protocol, port), mark)),
+        _ => None,
+    }
+}
+
 fn local_member(key: LocalKey, mark: u32) -> Keyed {
     let (set, addr, protocol, port) = key;
     (
@@ -331,19 +347,9 @@ impl ServiceSets {
     /// For a Local-policy mark member: records the claim (or its release) and moves the counts
     /// from the key's old agreed member to its new one; `false` for any other member.
     fn claim(&mut self, k: Keyed, hold: bool) -> bool {
-        let (
-            set,
-            Member::IpPortMark {
-                addr,
-                protocol,
-                port,
-                mark,
-            },
-        ) = k
-        else {
+        let Some((key, mark)) = local_key(k) else {
             return false;
         };
-        let key = (set, addr, protocol, port);
         let before = agreed(self.local_claims.get(&key));
         let claims = self.local_claims.entry(key).or_default();
         let n = claims.entry(mark).or_insert(0);
@@ -360,7 +366,7 @@ impl ServiceSets {
         }
         let after = agreed(self.local_claims.get(&key));
         if before != after {
-            let v6 = addr.is_ipv6();
+            let v6 = key.1.is_ipv6();
             if let Some(m) = before {
                 self.counts.release(local_member(key, m), v6);
             }
@@ -513,35 +519,15 @@ pub fn desired_members(inputs: &Inputs) -> BTreeMap<Keyed, Vec<ServiceName>> {
     let mut marks: HashMap<LocalKey, BTreeSet<u32>> = HashMap::new();
     for name in inputs.service_names() {
         for k in contribution(name, inputs) {
-            if let (
-                set,
-                Member::IpPortMark {
-                    addr,
-                    protocol,
-                    port,
-                    mark,
-                },
-            ) = k
-            {
-                marks
-                    .entry((set, addr, protocol, port))
-                    .or_default()
-                    .insert(mark);
+            if let Some((key, mark)) = local_key(k) {
+                marks.entry(key).or_default().insert(mark);
             }
             out.entry(k).or_default().push(name.clone());
         }
     }
     // As the agent keeps them: an address two Services give different marks is in no set.
-    out.retain(|(set, m), _| match *m {
-        Member::IpPortMark {
-            addr,
-            protocol,
-            port,
-            ..
-        } => marks
-            .get(&(*set, addr, protocol, port))
-            .is_none_or(|s| s.len() == 1),
-        _ => true,
+    out.retain(|k, _| {
+        local_key(*k).is_none_or(|(key, _)| marks.get(&key).is_none_or(|s| s.len() == 1))
     });
     out
 }

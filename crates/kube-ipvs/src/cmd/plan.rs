@@ -129,11 +129,7 @@ pub fn main(args: &PlanArgs) -> ExitCode {
     // The short circuit's marks the kernel holds are hints for the desired state's (best
     // effort: the desired state's errors are reported before the kernel's).
     let mut kernel = RealKernel::open(DEFAULT_DUMMY);
-    let hints = kernel
-        .as_mut()
-        .map(|k| crate::agent::sets::mark_hints(k))
-        .unwrap_or_default();
-    let desired = match args.source.load_hinted(hints) {
+    let desired = match args.source.load_beside(&mut kernel) {
         Ok(v) => v,
         Err(e) => return fail(e.to_string()),
     };

@@ -227,6 +227,20 @@ impl SourceArgs {
         self.load_hinted(HashMap::new())
     }
 
+    /// [`SourceArgs::load_hinted`] with the hints read from `kernel` when it could be opened
+    /// (best effort, so the desired state's errors come before the kernel's): what `check`
+    /// and `plan` compare with the kernel.
+    pub fn load_beside<K: crate::kernel::Kernel, E>(
+        &self,
+        kernel: &mut Result<K, E>,
+    ) -> Result<Desired, SourceError> {
+        let hints = kernel
+            .as_mut()
+            .map(|k| crate::agent::sets::mark_hints(k))
+            .unwrap_or_default();
+        self.load_hinted(hints)
+    }
+
     /// [`SourceArgs::load`] with the short circuit's marks the kernel holds as hints, so the
     /// marks are those the running agent gave ([`Inputs::set_mark_hints`]).
     pub fn load_hinted(
