@@ -60,6 +60,20 @@ struct Running {
     task: tokio::task::JoinHandle<Result<(), kube_ipvs::agent::sync::AgentError>>,
 }
 
+/// The masquerade settings of these tests: no cluster CIDR, the legacy backend, the defaults.
+fn fixed() -> kube_ipvs::agent::masq::Fixed {
+    kube_ipvs::agent::masq::Fixed {
+        cluster_cidrs: Vec::new(),
+        masquerade_all: false,
+        node_pod_cidrs: Vec::new(),
+        backend: kube_ipvs_host::masquerade::Backend::Legacy,
+        detect_local: kube_ipvs::agent::masq::DetectLocal::ClusterCidr,
+        mark_bit: 14,
+        random_fully: true,
+        local_marks: Some(0x3ff0_0000),
+    }
+}
+
 fn start(kernel: MemKernel) -> Running {
     start_with(kernel, |a| a)
 }
@@ -423,21 +437,11 @@ async fn a_drained_real_server_deleted_by_the_reconcile_is_not_drift() {
 
 #[tokio::test(start_paused = true)]
 async fn an_endpoint_change_on_this_node_is_a_hairpin_set_delta_without_rules() {
-    use kube_ipvs::agent::masq::{Fixed, Masq};
-    use kube_ipvs_host::masquerade::{Backend, Hairpin};
+    use kube_ipvs::agent::masq::Masq;
+    use kube_ipvs_host::masquerade::Hairpin;
 
     let kernel = MemKernel::default();
-    let masq = Masq::new(Fixed {
-        cluster_cidrs: Vec::new(),
-        masquerade_all: false,
-        node_pod_cidrs: Vec::new(),
-        backend: Backend::Legacy,
-        detect_local: kube_ipvs::agent::masq::DetectLocal::ClusterCidr,
-        mark_bit: 14,
-        random_fully: true,
-        local_marks: Some(0x3ff0_0000),
-    })
-    .with_hairpin_sets(&mut kernel.clone());
+    let masq = Masq::new(fixed()).with_hairpin_sets(&mut kernel.clone());
     let run = start_with(kernel.clone(), |a| a.with_masquerade(masq));
     let (mut tracker, cs) = tracker_with_examples();
     run.changes.send(cs).await.expect("send");
@@ -503,8 +507,7 @@ async fn an_endpoint_change_on_this_node_is_a_hairpin_set_delta_without_rules() 
 /// again.
 #[tokio::test(start_paused = true)]
 async fn kube_proxys_leftovers_go_once_our_rules_are_in_place() {
-    use kube_ipvs::agent::masq::{Fixed, Masq};
-    use kube_ipvs_host::masquerade::Backend;
+    use kube_ipvs::agent::masq::Masq;
 
     let kernel = MemKernel::default();
     {
@@ -513,16 +516,7 @@ async fn kube_proxys_leftovers_go_once_our_rules_are_in_place() {
         st.kube_proxy_leftovers =
             vec!["iptables chain KUBE-SERVICES (iptables-nft-restore)".into()];
     }
-    let masq = Masq::new(Fixed {
-        cluster_cidrs: Vec::new(),
-        masquerade_all: false,
-        node_pod_cidrs: Vec::new(),
-        backend: Backend::Legacy,
-        detect_local: kube_ipvs::agent::masq::DetectLocal::ClusterCidr,
-        mark_bit: 14,
-        random_fully: true,
-        local_marks: Some(0x3ff0_0000),
-    });
+    let masq = Masq::new(fixed());
     let run = start_with(kernel.clone(), |a| a.with_masquerade(masq));
     let (_tracker, cs) = tracker_with_examples();
     run.changes.send(cs).await.expect("send");
