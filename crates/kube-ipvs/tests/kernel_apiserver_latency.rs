@@ -32,7 +32,7 @@ fn histogram(agent: &Agent) -> (u64, f64) {
     let text = agent.metrics().expect("/metrics answers");
     let value = |suffix: &str| -> String {
         text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{METRIC}_{suffix} ")))
+            .find_map(|l| l.strip_prefix(&format!("{METRIC}_{suffix}{{ip_family=\"IPv4\"}} ")))
             .unwrap_or_else(|| panic!("no {METRIC}_{suffix} in /metrics:\n{text}"))
             .to_owned()
     };

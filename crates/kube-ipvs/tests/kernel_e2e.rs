@@ -707,7 +707,11 @@ impl Agent {
     fn full_syncs(&self) -> Option<u64> {
         let body = http_body(self.metrics, "/metrics")?;
         body.lines()
-            .find_map(|l| l.strip_prefix("kubeproxy_sync_full_proxy_rules_duration_seconds_count "))
+            .find_map(|l| {
+                l.strip_prefix(
+                    "kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} ",
+                )
+            })
             .and_then(|v| v.trim().parse().ok())
     }
 

@@ -69,11 +69,20 @@ fn converges_an_empty_kernel_and_serves_health_and_metrics() {
         "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
         "kube_ipvs_drift_repaired_total",
         "kube_ipvs_kernel_errors_total 0",
+        "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family=\"IPv4\"}",
+        "kubeproxy_sync_proxy_rules_service_changes_pending 0",
+        "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\",ip_family=\"IPv4\"}",
     ] {
         assert!(body.contains(name), "{name} missing:\n{body}");
     }
     assert_eq!(http_get(10256, "/livez").map(|r| r.0), Some(200));
     // kube-proxy's JSON and /proxyMode.
+    // Every example Service was a change (the first change set holds them all).
+    let changes = body
+        .lines()
+        .find_map(|l| l.strip_prefix("kubeproxy_sync_proxy_rules_service_changes_total "))
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    assert!(changes.is_some_and(|n| n >= 5), "{changes:?}");
     let (_, healthz) = http_get(10256, "/healthz").expect("healthz answers");
     let v: serde_json::Value = serde_json::from_str(&healthz).expect("JSON");
     assert_eq!(v["healthy"], true, "{healthz}");

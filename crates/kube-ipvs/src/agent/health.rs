@@ -453,7 +453,11 @@ mod tests {
         );
         let (status, _, body) = respond(&s, Routes::Metrics, &Method::GET, "/metrics", now);
         assert_eq!(status, StatusCode::OK);
-        assert!(body.contains("kubeproxy_sync_proxy_rules_duration_seconds_count 0"));
+        assert!(
+            body.contains(
+                "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 0"
+            )
+        );
         assert_eq!(
             respond(&s, Routes::Metrics, &Method::GET, "/proxyMode", now).2,
             "ipvs"

@@ -1,9 +1,9 @@
 //! What the agent measures, and its Prometheus text rendering.
 //!
-//! Names follow kube-proxy where they mean the same thing
-//! (`kubeproxy_sync_proxy_rules_duration_seconds`, `kubeproxy_sync_proxy_rules_last_timestamp_seconds`,
-//! `kubeproxy_network_programming_duration_seconds`),
-//! so existing dashboards keep working; the rest are ours, prefixed `kube_ipvs_`. The agent
+//! Every series kube-proxy's IPVS mode registers (`pkg/proxy/metrics/metrics.go`) is here
+//! under its name, help, labels and buckets, so existing dashboards keep working; the per-family
+//! ones carry the node's primary family in `ip_family` (one sync serves both families). The
+//! rest are ours, prefixed `kube_ipvs_`. The agent
 //! updates a [`Metrics`] behind a mutex; the HTTP server renders it. Nothing here is secret:
 //! counts and durations only, no addresses or names.
 
@@ -70,14 +70,25 @@ impl Histogram {
         self.count
     }
 
-    fn render(&self, out: &mut String, name: &str, help: &str) {
+    /// The histogram's lines, each series with `labels` (`ip_family="IPv4"`, or empty).
+    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let sep = if labels.is_empty() { "" } else { "," };
         for (b, c) in self.bounds.iter().zip(&self.counts) {
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
+            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {c}");
         }
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
-        let _ = writeln!(out, "{name}_sum {}", self.sum);
-        let _ = writeln!(out, "{name}_count {}", self.count);
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}",
+            self.count
+        );
+        let braces = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let _ = writeln!(out, "{name}_sum{braces} {}", self.sum);
+        let _ = writeln!(out, "{name}_count{braces} {}", self.count);
     }
 }
 
@@ -151,6 +162,22 @@ pub struct Metrics {
     pub healthz: [u64; 2],
     /// `/livez` answers: 200s and 503s.
     pub livez: [u64; 2],
+    /// The `ip_family` label of the per-family series: one sync serves both families, so the
+    /// series carry the node's primary family (`IPv6` on an IPv6-only node).
+    pub ip_family: &'static str,
+    /// Wall-clock time a change was last queued for a sync, in Unix seconds.
+    pub last_queued_timestamp: f64,
+    /// Service objects changed, in all; and not yet synced.
+    pub service_changes: u64,
+    pub service_changes_pending: u64,
+    /// Services whose endpoints changed, in all; and not yet synced.
+    pub endpoint_changes: u64,
+    pub endpoint_changes_pending: u64,
+    /// Services with a Local traffic policy and no local endpoint: internal, external (at the
+    /// last full sync).
+    pub no_local_endpoints: [u64; 2],
+    /// How long the UDP conntrack cleanups of a sync took.
+    pub conntrack_reconcile: Histogram,
 }
 
 impl Default for Metrics {
@@ -173,6 +200,14 @@ impl Default for Metrics {
             drain_timeouts: 0,
             healthz: [0; 2],
             livez: [0; 2],
+            ip_family: "IPv4",
+            last_queued_timestamp: 0.0,
+            service_changes: 0,
+            service_changes_pending: 0,
+            endpoint_changes: 0,
+            endpoint_changes_pending: 0,
+            no_local_endpoints: [0; 2],
+            conntrack_reconcile: Histogram::new(sync_buckets()),
         }
     }
 }
@@ -201,21 +236,70 @@ impl Metrics {
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
+        let family = format!("ip_family=\"{}\"", self.ip_family);
         self.sync_duration.render(
             &mut out,
             "kubeproxy_sync_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds",
+            &family,
         );
         self.full_sync_duration.render(
             &mut out,
             "kubeproxy_sync_full_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds for full resyncs",
+            &family,
         );
         self.network_programming.render(
             &mut out,
             "kubeproxy_network_programming_duration_seconds",
             "In Cluster Network Programming Latency in seconds",
+            &family,
         );
+        self.conntrack_reconcile.render(
+            &mut out,
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+            "ReconcileConntrackFlowsLatency latency in seconds",
+            &family,
+        );
+        // kube-proxy's per-family series, with this node's family.
+        let labelled = |out: &mut String, kind: &str, name: &str, help: &str, v: String| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{family}}} {v}"
+            );
+        };
+        labelled(
+            &mut out,
+            "gauge",
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "The last time a sync of proxy rules was queued",
+            format!("{}", self.last_queued_timestamp),
+        );
+        labelled(
+            &mut out,
+            "counter",
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+            "Cumulative proxy iptables restore failures",
+            self.masquerade_errors.to_string(),
+        );
+        labelled(
+            &mut out,
+            "counter",
+            "kubeproxy_conntrack_reconciler_deleted_entries_total",
+            "Cumulative conntrack flows deleted by conntrack reconciler",
+            self.conntrack_flushed.to_string(),
+        );
+        let name = "kubeproxy_sync_proxy_rules_no_local_endpoints_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Number of services with a Local traffic policy and no endpoints\n# TYPE {name} gauge"
+        );
+        for (policy, n) in [
+            ("internal", self.no_local_endpoints[0]),
+            ("external", self.no_local_endpoints[1]),
+        ] {
+            let _ = writeln!(out, "{name}{{traffic_policy=\"{policy}\",{family}}} {n}");
+        }
         let gauge = |out: &mut String, name: &str, help: &str, v: String| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         };
@@ -225,11 +309,38 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
             );
         };
-        gauge(
+        labelled(
             &mut out,
+            "gauge",
             "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
             "The last time proxy rules were successfully synced",
             format!("{}", self.last_sync_timestamp),
+        );
+        for (name, help, v) in [
+            (
+                "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+                "Pending proxy rules Endpoint changes",
+                self.endpoint_changes_pending,
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_service_changes_pending",
+                "Pending proxy rules Service changes",
+                self.service_changes_pending,
+            ),
+        ] {
+            gauge(&mut out, name, help, v.to_string());
+        }
+        counter(
+            &mut out,
+            "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+            "Cumulative proxy rules Endpoint changes",
+            self.endpoint_changes,
+        );
+        counter(
+            &mut out,
+            "kubeproxy_sync_proxy_rules_service_changes_total",
+            "Cumulative proxy rules Service changes",
+            self.service_changes,
         );
         let name = "kube_ipvs_operations_total";
         let _ = writeln!(
@@ -339,7 +450,7 @@ mod tests {
         h.observe(Duration::from_millis(5));
         h.observe(Duration::from_secs(1));
         let mut out = String::new();
-        h.render(&mut out, "x", "help");
+        h.render(&mut out, "x", "help", "");
         assert!(out.contains("x_bucket{le=\"0.001\"} 1\n"), "{out}");
         assert!(out.contains("x_bucket{le=\"0.01\"} 2\n"), "{out}");
         assert!(out.contains("x_bucket{le=\"+Inf\"} 3\n"), "{out}");
@@ -360,12 +471,14 @@ mod tests {
         let name = "kubeproxy_network_programming_duration_seconds";
         assert!(
             text.contains(&format!(
-                "# HELP {name} In Cluster Network Programming Latency in seconds\n# TYPE {name} histogram\n{name}_bucket{{le=\"0\"}} 0\n{name}_bucket{{le=\"0.25\"}} 0\n"
+                "# HELP {name} In Cluster Network Programming Latency in seconds\n# TYPE {name} histogram\n{name}_bucket{{ip_family=\"IPv4\",le=\"0\"}} 0\n{name}_bucket{{ip_family=\"IPv4\",le=\"0.25\"}} 0\n"
             )),
             "{text}"
         );
         assert!(
-            text.contains(&format!("{name}_bucket{{le=\"300\"}} 0\n")),
+            text.contains(&format!(
+                "{name}_bucket{{ip_family=\"IPv4\",le=\"300\"}} 0\n"
+            )),
             "{text}"
         );
     }
@@ -378,18 +491,25 @@ mod tests {
         let text = m.render();
         let name = "kubeproxy_network_programming_duration_seconds";
         assert!(
-            text.contains(&format!("{name}_bucket{{le=\"0\"}} 1\n")),
+            text.contains(&format!("{name}_bucket{{ip_family=\"IPv4\",le=\"0\"}} 1\n")),
             "{text}"
         );
         assert!(
-            text.contains(&format!("{name}_bucket{{le=\"0.25\"}} 1\n")),
+            text.contains(&format!(
+                "{name}_bucket{{ip_family=\"IPv4\",le=\"0.25\"}} 1\n"
+            )),
             "{text}"
         );
         assert!(
-            text.contains(&format!("{name}_bucket{{le=\"0.5\"}} 2\n")),
+            text.contains(&format!(
+                "{name}_bucket{{ip_family=\"IPv4\",le=\"0.5\"}} 2\n"
+            )),
             "{text}"
         );
-        assert!(text.contains(&format!("{name}_sum -1.125\n")), "{text}");
+        assert!(
+            text.contains(&format!("{name}_sum{{ip_family=\"IPv4\"}} -1.125\n")),
+            "{text}"
+        );
     }
 
     #[test]
@@ -402,10 +522,32 @@ mod tests {
         assert!(text.contains("kube_ipvs_operations_total{reason=\"startup\"} 7\n"));
         assert!(text.contains("kube_ipvs_drift_repaired_total 3\n"));
         assert!(text.contains("kube_ipvs_services 4\n"));
+        m.no_local_endpoints = [2, 1];
+        m.ip_family = "IPv6";
+        let text = m.render();
+        // kube-proxy's IPVS-mode series (`pkg/proxy/metrics/metrics.go`), with its labels.
+        for line in [
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"internal\",ip_family=\"IPv6\"} 2\n",
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\",ip_family=\"IPv6\"} 1\n",
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family=\"IPv6\"} 0\n",
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv6\"} 0\n",
+            "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv6\"} 0\n",
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds_count{ip_family=\"IPv6\"} 0\n",
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending 0\n",
+            "kubeproxy_sync_proxy_rules_endpoint_changes_total 0\n",
+            "kubeproxy_sync_proxy_rules_service_changes_pending 0\n",
+            "kubeproxy_sync_proxy_rules_service_changes_total 0\n",
+            "# TYPE kubeproxy_proxy_healthz_total counter\n",
+            "# TYPE kubeproxy_proxy_livez_total counter\n",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
         for name in [
             "kubeproxy_sync_proxy_rules_duration_seconds",
             "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
             "kubeproxy_network_programming_duration_seconds",
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
             "kube_ipvs_kernel_errors_total",
             "kube_ipvs_real_servers",
         ] {

@@ -77,6 +77,58 @@ pub fn udp_flushes(ops: &[Op], failures: &[apply::Failure]) -> Vec<UdpFlush> {
     out
 }
 
+/// How many of a change set's Services changed their object, and how many their endpoints,
+/// against what the inputs hold (kube-proxy's service and endpoint change counters). Marks the
+/// input store assigned are not part of the object.
+fn changes_in(cs: &ChangeSet, inputs: &Inputs) -> (u64, u64) {
+    let (mut services, mut endpoints) = (0, 0);
+    for (name, change) in &cs.services {
+        let same = match (inputs.service(name), &change.service) {
+            (None, None) => true,
+            (Some(old), Some(new)) if old.local_marks.is_empty() => old == new,
+            (Some(old), Some(new)) => {
+                let mut new = new.clone();
+                new.local_marks.clone_from(&old.local_marks);
+                *old == new
+            }
+            _ => false,
+        };
+        services += u64::from(!same);
+        endpoints += u64::from(inputs.endpoints(name) != change.endpoints.as_slice());
+    }
+    (services, endpoints)
+}
+
+/// Services with a Local traffic policy and no ready or serving local endpoint: (internal,
+/// external), for `kubeproxy_sync_proxy_rules_no_local_endpoints_total`.
+fn no_local_endpoints(inputs: &Inputs) -> [u64; 2] {
+    let node = inputs.node().node_name.as_str();
+    let mut out = [0u64; 2];
+    for name in inputs.service_names() {
+        let Some(info) = inputs.service(name) else {
+            continue;
+        };
+        let local = || {
+            inputs
+                .endpoints(name)
+                .iter()
+                .any(|e| (e.ready || e.serving) && e.node_name.as_deref() == Some(node))
+        };
+        let external =
+            info.kind != kube_ipvs_diff::ServiceKind::ClusterIp || !info.external_ips.is_empty();
+        if info.internal_traffic_policy == kube_ipvs_diff::TrafficPolicy::Local && !local() {
+            out[0] += 1;
+        }
+        if external
+            && info.external_traffic_policy == kube_ipvs_diff::TrafficPolicy::Local
+            && !local()
+        {
+            out[1] += 1;
+        }
+    }
+    out
+}
+
 /// How the loop behaves.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -322,6 +374,18 @@ impl<K: Kernel> Agent<K> {
         // kube-proxy's QueuedUpdate: the health check times out if no sync applies this.
         if !cs.services.is_empty() || cs.node.is_some() {
             self.shared.queued();
+            let wall = (self.wall)()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0);
+            let (services, endpoints) = changes_in(&cs, &self.inputs);
+            self.shared.with_metrics(|m| {
+                m.last_queued_timestamp = wall;
+                m.service_changes += services;
+                m.service_changes_pending += services;
+                m.endpoint_changes += endpoints;
+                m.endpoint_changes_pending += endpoints;
+            });
         }
         if let Some(node) = &cs.node {
             self.shared.set_node_draining(node.draining);
@@ -347,8 +411,7 @@ impl<K: Kernel> Agent<K> {
         }
         if cs.node.is_some() {
             self.impose_node_ips();
-            self.shared
-                .set_families(!self.inputs.node().node_ips_v6.is_empty());
+            self.note_families();
         }
         if let Some(hc) = &mut self.health_checks {
             hc.update(cs.services.keys(), &self.inputs);
@@ -394,6 +457,15 @@ impl<K: Kernel> Agent<K> {
         }
     }
 
+    /// The families health and metrics report, from the NodePort addresses.
+    fn note_families(&self) {
+        let node = self.inputs.node();
+        let (v4, v6) = (!node.node_ips_v4.is_empty(), !node.node_ips_v6.is_empty());
+        self.shared.set_families(v6);
+        let family = if v6 && !v4 { "IPv6" } else { "IPv4" };
+        self.shared.with_metrics(|m| m.ip_family = family);
+    }
+
     fn impose_node_ips(&mut self) {
         let Some(ips) = &self.node_ips else {
             return;
@@ -423,8 +495,7 @@ impl<K: Kernel> Agent<K> {
                     tracing::info!("NodePort addresses: {chosen:?}");
                     self.node_ips = Some(chosen);
                     self.impose_node_ips();
-                    self.shared
-                        .set_families(!self.inputs.node().node_ips_v6.is_empty());
+                    self.note_families();
                     return true;
                 }
                 false
@@ -534,10 +605,12 @@ impl<K: Kernel> Agent<K> {
         }
         let applied = (ops.len() - failures.len()) as u64;
         let drift = applied - drained;
+        let no_local = no_local_endpoints(&self.inputs);
         self.shared.with_metrics(|m| {
             m.services = desired.services.len() as u64;
             m.real_servers = desired.dest_count() as u64;
             m.foreign_entries = observed.foreign.len() as u64;
+            m.no_local_endpoints = no_local;
             if kind == SyncKind::Reconcile {
                 m.drift_repaired += drift;
             }
@@ -594,7 +667,10 @@ impl<K: Kernel> Agent<K> {
         }
         // After the IPVS change, so no new datagram is scheduled to the endpoint once its
         // entries are gone.
-        for target in udp_flushes(ops, &failures) {
+        let flushes = udp_flushes(ops, &failures);
+        let flush_start = Instant::now();
+        let any_flush = !flushes.is_empty();
+        for target in flushes {
             match self.kernel.flush_udp(target) {
                 Ok(n) => {
                     if n > 0 {
@@ -611,6 +687,11 @@ impl<K: Kernel> Agent<K> {
                     self.shared.with_metrics(|m| m.conntrack_errors += 1);
                 }
             }
+        }
+        if any_flush {
+            let took = flush_start.elapsed();
+            self.shared
+                .with_metrics(|m| m.conntrack_reconcile.observe(took));
         }
         failures
     }
@@ -703,6 +784,10 @@ impl<K: Kernel> Agent<K> {
         });
         if succeeded {
             self.shared.synced(now);
+            self.shared.with_metrics(|m| {
+                m.service_changes_pending = 0;
+                m.endpoint_changes_pending = 0;
+            });
         } else {
             self.shared.sync_failed();
         }
@@ -1011,15 +1096,15 @@ mod tests {
         assert_eq!(count, 1, "{text}");
         let name = "kubeproxy_network_programming_duration_seconds";
         for line in [
-            format!("{name}_bucket{{le=\"2\"}} 0"),
-            format!("{name}_bucket{{le=\"3\"}} 1"),
-            format!("{name}_bucket{{le=\"+Inf\"}} 1"),
+            format!("{name}_bucket{{ip_family=\"IPv4\",le=\"2\"}} 0"),
+            format!("{name}_bucket{{ip_family=\"IPv4\",le=\"3\"}} 1"),
+            format!("{name}_bucket{{ip_family=\"IPv4\",le=\"+Inf\"}} 1"),
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
         }
         let sum: f64 = text
             .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}_sum ")))
+            .find_map(|l| l.strip_prefix(&format!("{name}_sum{{ip_family=\"IPv4\"}} ")))
             .and_then(|v| v.parse().ok())
             .expect("a sum line");
         assert!((sum - 2.3).abs() < 1e-6, "{sum}");
@@ -1063,13 +1148,13 @@ mod tests {
         let name = "kubeproxy_network_programming_duration_seconds";
         assert!(
             text.lines()
-                .any(|x| x == format!("{name}_bucket{{le=\"1\"}} 1"))
+                .any(|x| x == format!("{name}_bucket{{ip_family=\"IPv4\",le=\"1\"}} 1"))
                 && text
                     .lines()
-                    .any(|x| x == format!("{name}_bucket{{le=\"29\"}} 1"))
+                    .any(|x| x == format!("{name}_bucket{{ip_family=\"IPv4\",le=\"29\"}} 1"))
                 && text
                     .lines()
-                    .any(|x| x == format!("{name}_bucket{{le=\"30\"}} 2")),
+                    .any(|x| x == format!("{name}_bucket{{ip_family=\"IPv4\",le=\"30\"}} 2")),
             "{text}"
         );
         assert_eq!(l.shared.with_metrics(|m| m.pending_retries), 0);
