@@ -216,26 +216,29 @@ pub fn service_table(
         for ip in &info.cluster_ips {
             add(*ip, port.port, internal);
         }
-        let mut ways_in: Vec<(IpAddr, u16)> = external.iter().map(|ip| (*ip, port.port)).collect();
-        if let Some(np) = port.node_port {
-            ways_in.extend(
+        // The external ways in of this port (addresses, then NodePorts), walked without
+        // collecting them: most Services have no mark and are on the sync path.
+        let ways_in = || {
+            let node_ports = port.node_port.into_iter().flat_map(|np| {
                 node_ips
                     .iter()
                     .filter(|ip| family_ok(ip))
-                    .map(|ip| (*ip, np)),
-            );
-        }
-        for &(ip, vport) in &ways_in {
+                    .map(move |ip| (*ip, np))
+            });
+            external.iter().map(|ip| (*ip, port.port)).chain(node_ports)
+        };
+        for (ip, vport) in ways_in() {
             add(ip, vport, external_backends);
         }
         if let Some(mark) = mark {
             for family in [Family::V4, Family::V6] {
-                let mut any = false;
-                for &(ip, vport) in ways_in.iter().filter(|(ip, _)| Family::of(*ip) == family) {
-                    marked.push((VirtualKey::inet(port.protocol, ip, vport), mark));
-                    any = true;
-                }
-                if !any {
+                let before = marked.len();
+                marked.extend(
+                    ways_in()
+                        .filter(|(ip, _)| Family::of(*ip) == family)
+                        .map(|(ip, vport)| (VirtualKey::inet(port.protocol, ip, vport), mark)),
+                );
+                if marked.len() == before {
                     continue;
                 }
                 let ipv6 = family == Family::V6;

@@ -908,16 +908,17 @@ impl Inputs {
     /// a watch relist costs nothing downstream.
     pub fn upsert_service(&mut self, name: ServiceName, mut info: ServiceInfo) -> Result<()> {
         validate_service(&name, &info)?;
-        let old = self
-            .services
-            .get(&name)
-            .map(|o| o.local_marks.as_slice())
-            .unwrap_or(&[]);
-        self.marks.assign(&name, &mut info, old);
+        // One lookup: the marks come from the stored object, then it is compared and replaced.
         match self.services.get_mut(&name) {
-            Some(existing) if *existing == info => return Ok(()),
-            Some(existing) => *existing = info,
+            Some(existing) => {
+                self.marks.assign(&name, &mut info, &existing.local_marks);
+                if *existing == info {
+                    return Ok(());
+                }
+                *existing = info;
+            }
             None => {
+                self.marks.assign(&name, &mut info, &[]);
                 self.services.insert(name.clone(), info);
             }
         }

@@ -365,33 +365,46 @@ impl Masquerade {
                     missing,
                 ));
             }
-            run_tool(
-                &self.tool(family, "-restore"),
-                &["-w", "--noflush"],
-                Some(&rules),
-            )?;
-            if self.config.service_sets {
-                // Apart, and best effort: a kernel without the mangle table or the SET target's
-                // --map-mark loses the short circuit only, not the filter and masquerade.
-                let mangle = save("mangle").and_then(|saved| {
-                    let missing =
-                        MANGLE_JUMPS.map(|(builtin, chain, _)| !has_jump(&saved, builtin, chain));
-                    let text = mangle_section(&self.config, family, missing);
-                    run_tool(
-                        &self.tool(family, "-restore"),
-                        &["-w", "--noflush"],
-                        Some(&text),
-                    )
-                });
-                if let Err(e) = mangle
-                    && !MANGLE_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed)
-                {
-                    tracing::warn!(
-                        "the Local-policy short circuit's mangle rules were refused ({e}); are \
-                         the iptable_mangle and xt_set modules available? Local clients of \
-                         Local-policy external addresses get local endpoints only"
-                    );
+            let restore = |text: &str| {
+                run_tool(
+                    &self.tool(family, "-restore"),
+                    &["-w", "--noflush"],
+                    Some(text),
+                )
+            };
+            if !self.config.service_sets {
+                restore(&rules)?;
+                continue;
+            }
+            // The short circuit's mangle section rides in the same run; a kernel without the
+            // mangle table or the SET target's --map-mark refuses it, and then the rest is
+            // applied alone: it loses the short circuit only, not the filter and masquerade.
+            let mangle = save("mangle").map(|saved| {
+                let missing =
+                    MANGLE_JUMPS.map(|(builtin, chain, _)| !has_jump(&saved, builtin, chain));
+                mangle_section(&self.config, family, missing)
+            });
+            let refused = match mangle {
+                Ok(section) => match restore(&format!("{rules}{section}")) {
+                    Ok(_) => None,
+                    Err(e) => {
+                        restore(&rules)?;
+                        Some(e)
+                    }
+                },
+                Err(e) => {
+                    restore(&rules)?;
+                    Some(e)
                 }
+            };
+            if let Some(e) = refused
+                && !MANGLE_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::warn!(
+                    "the Local-policy short circuit's mangle rules were refused ({e}); are \
+                     the iptable_mangle and xt_set modules available? Local clients of \
+                     Local-policy external addresses get local endpoints only"
+                );
             }
         }
         Ok(())

@@ -108,22 +108,23 @@ fn no_local_endpoints(inputs: &Inputs) -> [u64; 2] {
         let Some(info) = inputs.service(name) else {
             continue;
         };
-        let local = || {
-            inputs
+        let local = kube_ipvs_diff::TrafficPolicy::Local;
+        let external =
+            info.kind != kube_ipvs_diff::ServiceKind::ClusterIp || !info.external_ips.is_empty();
+        let policies = [
+            info.internal_traffic_policy == local,
+            external && info.external_traffic_policy == local,
+        ];
+        // The endpoints are looked at only for a Service with a Local policy, and once.
+        if policies.iter().any(|p| *p)
+            && !inputs
                 .endpoints(name)
                 .iter()
                 .any(|e| (e.ready || e.serving) && e.node_name.as_deref() == Some(node))
-        };
-        let external =
-            info.kind != kube_ipvs_diff::ServiceKind::ClusterIp || !info.external_ips.is_empty();
-        if info.internal_traffic_policy == kube_ipvs_diff::TrafficPolicy::Local && !local() {
-            out[0] += 1;
-        }
-        if external
-            && info.external_traffic_policy == kube_ipvs_diff::TrafficPolicy::Local
-            && !local()
         {
-            out[1] += 1;
+            for (n, p) in out.iter_mut().zip(policies) {
+                *n += u64::from(p);
+            }
         }
     }
     out
@@ -1166,6 +1167,52 @@ mod tests {
             addr: ip(addr),
             port,
         }
+    }
+
+    /// kube-proxy's no-local-endpoints gauge: a Local-policy Service counts under each Local
+    /// policy that applies to it while none of its serving endpoints is on this node.
+    #[test]
+    fn local_policy_services_without_a_local_endpoint_are_counted_per_policy() {
+        use kube_ipvs_diff::{Endpoint, Protocol, ServiceInfo, ServiceKind, ServicePort};
+        let mut inputs = Inputs::new(kube_ipvs_diff::NodeContext::new("node-1")).expect("node");
+        let svc = |kind, internal, external| ServiceInfo {
+            kind,
+            cluster_ips: vec![ip("10.96.0.1")],
+            ports: vec![ServicePort {
+                name: String::new(),
+                protocol: Protocol::Tcp,
+                port: 80,
+                node_port: (kind == ServiceKind::NodePort).then_some(30080),
+            }],
+            internal_traffic_policy: internal,
+            external_traffic_policy: external,
+            ..ServiceInfo::default()
+        };
+        let on = |node: &str| Endpoint {
+            node_name: Some(node.into()),
+            ..Endpoint::ready(ip("10.244.1.5"), Vec::new())
+        };
+        use kube_ipvs_diff::TrafficPolicy::{Cluster, Local};
+        for (name, info, node) in [
+            ("both", svc(ServiceKind::NodePort, Local, Local), "node-2"),
+            (
+                "internal",
+                svc(ServiceKind::ClusterIp, Local, Local),
+                "node-2",
+            ),
+            ("served", svc(ServiceKind::NodePort, Local, Local), "node-1"),
+            (
+                "cluster",
+                svc(ServiceKind::NodePort, Cluster, Cluster),
+                "node-2",
+            ),
+        ] {
+            let n = ServiceName::new("default", name);
+            inputs.upsert_service(n.clone(), info).expect("valid");
+            inputs.set_endpoints(n, vec![on(node)]).expect("valid");
+        }
+        // "both" counts twice; "internal" is not reachable from outside; "served" has one here.
+        assert_eq!(no_local_endpoints(&inputs), [2, 1]);
     }
 
     #[test]
