@@ -21,6 +21,8 @@ fn config() -> WatchConfig {
         min_interval: Duration::from_millis(5),
         backoff_min: Duration::from_millis(10),
         backoff_max: Duration::from_millis(100),
+        // Most tests here create no Node: the first change set goes without it soon.
+        node_wait: Duration::from_millis(100),
         ..WatchConfig::default()
     }
 }
@@ -124,6 +126,55 @@ async fn create_update_delete_arrive_as_model_changes() {
     assert_eq!(cs.services[&name("web")], ServiceChange::default());
     cs.apply_to(&mut inputs);
     assert!(inputs.is_empty());
+}
+
+/// The first change set waits for this node's Node (as kube-proxy waits for its addresses),
+/// so the first sync knows the zone and the NodePort addresses: a Node created a while after
+/// the watch started is in it.
+#[tokio::test]
+async fn the_first_change_set_waits_for_the_node() {
+    let (server, url) = TestApiServer::start().await.expect("server");
+    server
+        .create(&service("default", "web", "10.96.0.10", 80))
+        .expect("create");
+    let mut w = cluster::spawn(
+        client(&url),
+        WatchConfig {
+            node_wait: Duration::from_secs(30),
+            ..config()
+        },
+    );
+    // Services and slices are listed at once; without the Node nothing is handed out.
+    let early = tokio::time::timeout(Duration::from_millis(500), w.changes.recv()).await;
+    assert!(early.is_err(), "a change set before the Node: {early:?}");
+    server
+        .create(&node("node-a", "zone-a", "192.168.0.10"))
+        .expect("create");
+    let first = next(&mut w.changes).await;
+    assert!(first.initial && first.services.contains_key(&name("web")));
+    let node = first.node.expect("the Node in the first change set");
+    assert_eq!(node.zone.as_deref(), Some("zone-a"));
+}
+
+/// A Node that never comes holds the first change set for `node_wait` only.
+#[tokio::test]
+async fn without_the_node_the_first_change_set_goes_after_the_wait() {
+    let (server, url) = TestApiServer::start().await.expect("server");
+    server
+        .create(&service("default", "web", "10.96.0.10", 80))
+        .expect("create");
+    let started = std::time::Instant::now();
+    let mut w = cluster::spawn(
+        client(&url),
+        WatchConfig {
+            node_wait: Duration::from_millis(700),
+            ..config()
+        },
+    );
+    let first = next(&mut w.changes).await;
+    assert!(started.elapsed() >= Duration::from_millis(700));
+    assert!(first.initial && first.node.is_none());
+    assert!(first.services.contains_key(&name("web")));
 }
 
 #[tokio::test]

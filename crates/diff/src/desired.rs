@@ -128,11 +128,18 @@ pub fn service_table(
         .collect();
 
     // Node IPs already belong to the node; binding them to the dummy interface would steal them.
+    // Nor is an external or load-balancer IP that another interface holds bound (kube-proxy's
+    // `shouldBind`): the node already accepts it, and unbinding it later would not be ours.
     let mut addresses: Vec<IpAddr> = info
         .cluster_ips
         .iter()
-        .chain(&external)
         .copied()
+        .chain(
+            external
+                .iter()
+                .copied()
+                .filter(|ip| node.held_addresses.binary_search(ip).is_err()),
+        )
         .filter(|ip| !node_ips.contains(ip))
         .collect();
     addresses.sort_unstable();

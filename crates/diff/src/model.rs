@@ -600,6 +600,9 @@ pub struct NodeContext {
     pub node_ips_v4: Vec<Ipv4Addr>,
     /// IPv6 addresses NodePorts listen on.
     pub node_ips_v6: Vec<Ipv6Addr>,
+    /// Addresses other interfaces of the node hold (sorted): an external or load-balancer IP
+    /// among them is served but not bound to `kube-ipvs0`, as kube-proxy does not bind it.
+    pub held_addresses: Vec<IpAddr>,
     /// The scheduler for Services without an override (`--scheduler`).
     pub default_scheduler: Scheduler,
     /// Engine options.
@@ -617,6 +620,7 @@ impl NodeContext {
             zone: None,
             node_ips_v4: Vec::new(),
             node_ips_v6: Vec::new(),
+            held_addresses: Vec::new(),
             default_scheduler: Scheduler::RR,
             options: Options::default(),
             pod_cidrs: Vec::new(),

@@ -424,6 +424,19 @@ fn rule9_node_ports_on_each_node_ip_and_addresses_exclude_node_ips() {
     );
 }
 
+/// Rule 9, kube-proxy's `shouldBind`: an external or load-balancer IP that another interface of
+/// the node holds is served (its virtual servers are there) but not bound to `kube-ipvs0`; a
+/// ClusterIP is bound whatever holds it.
+#[test]
+fn rule9_addresses_other_interfaces_hold_are_served_but_not_bound() {
+    let mut n = node();
+    n.held_addresses = vec![ip("10.96.0.10"), ip("198.51.100.7")];
+    let s = lb_service();
+    let t = service_table(Some(&s), &[ep("10.1.0.1")], &n);
+    assert!(keys(&t).contains(&tcp("198.51.100.7", 80)));
+    assert_eq!(t.addresses, vec![ip("10.96.0.10"), ip("203.0.113.1")]);
+}
+
 /// Rule 10: an endpoint backs a Service port through the endpoint port with the same name and
 /// protocol, and the real server uses that (target) port; every real server is NAT, weight 1.
 #[test]

@@ -83,13 +83,15 @@ fn start_with(
     kernel: MemKernel,
     setup: impl FnOnce(Agent<MemKernel>) -> Agent<MemKernel>,
 ) -> Running {
+    // The node holds its InternalIP (examples/cluster/node.yaml), where NodePorts listen.
+    kernel.state().node_addresses = vec!["192.168.56.10".parse().expect("literal")];
     let shared = Arc::new(Shared::new(SYNC_PERIOD));
     let cfg = AgentConfig {
         sync_period: SYNC_PERIOD,
         retry_min: Duration::from_secs(1),
         retry_max: SYNC_PERIOD,
         node_ips: Vec::new(),
-        nodeport_cidrs: Vec::new(),
+        nodeports: kube_ipvs::agent::nodeports::NodePortAddresses::default(),
         remove_kube_proxy_leftovers: true,
     };
     let mut agent = setup(Agent::new(kernel, inputs(), cfg, shared.clone()));
@@ -339,7 +341,7 @@ async fn health_check_node_ports_follow_local_endpoints() {
         retry_min: Duration::from_secs(1),
         retry_max: SYNC_PERIOD,
         node_ips: Vec::new(),
-        nodeport_cidrs: Vec::new(),
+        nodeports: kube_ipvs::agent::nodeports::NodePortAddresses::default(),
         remove_kube_proxy_leftovers: true,
     };
     let mut agent =

@@ -100,19 +100,37 @@ fn unknown_keys_are_warned_about_and_ignored() {
     assert_eq!(s.source.service_proxy_name.as_deref(), Some("ipvs-only"));
 }
 
-/// `nodePortAddresses: [primary]` (kube-proxy's "the node's primary addresses") loads and
-/// means the Node object's InternalIPs, as with no setting; a CIDR list still works.
+/// `nodePortAddresses` as kube-proxy reads it: unset is every local address, `[primary]` the
+/// Node's own address of each family, a network list the addresses inside (per family); a
+/// bad entry is refused with the setting and the entry named.
 #[test]
-fn node_port_addresses_primary_is_the_nodes_own_addresses() {
+fn node_port_addresses_follow_kube_proxys_choice() {
+    let local: Vec<std::net::IpAddr> = ["192.168.56.10", "10.0.2.15", "2001:db8::10"]
+        .iter()
+        .map(|a| a.parse().expect("literal"))
+        .collect();
+    let node: Vec<std::net::IpAddr> = vec!["10.0.2.15".parse().expect("literal")];
+    let unset = Settings::resolve(&args(config_file("np-unset.yaml", KUBEADM))).expect("loads");
+    assert_eq!(unset.nodeports.select(&local, &node).len(), 3);
     let primary = KUBEADM.replace("nodePortAddresses: null", "nodePortAddresses: [primary]");
     let s = Settings::resolve(&args(config_file("primary.yaml", &primary))).expect("loads");
-    assert!(s.nodeport_cidrs.is_empty());
+    assert_eq!(
+        s.nodeports.select(&local, &node),
+        vec![node[0], local[2]],
+        "the Node's IPv4 address, and every IPv6 address (the Node has none of that family)"
+    );
     let cidrs = KUBEADM.replace(
         "nodePortAddresses: null",
         "nodePortAddresses: [192.168.0.0/16]",
     );
     let s = Settings::resolve(&args(config_file("np-cidrs.yaml", &cidrs))).expect("loads");
-    assert_eq!(s.nodeport_cidrs.len(), 1);
+    assert_eq!(s.nodeports.select(&local, &node), vec![local[0], local[2]]);
+    let bad = KUBEADM.replace("nodePortAddresses: null", "nodePortAddresses: [eth0]");
+    let e = Settings::resolve(&args(config_file("np-bad.yaml", &bad))).expect_err("refused");
+    assert!(
+        e.to_string().contains("nodePortAddresses") && e.to_string().contains("eth0"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -35,6 +35,10 @@ pub struct WatchConfig {
     pub backoff_max: Duration,
     /// List page size.
     pub page_size: u32,
+    /// How long the first change set waits for this node's Node object (with `node_name`),
+    /// so the first sync already knows the node's zone, addresses and eligibility (kube-proxy
+    /// waits 30 s for the Node's addresses before it starts).
+    pub node_wait: Duration,
 }
 
 impl Default for WatchConfig {
@@ -47,6 +51,7 @@ impl Default for WatchConfig {
             backoff_min: Duration::from_millis(800),
             backoff_max: Duration::from_secs(30),
             page_size: 500,
+            node_wait: Duration::from_secs(30),
         }
     }
 }
@@ -155,7 +160,10 @@ pub fn spawn(client: Client, cfg: WatchConfig) -> ClusterWatch {
     // No reflector stores: the raw objects are translated as they arrive and only the model is
     // kept (the tracker's), so memory grows with what the proxy uses, not with the objects.
     let (services, slices, node) = streams(&client, &cfg);
-    let tracker = Tracker::new(cfg.translate.clone());
+    let mut tracker = Tracker::new(cfg.translate.clone());
+    if cfg.node_name.is_some() {
+        tracker.await_node(cfg.node_wait);
+    }
     let task = tokio::spawn(drive(
         tracker,
         services,

@@ -172,6 +172,9 @@ pub async fn drive<S1, S2, S3>(
         stats,
     };
     let mut last_sent: Option<Instant> = None;
+    // The Node's deadline: the first change set waits for it until then.
+    let node_wait = core.tracker.node_awaited();
+    let node_deadline = node_wait.map(|w| Instant::now() + w);
     loop {
         let due = core
             .tracker
@@ -207,6 +210,16 @@ pub async fn drive<S1, S2, S3>(
                     core.publish();
                 }
                 last_sent = Some(Instant::now());
+            }
+            () = sleep_until_opt(node_deadline),
+                if node_deadline.is_some() && core.tracker.node_awaited().is_some() =>
+            {
+                core.tracker.stop_awaiting_node();
+                tracing::warn!(
+                    "this node's Node object did not arrive within {:?}: syncing without it \
+                     (no zone for topology hints, NodePort `primary` addresses unknown) until it does",
+                    node_wait.unwrap_or_default()
+                );
             }
             Some(item) = services.next() => core.on_service(item),
             Some(item) = slices.next() => core.on_slice(item),

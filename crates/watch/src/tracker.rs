@@ -22,7 +22,7 @@
 //! update, not from the deletion.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -118,6 +118,8 @@ pub struct Tracker {
     services_listed: bool,
     slices_listed: bool,
     sent_initial: bool,
+    /// How long the first change set may still wait for the Node, while it has not arrived.
+    node_wait: Option<Duration>,
     /// Wall-clock time the tracker started; older trigger times are not measured.
     started: SystemTime,
     /// Trigger times of slice changes not yet handed out, by Service.
@@ -216,6 +218,7 @@ impl Tracker {
             services_listed: false,
             slices_listed: false,
             sent_initial: false,
+            node_wait: None,
             started,
             triggers: HashMap::new(),
             services_relist: None,
@@ -348,9 +351,28 @@ impl Tracker {
                 .is_some_and(|e| e.as_slice() == endpoints)
     }
 
-    /// Whether both Services and EndpointSlices have been listed once.
+    /// Whether both Services and EndpointSlices have been listed once, and the Node has
+    /// arrived unless it is not awaited ([`Tracker::await_node`]).
     pub fn synced(&self) -> bool {
-        self.services_listed && self.slices_listed
+        self.services_listed && self.slices_listed && self.node_wait.is_none()
+    }
+
+    /// Holds the first change set until this node's Node arrives, for at most `wait`; the
+    /// driver ([`crate::driver::drive`]) gives up after that with a warning.
+    pub fn await_node(&mut self, wait: Duration) {
+        if self.node.is_none() {
+            self.node_wait = Some(wait);
+        }
+    }
+
+    /// How long the first change set waits for the Node, if it does.
+    pub fn node_awaited(&self) -> Option<Duration> {
+        self.node_wait
+    }
+
+    /// Stops waiting for the Node: the first change set goes without it.
+    pub fn stop_awaiting_node(&mut self) {
+        self.node_wait = None;
     }
 
     /// Whether a change set is due: synced, and something may have changed.
@@ -581,6 +603,7 @@ impl Tracker {
             Ok(info) => {
                 let name = node.metadata.name.as_deref().unwrap_or_default();
                 self.forget("Node", "", name);
+                self.node_wait = None;
                 if self.node.as_ref() != Some(&info) {
                     self.node = Some(info);
                     self.node_dirty = true;

@@ -15,6 +15,7 @@ use kube_ipvs_diff::{Cidr, NodeContext};
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
+use super::nodeports::NodePortAddresses;
 use crate::cmd::source::SourceArgs;
 
 /// The only `apiVersion` of `KubeProxyConfiguration` there is.
@@ -108,8 +109,8 @@ pub struct RunArgs {
     /// This node's zone; default: the Node object's `topology.kubernetes.io/zone` label.
     #[arg(long, value_name = "ZONE")]
     pub node_zone: Option<String>,
-    /// An address NodePorts listen on (repeatable); default: the Node object's InternalIPs, or
-    /// the node's addresses inside `--nodeport-addresses`.
+    /// An address NodePorts listen on (repeatable), instead of the choice of
+    /// `--nodeport-addresses`.
     #[arg(long = "node-ip", value_name = "IP")]
     pub node_ips: Vec<IpAddr>,
     /// The IPVS scheduler for Services without a `kube-ipvs.io/scheduler` annotation (any
@@ -153,8 +154,10 @@ pub struct RunArgs {
     /// kube-proxy itself still runs on the node.
     #[arg(long)]
     pub keep_kube_proxy_rules: bool,
-    /// NodePorts listen on the node's addresses inside these networks, comma-separated,
-    /// re-read on every full reconcile.
+    /// NodePorts listen on the node's addresses inside these networks, comma-separated, or on
+    /// `primary` (the Node's InternalIP of each family); a family with no network takes every
+    /// local address (the default: all but loopback, IPv6 link-local and `kube-ipvs0`'s).
+    /// Followed as addresses come and go.
     #[arg(long, value_name = "CIDR[,CIDR]")]
     pub nodeport_addresses: Option<String>,
     /// How often the whole kernel table is dumped and drift repaired (e.g. `30s`, `1m0s`).
@@ -755,8 +758,8 @@ pub struct Settings {
     pub masquerade_bit: u8,
     /// Whether the masquerade rules are managed (not `--no-masquerade`).
     pub masquerade: bool,
-    /// NodePorts listen on local addresses inside these; empty: the Node object's addresses.
-    pub nodeport_cidrs: Vec<Cidr>,
+    /// Which local addresses NodePorts listen on (`nodePortAddresses`).
+    pub nodeports: NodePortAddresses,
     /// Full reconcile interval.
     pub sync_period: Duration,
     /// Minimum interval between incremental syncs.
@@ -957,12 +960,18 @@ impl Settings {
             joined(&file.node_port_addresses).as_deref(),
             "nodePortAddresses",
         );
-        // kube-proxy's `primary`: the node's primary addresses, which are the Node object's
-        // InternalIPs here, as without the setting.
-        let nodeport_cidrs = match nodeport_addresses {
-            Some((v, _)) if v.trim() == "primary" => Vec::new(),
-            other => cidrs(other)?,
+        let nodeports = match &nodeport_addresses {
+            None => NodePortAddresses::default(),
+            Some((v, setting)) => NodePortAddresses::parse(v.split(','))
+                .map_err(|e| ConfigError::setting(setting, &e.entry, e.reason))?,
         };
+        if nodeports.loopback_only() {
+            warnings.push(
+                "nodePortAddresses names only loopback networks for a family: IPVS cannot \
+                 serve NodePorts on loopback, so that family has no NodePort address"
+                    .to_owned(),
+            );
+        }
         let cluster_cidrs = cidrs(cluster.clone())?;
         let node_pod_cidrs = cidrs(
             args.node_pod_cidr
@@ -983,6 +992,7 @@ impl Settings {
             master: args.master.clone(),
             node_zone: args.node_zone.clone(),
             node_ips: args.node_ips.clone(),
+            nodeport_addresses: nodeport_addresses.map(|(v, _)| v),
             scheduler: scheduler.0.clone(),
             cluster_cidr: cluster.map(|(v, _)| v),
             exclude_cidrs: exclude.map(|(v, _)| v),
@@ -1029,7 +1039,7 @@ impl Settings {
             detect_local,
             masquerade_bit,
             masquerade: !args.no_masquerade,
-            nodeport_cidrs,
+            nodeports,
             sync_period,
             min_sync_period,
             strict_arp: args.strict_arp || ipvs.strict_arp.unwrap_or(false),

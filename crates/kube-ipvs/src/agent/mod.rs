@@ -14,6 +14,7 @@ pub mod hcport;
 pub mod health;
 pub mod masq;
 pub mod metrics;
+pub mod nodeports;
 pub mod sets;
 pub mod sync;
 
@@ -233,7 +234,7 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
         retry_min: Duration::from_secs(1),
         retry_max: settings.sync_period.max(Duration::from_secs(1)),
         node_ips: settings.source.node_ips.clone(),
-        nodeport_cidrs: settings.nodeport_cidrs.clone(),
+        nodeports: settings.nodeports.clone(),
         remove_kube_proxy_leftovers: !settings.keep_kube_proxy_rules,
     };
     // Per-Service health checks listen on every address, as kube-proxy's do by default.
@@ -244,11 +245,7 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
         shared.clone(),
     ));
     // Subscribed before the startup sync reads the addresses, so no change falls in between.
-    let address_changes = if cfg.node_ips.is_empty() && !cfg.nodeport_cidrs.is_empty() {
-        sync::watch_addresses(cfg.nodeport_cidrs.clone())
-    } else {
-        None
-    };
+    let address_changes = sync::watch_addresses(DEFAULT_DUMMY);
     let masq = if settings.masquerade {
         // Changes are applied on a worker with a kernel handle of its own, so IPVS programming
         // never waits for iptables.

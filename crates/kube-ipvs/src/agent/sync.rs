@@ -32,7 +32,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use kube_ipvs_diff::{Cidr, DestKey, Engine, Inputs, Op, Protocol, ServiceName, VirtualKey};
+use kube_ipvs_diff::{DestKey, Engine, Inputs, Op, Protocol, ServiceName, VirtualKey};
 use kube_ipvs_watch::ChangeSet;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -139,10 +139,11 @@ pub struct AgentConfig {
     pub retry_min: Duration,
     /// Longest retry delay.
     pub retry_max: Duration,
-    /// NodePort addresses from `--node-ip` (fixed); wins over `nodeport_cidrs`.
+    /// NodePort addresses from `--node-ip` (fixed); win over `nodeports`.
     pub node_ips: Vec<IpAddr>,
-    /// NodePorts on the node's addresses inside these, re-read at each full sync.
-    pub nodeport_cidrs: Vec<Cidr>,
+    /// Which of the node's addresses NodePorts listen on, re-read at each full sync and when
+    /// the address watch signals.
+    pub nodeports: super::nodeports::NodePortAddresses,
     /// Remove kube-proxy's IPVS-mode chains and ipsets once our rules are in place
     /// (`--keep-kube-proxy-rules` turns it off).
     pub remove_kube_proxy_leftovers: bool,
@@ -191,8 +192,10 @@ pub struct Agent<K> {
     epoch: Instant,
     /// Failed Services (by label) and when they are retried.
     retry: BTreeMap<String, Pending>,
-    /// The NodePort addresses we impose on the node context, if any.
-    node_ips: Option<Vec<IpAddr>>,
+    /// The node's addresses (not `kube-ipvs0`'s) as last read, if read yet.
+    local: Option<Vec<IpAddr>>,
+    /// The Node object's addresses (its InternalIPs), for `primary`.
+    node_primary: Vec<IpAddr>,
     /// Health-check node ports, if served.
     health_checks: Option<super::hcport::HealthChecks>,
     /// The masquerade rules, if managed.
@@ -222,7 +225,6 @@ pub struct Agent<K> {
 impl<K: Kernel> Agent<K> {
     /// An agent with an empty engine: its first sync adopts whatever the kernel holds.
     pub fn new(kernel: K, inputs: Inputs, cfg: AgentConfig, shared: Arc<Shared>) -> Self {
-        let node_ips = (!cfg.node_ips.is_empty()).then(|| cfg.node_ips.clone());
         let cfg_removes_leftovers = cfg.remove_kube_proxy_leftovers;
         Self {
             kernel,
@@ -232,7 +234,8 @@ impl<K: Kernel> Agent<K> {
             shared,
             epoch: Instant::now(),
             retry: BTreeMap::new(),
-            node_ips,
+            local: None,
+            node_primary: Vec::new(),
             health_checks: None,
             masq: None,
             address_changes: None,
@@ -411,6 +414,8 @@ impl<K: Kernel> Agent<K> {
                 .extend(times.iter().copied());
         }
         if cs.node.is_some() {
+            // The change set replaced the context's addresses with the Node's.
+            self.node_primary = self.inputs.node().node_ips().collect();
             self.impose_node_ips();
             self.note_families();
         }
@@ -458,48 +463,75 @@ impl<K: Kernel> Agent<K> {
         }
     }
 
-    /// The families health and metrics report, from the NodePort addresses.
+    /// The families health and metrics report: the Node's addresses (kube-proxy's node IPs),
+    /// else the NodePort addresses.
     fn note_families(&self) {
         let node = self.inputs.node();
-        let (v4, v6) = (!node.node_ips_v4.is_empty(), !node.node_ips_v6.is_empty());
+        let from: Vec<IpAddr> = if self.node_primary.is_empty() {
+            node.node_ips().collect()
+        } else {
+            self.node_primary.clone()
+        };
+        let (v4, v6) = (
+            from.iter().any(IpAddr::is_ipv4),
+            from.iter().any(IpAddr::is_ipv6),
+        );
         self.shared.set_families(v6);
         let family = if v6 && !v4 { "IPv6" } else { "IPv4" };
         self.shared.with_metrics(|m| m.ip_family = family);
     }
 
-    fn impose_node_ips(&mut self) {
-        let Some(ips) = &self.node_ips else {
-            return;
-        };
+    /// Sets the NodePort and held addresses from what was last read ([`super::nodeports`]);
+    /// before the first read, only `--node-ip` (the Node's addresses stand meanwhile). Says
+    /// whether the node context changed.
+    fn impose_node_ips(&mut self) -> bool {
         let mut ctx = self.inputs.node().clone();
-        ctx.set_node_ips(ips.iter().copied());
-        if let Err(e) = self.inputs.set_node(ctx) {
-            tracing::warn!("node addresses refused: {e}");
+        let changed = match &self.local {
+            Some(local) => super::nodeports::apply(
+                &mut ctx,
+                &self.cfg.nodeports,
+                &self.cfg.node_ips,
+                local,
+                &self.node_primary,
+            ),
+            None if !self.cfg.node_ips.is_empty() => {
+                ctx.set_node_ips(self.cfg.node_ips.iter().copied());
+                true
+            }
+            None => false,
+        };
+        if !changed {
+            return false;
+        }
+        let ips: Vec<IpAddr> = ctx.node_ips().collect();
+        match self.inputs.set_node(ctx) {
+            Ok(()) => {
+                tracing::info!("NodePort addresses: {ips:?}");
+                true
+            }
+            Err(e) => {
+                tracing::warn!("node addresses refused: {e}");
+                false
+            }
         }
     }
 
-    /// Re-reads the node's addresses for `--nodeport-addresses`; says whether the NodePort
-    /// addresses changed.
+    /// Re-reads the node's addresses; says whether the NodePort addresses or the addresses
+    /// other interfaces hold changed.
     fn refresh_node_addresses(&mut self) -> bool {
-        if !self.cfg.node_ips.is_empty() || self.cfg.nodeport_cidrs.is_empty() {
-            return false;
-        }
         match self.kernel.node_addresses() {
-            Ok(all) => {
-                let mut chosen: Vec<IpAddr> = all
-                    .into_iter()
-                    .filter(|a| self.cfg.nodeport_cidrs.iter().any(|c| c.contains(*a)))
-                    .collect();
-                chosen.sort();
-                chosen.dedup();
-                if self.node_ips.as_ref() != Some(&chosen) {
-                    tracing::info!("NodePort addresses: {chosen:?}");
-                    self.node_ips = Some(chosen);
-                    self.impose_node_ips();
-                    self.note_families();
-                    return true;
+            Ok(mut all) => {
+                all.sort_unstable();
+                all.dedup();
+                if self.local.as_ref() == Some(&all) {
+                    return false;
                 }
-                false
+                self.local = Some(all);
+                let changed = self.impose_node_ips();
+                if changed {
+                    self.note_families();
+                }
+                changed
             }
             Err(e) => {
                 self.shared.with_metrics(|m| m.kernel_errors += 1);
@@ -812,11 +844,26 @@ async fn next_signal(signals: &mut Option<mpsc::Receiver<()>>) -> Option<()> {
 }
 
 /// Subscribes to the kernel's address notifications and forwards a signal for each change of an
-/// address inside `cidrs` (and for each loss of notifications) from a dedicated thread, since
+/// address of an interface other than `dummy` (and for each loss of notifications) from a dedicated thread, since
 /// the subscription's socket blocks. `None`, with a warning, when the subscription fails: the
 /// caller then relies on the re-read at each full sync.
-pub fn watch_addresses(cidrs: Vec<Cidr>) -> Option<mpsc::Receiver<()>> {
-    use kube_ipvs_netlink::link::{AddressEvent, AddressWatch};
+pub fn watch_addresses(dummy: &str) -> Option<mpsc::Receiver<()>> {
+    use kube_ipvs_netlink::link::{AddressEvent, AddressWatch, Rtnl};
+    let dummy = dummy.to_owned();
+    // The dummy interface's index, looked up again whenever an event names another interface
+    // (it may have been recreated): our own binds there, thousands at startup, are no change
+    // of the node's addresses and must not each cost a re-read.
+    let mut rtnl = Rtnl::new().ok();
+    let mut ours: Option<u32> = None;
+    let mut is_ours = move |index: u32| {
+        if ours == Some(index) {
+            return true;
+        }
+        ours = rtnl
+            .as_mut()
+            .and_then(|r| r.link_index(&dummy).ok().flatten());
+        ours == Some(index)
+    };
     let mut watch = match AddressWatch::subscribe() {
         Ok(w) => w,
         Err(e) => {
@@ -830,9 +877,11 @@ pub fn watch_addresses(cidrs: Vec<Cidr>) -> Option<mpsc::Receiver<()>> {
         .name("address-watch".to_owned())
         .spawn(move || {
             loop {
+                // Any address counts: NodePort addresses are chosen among all of them, and
+                // the held ones decide which external addresses are bound.
                 let relevant = match watch.recv() {
-                    Ok(AddressEvent::Added { addr, .. } | AddressEvent::Removed { addr, .. }) => {
-                        cidrs.iter().any(|c| c.contains(addr))
+                    Ok(AddressEvent::Added { index, .. } | AddressEvent::Removed { index, .. }) => {
+                        !is_ours(index)
                     }
                     Ok(AddressEvent::Resync) => true,
                     Ok(_) => false,
@@ -911,7 +960,8 @@ mod tests {
             retry_min: Duration::from_secs(1),
             retry_max: period,
             node_ips: Vec::new(),
-            nodeport_cidrs: vec!["192.168.77.0/24".parse().expect("literal")],
+            nodeports: crate::agent::nodeports::NodePortAddresses::parse(["192.168.77.0/24"])
+                .expect("literal"),
             remove_kube_proxy_leftovers: false,
         };
         let inputs = Inputs::new(kube_ipvs_diff::NodeContext::new("node-1")).expect("valid node");
@@ -1005,7 +1055,7 @@ mod tests {
                 retry_min: Duration::from_secs(1),
                 retry_max: period,
                 node_ips: Vec::new(),
-                nodeport_cidrs: Vec::new(),
+                nodeports: crate::agent::nodeports::NodePortAddresses::default(),
                 remove_kube_proxy_leftovers: false,
             };
             let inputs =

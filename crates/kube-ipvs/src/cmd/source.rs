@@ -68,9 +68,15 @@ pub struct SourceArgs {
     /// This node's zone; default: the Node object's `topology.kubernetes.io/zone` label.
     #[arg(long, value_name = "ZONE")]
     pub node_zone: Option<String>,
-    /// An address NodePorts listen on (repeatable); default: the Node object's InternalIPs.
+    /// An address NodePorts listen on (repeatable), instead of the choice of
+    /// `--nodeport-addresses`.
     #[arg(long = "node-ip", value_name = "IP")]
     pub node_ips: Vec<IpAddr>,
+    /// NodePorts listen on the node's addresses inside these networks, comma-separated, or on
+    /// `primary` (the Node's InternalIP of each family); a family with no network takes every
+    /// local address (the default). Read from the kernel; without one, the Node's InternalIPs.
+    #[arg(long, value_name = "CIDR[,CIDR]")]
+    pub nodeport_addresses: Option<String>,
     /// The IPVS scheduler for Services without a `kube-ipvs.io/scheduler` annotation.
     #[arg(long, default_value = "rr")]
     pub scheduler: String,
@@ -207,6 +213,18 @@ impl SourceArgs {
         Ok(ctx)
     }
 
+    /// `--nodeport-addresses`, parsed.
+    pub fn nodeports(&self) -> Result<crate::agent::nodeports::NodePortAddresses, SourceError> {
+        let value = self.nodeport_addresses.as_deref().unwrap_or_default();
+        crate::agent::nodeports::NodePortAddresses::parse(value.split(',')).map_err(|e| {
+            SourceError::Flag {
+                flag: "nodeport-addresses",
+                value: e.entry,
+                reason: e.reason,
+            }
+        })
+    }
+
     fn override_ips(&self, ctx: &mut NodeContext) {
         if self.node_ips.is_empty() {
             return;
@@ -238,7 +256,8 @@ impl SourceArgs {
             .as_mut()
             .map(|k| crate::agent::sets::mark_hints(k))
             .unwrap_or_default();
-        self.load_hinted(hints)
+        let local = kernel.as_mut().ok().and_then(|k| k.node_addresses().ok());
+        self.load_with(hints, local)
     }
 
     /// [`SourceArgs::load`] with the short circuit's marks the kernel holds as hints, so the
@@ -246,6 +265,17 @@ impl SourceArgs {
     pub fn load_hinted(
         &self,
         hints: HashMap<kube_ipvs_diff::MarkHint, u32>,
+    ) -> Result<Desired, SourceError> {
+        self.load_with(hints, None)
+    }
+
+    /// [`SourceArgs::load_hinted`] with the node's `local` addresses when they could be read:
+    /// the NodePort addresses are then chosen among them as the agent chooses
+    /// ([`crate::agent::nodeports`]); without them, the Node's InternalIPs.
+    pub fn load_with(
+        &self,
+        hints: HashMap<kube_ipvs_diff::MarkHint, u32>,
+        local: Option<Vec<IpAddr>>,
     ) -> Result<Desired, SourceError> {
         let ctx = self.node_context()?;
         let opts = self.translate_options();
@@ -255,7 +285,7 @@ impl SourceArgs {
             }
             None => self.list_cluster(&opts, &ctx.node_name)?,
         };
-        let (inputs, warnings) = self.inputs_from(ctx, &cs, hints)?;
+        let (inputs, warnings) = self.inputs_from(ctx, &cs, hints, local.as_deref())?;
         Ok(Desired {
             inputs,
             warnings,
@@ -269,6 +299,7 @@ impl SourceArgs {
         ctx: NodeContext,
         cs: &ChangeSet,
         hints: HashMap<kube_ipvs_diff::MarkHint, u32>,
+        local: Option<&[IpAddr]>,
     ) -> Result<(Inputs, Vec<String>), SourceError> {
         let mut inputs = Inputs::new(ctx).map_err(SourceError::Node)?;
         inputs.set_mark_hints(hints);
@@ -281,7 +312,14 @@ impl SourceArgs {
         if self.node_zone.is_some() {
             ctx.zone.clone_from(&self.node_zone);
         }
-        self.override_ips(&mut ctx);
+        match local {
+            Some(local) => {
+                let how = self.nodeports()?;
+                let primary: Vec<IpAddr> = ctx.node_ips().collect();
+                crate::agent::nodeports::apply(&mut ctx, &how, &self.node_ips, local, &primary);
+            }
+            None => self.override_ips(&mut ctx),
+        }
         inputs.set_node(ctx).map_err(SourceError::Node)?;
         Ok((inputs, warnings))
     }
@@ -428,7 +466,9 @@ mod tests {
             ..ChangeSet::default()
         };
         let ctx = a.node_context().expect("valid");
-        let (inputs, warnings) = a.inputs_from(ctx, &cs, HashMap::new()).expect("valid");
+        let (inputs, warnings) = a
+            .inputs_from(ctx, &cs, HashMap::new(), None)
+            .expect("valid");
         assert!(warnings.is_empty());
         assert_eq!(inputs.node().zone.as_deref(), Some("zone-a"));
         // The Node object supplies what the flags left out.
