@@ -218,3 +218,37 @@ fn the_binary_refuses_bad_settings_with_one_line_and_its_exit_code() {
         assert!(err.contains(want), "{err} should contain {want}");
     }
 }
+
+/// `/configz` reports the merged settings as kube-proxy's configz does: one object under
+/// `kubeproxy.config.k8s.io`, a v1alpha1 `KubeProxyConfiguration` with kube-proxy's field names
+/// and Go duration strings; each value here came from kubeadm's file or a default.
+#[test]
+fn configz_reports_the_settings_in_kube_proxys_shape() {
+    let s = Settings::resolve(&args(config_file("configz.yaml", KUBEADM))).expect("loads");
+    let doc = kube_ipvs::agent::configz::document(&s);
+    let keys: Vec<&String> = doc.as_object().expect("an object").keys().collect();
+    assert_eq!(keys, ["kubeproxy.config.k8s.io"]);
+    let c = &doc["kubeproxy.config.k8s.io"];
+    assert_eq!(c["kind"], "KubeProxyConfiguration");
+    assert_eq!(c["apiVersion"], "kubeproxy.config.k8s.io/v1alpha1");
+    assert_eq!(c["mode"], "ipvs");
+    assert_eq!(c["ipvs"]["scheduler"], "lc");
+    assert_eq!(c["ipvs"]["syncPeriod"], "1m0s");
+    assert_eq!(c["ipvs"]["minSyncPeriod"], "2s");
+    assert_eq!(c["ipvs"]["tcpTimeout"], "15m0s");
+    assert_eq!(c["ipvs"]["tcpFinTimeout"], "0s");
+    assert_eq!(c["ipvs"]["strictARP"], true);
+    assert_eq!(c["ipvs"]["excludeCIDRs"][0], "10.200.0.0/16");
+    assert_eq!(c["iptables"]["masqueradeBit"], 14, "kube-proxy's default");
+    assert_eq!(c["clusterCIDR"], "10.244.0.0/16");
+    assert_eq!(c["metricsBindAddress"], "0.0.0.0:10249");
+    assert_eq!(c["healthzBindAddress"], "0.0.0.0:10256");
+    assert_eq!(c["hostnameOverride"], "node-1");
+    assert_eq!(c["detectLocalMode"], "ClusterCIDR");
+    assert_eq!(c["conntrack"]["maxPerCore"], 32768);
+    assert_eq!(c["conntrack"]["tcpEstablishedTimeout"], "24h0m0s");
+    assert_eq!(
+        c["clientConnection"]["kubeconfig"],
+        "/var/lib/kube-proxy/kubeconfig.conf"
+    );
+}

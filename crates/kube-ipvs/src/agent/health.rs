@@ -59,6 +59,8 @@ pub struct Shared {
     timeout: Duration,
     /// How many syncs have finished, for anyone who wants to wait for the next one (tests).
     syncs: tokio::sync::watch::Sender<u64>,
+    /// The `/configz` body, once set.
+    configz: std::sync::OnceLock<String>,
 }
 
 /// The verdict at one moment, with what kube-proxy's JSON reports.
@@ -95,7 +97,13 @@ impl Shared {
             }),
             timeout: sync_period.saturating_mul(2),
             syncs: tokio::sync::watch::Sender::new(0),
+            configz: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Sets the `/configz` body (once; later calls change nothing).
+    pub fn set_configz(&self, body: String) {
+        let _ = self.configz.set(body);
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -258,7 +266,7 @@ pub fn health_json(h: &Health, healthz: bool, now: SystemTime) -> (bool, String)
 pub enum Routes {
     /// `/healthz`, `/livez`.
     Health,
-    /// `/metrics` and `/proxyMode`, plus the health paths (as kube-proxy's metrics server has
+    /// `/metrics`, `/proxyMode` and `/configz`, plus the health paths (as kube-proxy's metrics server has
     /// `/healthz`).
     Metrics,
 }
@@ -307,6 +315,10 @@ pub fn respond(
         ),
         // kube-proxy's metrics server names its mode.
         (Routes::Metrics, "/proxyMode") => (StatusCode::OK, TEXT, "ipvs".to_owned()),
+        (Routes::Metrics, "/configz") => match shared.configz.get() {
+            Some(body) => (StatusCode::OK, JSON, body.clone()),
+            None => (StatusCode::NOT_FOUND, TEXT, "not found\n".to_owned()),
+        },
         _ => (StatusCode::NOT_FOUND, TEXT, "not found\n".to_owned()),
     }
 }
