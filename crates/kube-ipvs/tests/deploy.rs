@@ -240,27 +240,34 @@ fn cluster_role_grants_exactly_what_the_code_calls() {
         sources(&root.join(dir), &mut srcs);
     }
     // Watchers (list + watch) for all three in crates/watch/src/cluster.rs; one-shot list of
-    // Services and EndpointSlices and get_opt of the Node in crates/kube-ipvs/src/cmd/source.rs.
+    // Services and EndpointSlices and get_opt of the Node in crates/kube-ipvs/src/cmd/source.rs;
+    // Events created in crates/kube-ipvs/src/agent/events.rs.
     assert_eq!(
         api_kinds_in_code(&srcs),
-        BTreeSet::from(["EndpointSlice".into(), "Node".into(), "Service".into()]),
+        BTreeSet::from([
+            "EndpointSlice".into(),
+            "Event".into(),
+            "Node".into(),
+            "Service".into()
+        ]),
         "the code reaches a new kind: give it a rule in deploy/clusterrole.yaml and here"
     );
-    for (path, text) in &srcs {
-        for call in [
-            ".create(",
-            ".patch(",
-            ".replace(",
-            ".delete(",
-            "Recorder::new",
-            "events::",
-        ] {
-            let hits_api = text.lines().any(|l| {
-                l.contains(call) && (l.contains("Api") || l.contains("api.") || call.contains("::"))
-            });
+    let events_rs = root.join("crates/kube-ipvs/src/agent/events.rs");
+    let creates = srcs
+        .iter()
+        .filter(|(p, _)| *p == events_rs)
+        .map(|(_, t)| t.matches("api.create(").count())
+        .sum::<usize>();
+    assert_eq!(creates, 1, "the one write: creating an Event");
+    for (path, text) in srcs.iter().filter(|(p, _)| *p != events_rs) {
+        for call in [".create(", ".patch(", ".replace(", ".delete("] {
+            let hits_api = text
+                .lines()
+                .any(|l| l.contains(call) && (l.contains("Api") || l.contains("api.")));
             assert!(
                 !hits_api,
-                "{} writes to the API server ({call}): the ClusterRole grants reads only",
+                "{} writes to the API server ({call}): the ClusterRole grants reads and \
+                 Event creation only",
                 path.display()
             );
         }
@@ -270,6 +277,7 @@ fn cluster_role_grants_exactly_what_the_code_calls() {
         ("", "services", &watch[..]),
         ("discovery.k8s.io", "endpointslices", &watch[..]),
         ("", "nodes", &["get", "list", "watch"][..]),
+        ("events.k8s.io", "events", &["create"][..]),
     ]
     .into_iter()
     .flat_map(|(g, r, verbs)| {
@@ -495,6 +503,19 @@ fn image_is_the_workspace_version() {
     assert_eq!(k.images.len(), 1);
     assert_eq!(k.images[0].name, IMAGE);
     assert_eq!(k.images[0].new_tag.as_deref(), Some(version));
+    // The Helm chart's version and appVersion (its default image tag), and its image name.
+    let chart_dir = repo_root().join("deploy/helm/kube-ipvs");
+    let chart: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(chart_dir.join("Chart.yaml")).expect("read Chart.yaml"),
+    )
+    .expect("Chart.yaml is YAML");
+    assert_eq!(chart["version"], version);
+    assert_eq!(chart["appVersion"], version);
+    let values: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(chart_dir.join("values.yaml")).expect("read values.yaml"),
+    )
+    .expect("values.yaml is YAML");
+    assert_eq!(values["image"]["repository"], IMAGE);
     // xtask names its archive and tag with the same version and name.
     let xtask = std::fs::read_to_string(repo_root().join("xtask/src/image.rs"))
         .expect("read xtask/src/image.rs");

@@ -36,7 +36,32 @@ fn the_agent_converges_then_follows_creates_updates_and_deletes() {
     let web_vip = format!("{web}:80");
     let api_vip = format!("{api}:8443");
 
+    let starting_events = || {
+        let events: kube::Api<k8s_openapi::api::events::v1::Event> =
+            kube::Api::namespaced(cluster.client.clone(), "default");
+        cluster
+            .rt
+            .block_on(events.list(&Default::default()))
+            .expect("list Events")
+            .items
+            .iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some("Starting")
+                    && e.reporting_controller.as_deref() == Some("kube-proxy")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                        == Some(common::apiserver::NODE)
+            })
+            .count()
+    };
+    let events_before = starting_events();
+
     let mut agent = Agent::start("converge");
+    // kube-proxy's start Event on the Node, created with the DaemonSet's RBAC.
+    wait_for(
+        "the agent's Starting Event",
+        Duration::from_secs(30),
+        || starting_events() > events_before,
+    );
     let converged = wait_for_table("the existing Services", |t| {
         t.get(&web_vip) == Some(&rs(&["10.244.1.10", "10.244.2.10"]))
             && t.get(&api_vip) == Some(&rs(&["10.244.1.20"]))

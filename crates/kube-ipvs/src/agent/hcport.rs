@@ -215,9 +215,18 @@ async fn bind_port(addr: IpAddr, port: u16) -> std::io::Result<Vec<TcpListener>>
 
 /// Opens listeners on `addr` for each port in the checks (both families for the IPv4
 /// wildcard, see [`bind_port`]) and closes those no longer there, until the sending side is
-/// dropped. A port that cannot be bound is logged and tried again at the next change.
-pub async fn serve_all(mut checks: watch::Receiver<Checks>, addr: IpAddr, shared: Arc<Shared>) {
+/// dropped. A port that cannot be bound is logged, reported once with kube-proxy's
+/// `FailedToStartServiceHealthcheck` Event (when `events` is given), and tried again at the
+/// next change.
+pub async fn serve_all(
+    mut checks: watch::Receiver<Checks>,
+    addr: IpAddr,
+    shared: Arc<Shared>,
+    events: Option<super::events::Recorder>,
+) {
     let mut running: HashMap<u16, Vec<tokio::task::JoinHandle<()>>> = HashMap::new();
+    // Failures already reported, by port and Service, so a retry does not repeat the Event.
+    let mut reported: std::collections::HashSet<(u16, ServiceName)> = Default::default();
     loop {
         let ports: Vec<u16> = checks.borrow_and_update().keys().copied().collect();
         running.retain(|port, tasks| {
@@ -227,19 +236,39 @@ pub async fn serve_all(mut checks: watch::Receiver<Checks>, addr: IpAddr, shared
             }
             keep
         });
+        reported.retain(|(port, _)| ports.contains(port));
         for port in ports {
             if running.contains_key(&port) {
                 continue;
             }
             match bind_port(addr, port).await {
                 Ok(listeners) => {
+                    reported.retain(|(p, _)| *p != port);
                     let tasks = listeners
                         .into_iter()
                         .map(|l| tokio::spawn(serve_port(l, port, checks.clone(), shared.clone())))
                         .collect();
                     running.insert(port, tasks);
                 }
-                Err(e) => tracing::warn!("healthCheckNodePort {addr}:{port}: {e}"),
+                Err(e) => {
+                    tracing::warn!("healthCheckNodePort {addr}:{port}: {e}");
+                    let service = checks.borrow().get(&port).map(|c| c.service.clone());
+                    if let (Some(rec), Some(svc)) = (&events, service)
+                        && reported.insert((port, svc.clone()))
+                    {
+                        let note = format!(
+                            "node {} failed to start healthcheck \"{svc}\" on port {port}: {e}",
+                            rec.node()
+                        );
+                        rec.emit(
+                            super::events::service_ref(&svc.namespace, &svc.name),
+                            super::events::Kind::Warning,
+                            "FailedToStartServiceHealthcheck",
+                            "Listen",
+                            &note,
+                        );
+                    }
+                }
             }
         }
         if checks.changed().await.is_err() {
@@ -349,7 +378,12 @@ mod tests {
         let (tx, rx) = watch::channel(Checks::new());
         let shared = Arc::new(Shared::new(Duration::from_secs(30)));
         shared.synced(std::time::SystemTime::now());
-        let server = tokio::spawn(serve_all(rx, "127.0.0.1".parse().expect("literal"), shared));
+        let server = tokio::spawn(serve_all(
+            rx,
+            "127.0.0.1".parse().expect("literal"),
+            shared,
+            None,
+        ));
         let check = |n| Check {
             service: ServiceName::new("default", "lb"),
             local_endpoints: n,

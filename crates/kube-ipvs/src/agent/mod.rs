@@ -10,6 +10,8 @@
 //! and counted, never fatal.
 
 pub mod config;
+pub mod configz;
+pub mod events;
 pub mod hcport;
 pub mod health;
 pub mod masq;
@@ -175,6 +177,7 @@ async fn shutdown_signal() {
 
 async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
     let shared = Arc::new(Shared::new(settings.sync_period));
+    shared.set_configz(configz::document(&settings).to_string());
     let healthz = match health::bind(settings.healthz, "--healthz-bind-address").await {
         Ok(l) => l,
         Err(e) => return fail(exit::START, e),
@@ -197,6 +200,7 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
         service_proxy_name: settings.source.service_proxy_name.clone(),
     };
     let node_name = Some(settings.node.node_name.clone());
+    let mut events = None;
     let watch = match &settings.source.manifests {
         Some(path) => kube_ipvs_watch::manifest::spawn(kube_ipvs_watch::manifest::ManifestConfig {
             path: path.clone(),
@@ -210,6 +214,16 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
                 Ok(c) => c,
                 Err(e) => return fail(exit::START, e),
             };
+            let recorder = events::Recorder::new(client.clone(), settings.node.node_name.clone());
+            // kube-proxy's birth cry.
+            recorder.emit(
+                events::node_ref(&settings.node.node_name),
+                events::Kind::Normal,
+                "Starting",
+                "StartKubeProxy",
+                "",
+            );
+            events = Some(recorder);
             kube_ipvs_watch::cluster::spawn(
                 client,
                 kube_ipvs_watch::WatchConfig {
@@ -243,6 +257,7 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
         checks,
         std::net::Ipv4Addr::UNSPECIFIED.into(),
         shared.clone(),
+        events,
     ));
     // Subscribed before the startup sync reads the addresses, so no change falls in between.
     let address_changes = sync::watch_addresses(DEFAULT_DUMMY);
