@@ -491,7 +491,128 @@ pub(crate) fn dry_run_deploy(plane: &ControlPlane) -> Result<String> {
     Ok(out)
 }
 
-/// `cargo xtask deploy-check`: starts the control plane and dry-runs `deploy/` against it.
+/// The Helm chart, from the workspace root.
+const CHART: &str = "deploy/helm/kube-ipvs";
+
+/// The YAML documents of a stream (`---`-separated), empty ones dropped, as JSON values.
+fn yaml_docs(text: &str, what: &str) -> Result<Vec<serde_json::Value>> {
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(text).with_context(|| format!("{what} is not YAML"))?;
+    Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
+}
+
+/// Objects by (kind, name), each ConfigMap's `config.conf` parsed (its text may differ in
+/// comments and key order only).
+fn by_kind_and_name(
+    docs: Vec<serde_json::Value>,
+    what: &str,
+) -> Result<std::collections::BTreeMap<(String, String), serde_json::Value>> {
+    let mut out = std::collections::BTreeMap::new();
+    for mut doc in docs {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
+        let name = doc["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if let Some(conf) = doc["data"]["config.conf"].as_str() {
+            let parsed = yaml_docs(conf, &format!("{what}: ConfigMap {name} config.conf"))?;
+            doc["data"]["config.conf"] = parsed.into_iter().next().unwrap_or_default();
+        }
+        if out.insert((kind.clone(), name.clone()), doc).is_some() {
+            bail!("{what}: {kind} {name} twice");
+        }
+    }
+    Ok(out)
+}
+
+/// Renders the chart with `helm template` into `dir`, checks that the default values give the
+/// objects of `kubectl apply -k deploy/` and that the values land where they say, and dry-runs
+/// the renders against the API server.
+fn check_chart(plane: &ControlPlane, helm: &Path, dir: &Path) -> Result<String> {
+    let root = util::workspace_root();
+    let chart = root.join(CHART);
+    let mut out = String::new();
+    let render = |extra: &[&str]| -> Result<String> {
+        let mut cmd = Command::new(helm);
+        cmd.args(["template", "kube-ipvs"])
+            .arg(&chart)
+            .args(["--namespace", "kube-system"])
+            .args(extra)
+            // No repository cache, config or plugins of the machine's user.
+            .env("HELM_CACHE_HOME", dir.join("helm/cache"))
+            .env("HELM_CONFIG_HOME", dir.join("helm/config"))
+            .env("HELM_DATA_HOME", dir.join("helm/data"));
+        util::output(&mut cmd)
+    };
+    let defaults = render(&[])?;
+    let mut kustomize = plane.kubectl()?;
+    kustomize.arg("kustomize").arg(root.join("deploy"));
+    let base = util::output(&mut kustomize)?;
+    let rendered = by_kind_and_name(yaml_docs(&defaults, "helm template")?, "helm template")?;
+    let wanted = by_kind_and_name(yaml_docs(&base, "kubectl kustomize deploy/")?, "deploy/")?;
+    if rendered != wanted {
+        let names = |m: &std::collections::BTreeMap<(String, String), serde_json::Value>| {
+            m.keys().cloned().collect::<Vec<_>>()
+        };
+        for (key, doc) in &rendered {
+            if wanted.get(key) != Some(doc) {
+                bail!(
+                    "{CHART} with its default values renders {key:?} unlike deploy/:\n{}\n\
+                     deploy/ has:\n{}",
+                    serde_json::to_string_pretty(doc)?,
+                    serde_json::to_string_pretty(&wanted.get(key))?
+                );
+            }
+        }
+        bail!(
+            "{CHART} renders {:?}, deploy/ holds {:?}",
+            names(&rendered),
+            names(&wanted)
+        );
+    }
+    out.push_str(&format!(
+        "$ helm template kube-ipvs {CHART} --namespace kube-system: the {} objects of \
+         `kubectl apply -k deploy/`\n",
+        rendered.len()
+    ));
+    let set = [
+        "--set",
+        "scheduler=lc",
+        "--set",
+        "image.tag=test",
+        "--set",
+        "resources.limits.memory=1Gi",
+        "--set",
+        "tolerations=null",
+    ];
+    let custom = render(&set)?;
+    let objects = by_kind_and_name(yaml_docs(&custom, "helm template --set")?, "helm --set")?;
+    let config = &objects[&("ConfigMap".to_owned(), "kube-ipvs".to_owned())]["data"]["config.conf"];
+    let ds =
+        &objects[&("DaemonSet".to_owned(), "kube-ipvs".to_owned())]["spec"]["template"]["spec"];
+    let container = &ds["containers"][0];
+    if config["ipvs"]["scheduler"] != "lc"
+        || container["image"] != "kube-ipvs:test"
+        || container["resources"]["limits"]["memory"] != "1Gi"
+        || !ds["tolerations"].is_null()
+    {
+        bail!("helm template {set:?} did not carry the values:\n{custom}");
+    }
+    for (what, text) in [("defaults", &defaults), ("--set", &custom)] {
+        let file = dir.join(format!("chart-{}.yaml", what.trim_start_matches('-')));
+        fs::write(&file, text)?;
+        out.push_str(&format!(
+            "$ helm template kube-ipvs {CHART} ({what}) | kubectl apply --dry-run=server -f -\n"
+        ));
+        let mut cmd = plane.kubectl()?;
+        cmd.args(["apply", "--dry-run=server", "-f"]).arg(&file);
+        out.push_str(&util::output(&mut cmd)?);
+    }
+    Ok(out)
+}
+
+/// `cargo xtask deploy-check`: starts the control plane and dry-runs `deploy/` and the Helm
+/// chart against it.
 pub(crate) fn command(args: &[String]) -> Result<()> {
     if let Some(arg) = args.first() {
         bail!("deploy-check: unexpected argument {arg:?}");
@@ -503,9 +624,14 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
             return Ok(());
         }
     };
+    let helm = match crate::tools::helm()? {
+        Ok(h) => h,
+        Err(crate::tools::Unavailable(why)) => bail!("deploy-check: {why}"),
+    };
     let dir = util::target_dir()?.join("control-plane/deploy-check");
     let plane = ControlPlane::start(&tools, &dir)?;
     let out = dry_run_deploy(&plane)?;
     print!("{out}");
+    print!("{}", check_chart(&plane, &helm, &dir)?);
     Ok(())
 }

@@ -174,6 +174,52 @@ fn build(go: &Path, module: &Path, target: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The Helm package built, from its own module (`integration/tools/helm`).
+const HELM: &str = "helm.sh/helm/v3/cmd/helm";
+
+/// The `helm` binary, building it first if the cache lacks it (as [`ensure`]).
+pub(crate) fn helm() -> Result<std::result::Result<PathBuf, Unavailable>> {
+    let Some(go) = go() else {
+        return Ok(Err(Unavailable(
+            "no Go toolchain (`$GO` unset or not a file, no `go` on PATH or in /usr/local/go/bin); \
+             helm cannot be built"
+                .into(),
+        )));
+    };
+    let dir = module_dir().join("helm");
+    let go_mod = fs::read_to_string(dir.join("go.mod"))
+        .with_context(|| format!("reading {}/go.mod", dir.display()))?;
+    let go_sum = fs::read_to_string(dir.join("go.sum"))
+        .with_context(|| format!("reading {}/go.sum", dir.display()))?;
+    let go_version = util::output(Command::new(&go).arg("version"))?;
+    let mut key = Fnv::default();
+    key.str(&go_mod).str(&go_sum).str(go_version.trim());
+    let target = util::target_dir()?.join("tools");
+    let out = target.join(format!("helm-{}", key.hex()));
+    let bin = out.join("helm");
+    if bin.is_file() {
+        return Ok(Ok(bin));
+    }
+    let started = Instant::now();
+    let scratch = target.join(format!("building-helm-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&scratch);
+    fs::create_dir_all(&scratch)?;
+    eprintln!("xtask: building helm from the Go module proxy (first time on this machine)");
+    let mut cmd = Command::new(&go);
+    cmd.current_dir(&dir)
+        .args(["build", "-trimpath", "-o"])
+        .arg(scratch.join("helm"))
+        .arg(HELM)
+        .env("GOFLAGS", "-mod=readonly -buildvcs=false")
+        .env("GOTOOLCHAIN", "local")
+        .env("CGO_ENABLED", "0");
+    util::run(&mut cmd)?;
+    let _ = fs::remove_dir_all(&out);
+    fs::rename(&scratch, &out)?;
+    eprintln!("xtask: built helm in {}", secs(started.elapsed()));
+    Ok(Ok(bin))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
