@@ -14,6 +14,7 @@ use std::path::PathBuf;
 
 /// Programs the kernel from the manifests and checks that `check` agrees: the common start.
 fn apply_and_expect_in_sync(dir: &std::path::Path) {
+    node_address();
     let out = kube_ipvs("plan", dir, &["--apply"]);
     assert_eq!(out.status.code(), Some(0), "plan --apply failed");
     assert!(
@@ -190,6 +191,7 @@ fn a_failed_op_is_reported_with_its_service_and_the_rest_applies() {
         !std::path::Path::new("/sys/module/ip_vs_twos").exists(),
         "this test needs a kernel without ip_vs_twos; pick another missing scheduler"
     );
+    node_address();
     let dir = manifests("check-failed-op");
     let odd = "apiVersion: v1\nkind: Service\nmetadata:\n  name: odd\n  namespace: default\n  \
                annotations: {kube-ipvs.io/scheduler: twos}\nspec:\n  clusterIP: 10.96.0.77\n  \

@@ -70,6 +70,7 @@ fn cleanup_removes_what_run_created_and_nothing_else() {
     for (name, body) in EXAMPLES {
         std::fs::write(dir.join(name), body).expect("write manifest");
     }
+    node_address();
     // Someone else's: a virtual server inside the excluded network and a fwmark service.
     ipvsadm(&["-A", "-t", "10.200.0.1:80", "-s", "rr"]);
     ipvsadm(&["-a", "-t", "10.200.0.1:80", "-r", "10.1.0.1:80", "-m"]);

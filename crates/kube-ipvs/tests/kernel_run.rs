@@ -54,6 +54,7 @@ fn startup_ops() -> Option<f64> {
 
 #[test]
 fn converges_an_empty_kernel_and_serves_health_and_metrics() {
+    node_address();
     let dir = manifests("run-empty");
     assert_eq!(planned_ops(&dir), EMPTY_KERNEL_OPS);
     let mut agent = Agent::start(&dir, &[]);
@@ -137,6 +138,7 @@ fn adopts_a_stale_table_with_only_the_needed_operations_and_survives_restart() {
 
 #[test]
 fn ipvsadm_clear_is_repaired_by_the_next_reconcile() {
+    node_address();
     let dir = manifests("run-clear");
     let mut agent = Agent::start(&dir, &["--sync-period", "2s"]);
     agent.wait_healthy();
@@ -640,6 +642,7 @@ fn lines_with(text: &str, needles: &[&str]) -> usize {
 
 #[test]
 fn masquerade_rules_follow_the_settings_and_the_local_policy_set() {
+    node_address();
     let dir = manifests("run-masq");
     // A short sync period: the reconcile repairs a flushed hairpin set.
     let mut agent = Agent::start(

@@ -551,7 +551,10 @@ pub fn main(args: &ExplainArgs) -> ExitCode {
         Ok(t) => t,
         Err(e) => return fail(e),
     };
-    let desired = match args.source.load() {
+    // The node's addresses, when the kernel can be read, so the NodePort addresses are those
+    // the agent chooses; without them, the Node's InternalIPs.
+    let mut kernel = crate::kernel::RealKernel::open(kube_ipvs_netlink::link::DEFAULT_DUMMY);
+    let desired = match args.source.load_beside(&mut kernel) {
         Ok(v) => v,
         Err(e) => return fail(e.to_string()),
     };

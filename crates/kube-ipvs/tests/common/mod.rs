@@ -101,6 +101,24 @@ pub(crate) fn kube_ipvs(cmd: &str, dir: &Path, extra: &[&str]) -> Output {
     run(&kube_ipvs_bin(), &args)
 }
 
+/// Gives this test's network namespace the node's InternalIP (examples/cluster/node.yaml,
+/// 192.168.56.10) on a dummy link `node0`: NodePorts listen on the node's own addresses, as
+/// kube-proxy's IPVS mode's do.
+pub(crate) fn node_address() {
+    for args in [
+        &["link", "add", "node0", "type", "dummy"][..],
+        &["link", "set", "node0", "up"],
+        &["addr", "add", "192.168.56.10/32", "dev", "node0"],
+    ] {
+        let out = run("/usr/sbin/ip", args);
+        assert!(
+            out.status.success(),
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// Polls `cond` every 100 ms until it holds or `limit` passes.
 pub(crate) fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
