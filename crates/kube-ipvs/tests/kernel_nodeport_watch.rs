@@ -1,4 +1,4 @@
-//! Kernel test of NodePorts following the node's addresses (run in the VM by
+//! Kernel tests of NodePorts following the node's addresses (run in the VM by
 //! `cargo xtask vm-test kube-ipvs/kernel_nodeport_watch`): `kube-ipvs run` with
 //! `--nodeport-addresses` and a one-hour `--sync-period` adds and removes the NodePort virtual
 //! servers of an address added or removed with iproute2 within seconds. With that sync period
@@ -97,4 +97,79 @@ fn nodeports_follow_addresses_added_and_removed() {
     );
     // The ClusterIP was never touched by any of this.
     assert!(has_vs(&ipvsadm_table(), "10.96.0.30:80"));
+}
+
+/// A Service with two external IPs, one of which another interface of the node will hold.
+const EXT: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: ext, namespace: default}\n\
+spec:\n  clusterIP: 10.96.0.90\n  clusterIPs: [10.96.0.90]\n  \
+externalIPs: [192.168.77.50, 203.0.113.9]\n  \
+ports:\n  - {name: http, port: 80, protocol: TCP, targetPort: 8080}\n---\n\
+apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: ext-1\n  \
+namespace: default\n  labels: {kubernetes.io/service-name: ext}\naddressType: IPv4\n\
+endpoints:\n- addresses: [10.244.1.90]\n  conditions: {ready: true}\n  nodeName: node-1\n\
+ports:\n- {name: http, port: 8080, protocol: TCP}\n";
+
+fn kube_ipvs0() -> String {
+    let out = run("/usr/sbin/ip", &["-o", "addr", "show", "dev", "kube-ipvs0"]);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn bound(addr: &str) -> bool {
+    kube_ipvs0().contains(&format!(" {addr}/32 "))
+}
+
+/// kube-proxy's IPVS defaults, on the real kernel: without `--nodeport-addresses` NodePorts
+/// listen on every local address (not loopback, not `kube-ipvs0`'s) and
+/// follow them; an external IP that another interface holds is served but never bound to
+/// `kube-ipvs0` (kube-proxy's `shouldBind`), also when another interface takes it later.
+#[test]
+fn default_nodeports_are_every_local_address_and_held_external_ips_stay_unbound() {
+    let dir = PathBuf::from("/tmp/kube-ipvs-nodeport-default");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create manifest dir");
+    std::fs::write(dir.join("node.yaml"), NODE).expect("write manifest");
+    std::fs::write(dir.join("shop.yaml"), SHOP).expect("write manifest");
+    std::fs::write(dir.join("ext.yaml"), EXT).expect("write manifest");
+
+    node_address();
+    ip(&["link", "add", "other0", "type", "dummy"]);
+    ip(&["link", "set", "other0", "up"]);
+    ip(&["addr", "add", "172.31.0.5/32", "dev", "other0"]);
+    ip(&["addr", "add", "192.168.77.50/32", "dev", "other0"]);
+    let mut agent = Agent::start(&dir, &["--sync-period", "1h"]);
+    agent.wait_healthy();
+    let table = ipvsadm_table();
+    for addr in ["192.168.56.10", "172.31.0.5", "192.168.77.50"] {
+        assert!(
+            has_vs(&table, &format!("{addr}:30080")),
+            "NodePort on the local address {addr}:\n{table}"
+        );
+    }
+    assert!(
+        !has_vs(&table, "127.0.0.1:30080"),
+        "no NodePort on loopback:\n{table}"
+    );
+    // Both external IPs are served; only the one no interface holds is bound.
+    assert!(has_vs(&table, "192.168.77.50:80") && has_vs(&table, "203.0.113.9:80"));
+    assert!(bound("203.0.113.9"), "{}", kube_ipvs0());
+    assert!(!bound("192.168.77.50"), "{}", kube_ipvs0());
+    assert!(bound("10.96.0.90"), "{}", kube_ipvs0());
+
+    // Followed through the address watch (the sync period is an hour).
+    ip(&["addr", "add", "172.31.0.6/32", "dev", "other0"]);
+    wait_table(&agent, "the NodePort on the added 172.31.0.6", |t| {
+        has_vs(t, "172.31.0.6:30080")
+    });
+    ip(&["addr", "add", "203.0.113.9/32", "dev", "other0"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while bound("203.0.113.9") {
+        assert!(
+            Instant::now() < deadline,
+            "203.0.113.9 stayed on kube-ipvs0 after other0 took it:\n{}\n--- log ---\n{}",
+            kube_ipvs0(),
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(has_vs(&ipvsadm_table(), "203.0.113.9:80"), "still served");
 }
