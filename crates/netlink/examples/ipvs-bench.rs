@@ -1,8 +1,16 @@
-//! Programs N services x M destinations through the crate (batched) and through `ipvsadm -R`, reads the table back
-//! with both, checks the tables match, and prints the times and ratios.
+//! Programs N services x M destinations through the crate (batched), through a raw sender (the
+//! kernel's own cost: the same messages in socket-sized `sendmsg`s, no acknowledgement but one
+//! fence at the end) and through `ipvsadm -R`, reads the table back, checks the tables match, and
+//! prints the times and ratios.
+//!
+//! Each program runs on a fresh table: the crate in the namespace the bench starts in (fresh
+//! when the guest boots), the raw sender and `ipvsadm -R` each in a network namespace of its own
+//! (`unshare -n`, re-running this binary with `--phase`). IPVS keeps deleted destinations in a
+//! per-namespace trash that every add scans for about a minute, so a program run right after
+//! another's flush pays for the first one's table.
 //!
 //! Run it in the VM with `cargo xtask bench netlink [-- --services N --dests M [--ack-mode every|errors-only]]`.
-//! It needs root and IPVS, and it flushes the IPVS table of its network namespace.
+//! It needs root, IPVS and `unshare`, and it flushes the IPVS table of its network namespace.
 
 use std::fmt::Write as _;
 use std::fs::File;
@@ -20,6 +28,8 @@ struct Args {
     dests: u32,
     ack_mode: AckMode,
     read_only: bool,
+    /// Run only this program, in the current namespace, and print its time (`raw`, `ipvsadm`).
+    phase: Option<String>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -28,6 +38,7 @@ fn parse_args() -> Result<Args> {
         dests: 10,
         ack_mode: AckMode::Every,
         read_only: false,
+        phase: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -43,6 +54,7 @@ fn parse_args() -> Result<Args> {
                 }
             }
             "--read-only" => args.read_only = true,
+            "--phase" => args.phase = Some(value()?),
             "--" => {}
             other => bail!(
                 "unknown argument {other:?}; usage: ipvs-bench [--services N] [--dests M] [--ack-mode every|errors-only]"
@@ -147,19 +159,10 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-fn main() -> Result<()> {
-    let args = parse_args()?;
-    let ops = u64::from(args.services) * (1 + u64::from(args.dests));
-    let mut ipvs = Ipvs::with_config(IpvsConfig {
-        ack_mode: args.ack_mode,
-        ..IpvsConfig::default()
-    })
-    .context("open IPVS handle")?;
-    ipvs.flush().context("flush before the run")?;
-
-    // Through the crate, batched; building the requests is part of the measured time.
-    let t = Instant::now();
-    let mut reqs = Vec::with_capacity(ops as usize);
+/// Every request of the table, services first then their destinations, in program order.
+fn requests(args: &Args) -> Vec<Request> {
+    let ops = args.services as usize * (1 + args.dests as usize);
+    let mut reqs = Vec::with_capacity(ops);
     for i in 0..args.services {
         let key = ServiceKey::tcp(vip(i), 80);
         reqs.push(Request::NewService(Service::new(key, "rr")));
@@ -172,6 +175,172 @@ fn main() -> Result<()> {
             });
         }
     }
+    reqs
+}
+
+/// The requests as `ipvsadm -R` input, and the sorted `ipvsadm -S -n` lines they give.
+fn rules(reqs: &[Request]) -> (String, Vec<String>) {
+    let mut rules = String::with_capacity(reqs.len() * 64);
+    let mut want = Vec::with_capacity(reqs.len());
+    for r in reqs {
+        let line = match r {
+            Request::NewService(s) => service_line(&s.key, &s.scheduler),
+            Request::NewDest { service, dest } => dest_line(service, dest),
+            _ => continue,
+        };
+        let _ = writeln!(rules, "{line}");
+        want.push(line);
+    }
+    want.sort();
+    (rules, want)
+}
+
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_ACK: u16 = 0x4;
+const NLMSG_ERROR: u16 = 2;
+
+/// The raw cost: the requests encoded as they are built into socket-sized `sendmsg`s without
+/// acknowledgements, the last one asking for an acknowledgement as a fence (the kernel handles a
+/// batch in order, in `sendmsg`). Returns the time (build + send + fence), the `sendmsg` calls
+/// and the requests the kernel refused.
+fn raw_program(args: &Args, family: u16) -> Result<(Duration, usize, usize)> {
+    use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_GENERIC};
+    let mut sock = Socket::new(NETLINK_GENERIC).context("netlink socket")?;
+    sock.bind_auto().context("bind")?;
+    sock.connect(&SocketAddr::new(0, 0)).context("connect")?;
+    sock.set_rx_buf_sz(16usize << 20).context("SO_RCVBUF")?;
+    // The default send buffer (net.core.wmem_default): a sendmsg must stay below it.
+    let chunk_bytes = 160 << 10;
+    let t = Instant::now();
+    let reqs = requests(args);
+    let mut buf = Vec::with_capacity(chunk_bytes + 4096);
+    let mut sends = 0;
+    let mut last_seq = 0;
+    let total = reqs.len();
+    for (i, req) in reqs.iter().enumerate() {
+        let seq = u32::try_from(i + 1).context("seq")?;
+        let last = i + 1 == total;
+        let flags = if last {
+            NLM_F_REQUEST | NLM_F_ACK
+        } else {
+            NLM_F_REQUEST
+        };
+        req.encode_into(&mut buf, family, flags, seq);
+        last_seq = seq;
+        if buf.len() >= chunk_bytes || last {
+            sock.send(&buf, 0).context("sendmsg")?;
+            sends += 1;
+            buf.clear();
+        }
+    }
+    // Read until the fence's acknowledgement; count the errors before it.
+    let mut refused = 0;
+    let mut rbuf = vec![0u8; 64 << 10];
+    'fence: loop {
+        let n = sock.recv(&mut &mut rbuf[..], 0).context("recv")?;
+        let mut off = 0;
+        while off + 16 <= n {
+            let len = u32::from_ne_bytes(rbuf[off..off + 4].try_into()?) as usize;
+            let kind = u16::from_ne_bytes(rbuf[off + 4..off + 6].try_into()?);
+            let seq = u32::from_ne_bytes(rbuf[off + 8..off + 12].try_into()?);
+            if kind == NLMSG_ERROR && off + 20 <= n {
+                let code = i32::from_ne_bytes(rbuf[off + 16..off + 20].try_into()?);
+                if code != 0 {
+                    refused += 1;
+                }
+                if seq == last_seq {
+                    break 'fence;
+                }
+            }
+            if len < 16 {
+                break;
+            }
+            off += (len + 3) & !3;
+        }
+    }
+    Ok((t.elapsed(), sends, refused))
+}
+
+/// Runs this binary with `--phase NAME` in a network namespace of its own (a fresh IPVS table)
+/// and returns the milliseconds it reports.
+fn in_fresh_namespace(args: &Args, phase: &str) -> Result<f64> {
+    let exe = std::env::current_exe().context("this binary's path")?;
+    let out = Command::new("unshare")
+        .arg("-n")
+        .arg(&exe)
+        .args(["--phase", phase, "--services"])
+        .arg(args.services.to_string())
+        .arg("--dests")
+        .arg(args.dests.to_string())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("run unshare -n ipvs-bench --phase {phase}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    print!("{text}");
+    if !out.status.success() {
+        bail!("phase {phase} failed: {}", out.status);
+    }
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(&format!("phase {phase} ms "))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+        })
+        .with_context(|| format!("phase {phase} reported no time"))
+}
+
+/// One program on the table of the current namespace, checked against the requests.
+fn phase(args: &Args, name: &str) -> Result<()> {
+    let reqs = requests(args);
+    let (rules, want) = rules(&reqs);
+    drop(reqs);
+    match name {
+        "raw" => {
+            let mut ipvs = Ipvs::new().context("open IPVS handle")?;
+            ipvs.flush().context("flush before the run")?;
+            let (took, sends, refused) = raw_program(args, ipvs.family_id())?;
+            let (got, _) = crate_lines(&mut ipvs)?;
+            if refused != 0 || got != want {
+                bail!(
+                    "the raw sender's table differs ({refused} refused, {} vs {} lines)",
+                    got.len(),
+                    want.len()
+                );
+            }
+            ipvs.flush().context("flush after the run")?;
+            println!("phase raw ms {:.1} sendmsg {sends}", ms(took));
+        }
+        "ipvsadm" => {
+            let path = "/tmp/ipvs-bench.rules";
+            std::fs::write(path, &rules).with_context(|| format!("write {path}"))?;
+            let took = time_ipvsadm(&["-R"], Some(path))?;
+            if ipvsadm_save_lines()? != want {
+                bail!("the table after ipvsadm -R differs from the requests");
+            }
+            time_ipvsadm(&["-C"], None)?;
+            println!("phase ipvsadm ms {:.1}", ms(took));
+        }
+        other => bail!("--phase {other:?}: expected raw or ipvsadm"),
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let args = parse_args()?;
+    if let Some(name) = &args.phase {
+        return phase(&args, name);
+    }
+    let ops = u64::from(args.services) * (1 + u64::from(args.dests));
+    let mut ipvs = Ipvs::with_config(IpvsConfig {
+        ack_mode: args.ack_mode,
+        ..IpvsConfig::default()
+    })
+    .context("open IPVS handle")?;
+    ipvs.flush().context("flush before the run")?;
+
+    // Through the crate, batched; building the requests is part of the measured time.
+    let t = Instant::now();
+    let reqs = requests(&args);
     let built = t.elapsed();
     let results = ipvs.apply(&reqs);
     let crate_program = t.elapsed();
@@ -183,20 +352,7 @@ fn main() -> Result<()> {
         );
     }
     let stats = ipvs.batch_stats();
-
-    // The same rules as an ipvsadm -R input.
-    let mut rules = String::with_capacity(ops as usize * 64);
-    let mut want = Vec::with_capacity(ops as usize);
-    for r in &reqs {
-        let line = match r {
-            Request::NewService(s) => service_line(&s.key, &s.scheduler),
-            Request::NewDest { service, dest } => dest_line(service, dest),
-            _ => continue,
-        };
-        let _ = writeln!(rules, "{line}");
-        want.push(line);
-    }
-    want.sort();
+    let (_, want) = rules(&reqs);
     drop(reqs);
 
     let (got, first_read) = crate_lines(&mut ipvs)?;
@@ -255,23 +411,15 @@ fn main() -> Result<()> {
         ipvs.flush()?;
         return Ok(());
     }
-
-    ipvs.flush().context("flush between runs")?;
-    let path = "/tmp/ipvs-bench.rules";
-    std::fs::write(path, &rules).with_context(|| format!("write {path}"))?;
-    let ipvsadm_program = time_ipvsadm(&["-R"], Some(path))?;
-    let (got, _) = crate_lines(&mut ipvs)?;
-    if got != want {
-        bail!(
-            "the table after ipvsadm -R differs from the crate's ({} vs {} lines)",
-            got.len(),
-            want.len()
-        );
-    }
     ipvs.flush().context("flush after the run")?;
 
+    // The raw sender and ipvsadm, each on a fresh table of its own.
+    let raw = in_fresh_namespace(&args, "raw")?;
+    let ipvsadm_program = in_fresh_namespace(&args, "ipvsadm")?;
+    let crate_ms = ms(crate_program);
+
     println!(
-        "ipvs-bench: {} services x {} destinations = {ops} operations, ack mode {:?}",
+        "ipvs-bench: {} services x {} destinations = {ops} operations, ack mode {:?}, each program on a fresh table",
         args.services, args.dests, args.ack_mode
     );
     println!(
@@ -288,9 +436,9 @@ fn main() -> Result<()> {
     println!(
         "{:<34} {:>12.1} {:>12.1} {:>7.1}x",
         "program (crate: build + apply)",
-        ms(crate_program),
-        ms(ipvsadm_program),
-        ipvsadm_program.as_secs_f64() / crate_program.as_secs_f64()
+        crate_ms,
+        ipvsadm_program,
+        ipvsadm_program / crate_ms
     );
     println!(
         "{:<34} {:>12.1} {:>12.1} {:>7.1}x",
@@ -300,9 +448,15 @@ fn main() -> Result<()> {
         ipvsadm_read.as_secs_f64() / crate_read.as_secs_f64()
     );
     println!(
+        "program: crate {crate_ms:.1} ms against the raw cost {raw:.1} ms (no acknowledgements, one fence) = {:.2}x",
+        crate_ms / raw
+    );
+    println!(
         "(building the {ops} requests took {:.1} ms of the crate's program time)",
         ms(built)
     );
-    println!("tables matched: crate read-back, ipvsadm -S -n, and the table ipvsadm -R built");
+    println!(
+        "tables matched: crate read-back and ipvsadm -S -n; the raw sender's and ipvsadm -R's, each in its namespace"
+    );
     Ok(())
 }

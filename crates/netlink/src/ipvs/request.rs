@@ -187,6 +187,13 @@ impl Request {
         })
     }
 
+    /// Appends this request to `buf` as one netlink message of the IPVS family `family_id`, with
+    /// `flags` (`NLM_F_REQUEST`, and `NLM_F_ACK` for an answer) and `seq`: for senders other than
+    /// [`super::Ipvs::apply`], such as the benchmark's raw-cost baseline.
+    pub fn encode_into(&self, buf: &mut Vec<u8>, family_id: u16, flags: u16, seq: u32) {
+        self.encode(&mut Writer::new(buf), family_id, flags, seq);
+    }
+
     /// Appends this request as one netlink message.
     pub(crate) fn encode(&self, w: &mut Writer<'_>, family_id: u16, flags: u16, seq: u32) {
         let start = w.begin_msg(family_id, flags, seq, 0);
