@@ -235,9 +235,18 @@ fn raw_program(args: &Args, family: u16) -> Result<(Duration, usize, usize)> {
     }
     // Read until the fence's acknowledgement; count the errors before it.
     let mut refused = 0;
+    let mut first_error = None;
     let mut rbuf = vec![0u8; 64 << 10];
     'fence: loop {
-        let n = sock.recv(&mut &mut rbuf[..], 0).context("recv")?;
+        let n = match sock.recv(&mut &mut rbuf[..], 0) {
+            Ok(n) => n,
+            // Errors overflowed the receive buffer: some were lost, keep reading to the fence.
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                refused += 1;
+                continue;
+            }
+            Err(e) => return Err(e).context("recv"),
+        };
         let mut off = 0;
         while off + 16 <= n {
             let len = u32::from_ne_bytes(rbuf[off..off + 4].try_into()?) as usize;
@@ -247,6 +256,7 @@ fn raw_program(args: &Args, family: u16) -> Result<(Duration, usize, usize)> {
                 let code = i32::from_ne_bytes(rbuf[off + 16..off + 20].try_into()?);
                 if code != 0 {
                     refused += 1;
+                    first_error.get_or_insert((seq, code));
                 }
                 if seq == last_seq {
                     break 'fence;
@@ -258,6 +268,9 @@ fn raw_program(args: &Args, family: u16) -> Result<(Duration, usize, usize)> {
             off += (len + 3) & !3;
         }
     }
+    if let Some((seq, code)) = first_error {
+        eprintln!("raw sender: first refusal: request {seq} errno {}", -code);
+    }
     Ok((t.elapsed(), sends, refused))
 }
 
@@ -265,8 +278,10 @@ fn raw_program(args: &Args, family: u16) -> Result<(Duration, usize, usize)> {
 /// and returns the milliseconds it reports.
 fn in_fresh_namespace(args: &Args, phase: &str) -> Result<f64> {
     let exe = std::env::current_exe().context("this binary's path")?;
+    // With loopback up: until then the namespace has no local routing table, and IPVS refuses
+    // every IPv4 masquerade destination with EINVAL (`inet_addr_type` answers broadcast).
     let out = Command::new("unshare")
-        .arg("-n")
+        .args(["-n", "/bin/sh", "-c", "/usr/sbin/ip link set lo up && exec \"$0\" \"$@\""])
         .arg(&exe)
         .args(["--phase", phase, "--services"])
         .arg(args.services.to_string())
