@@ -167,20 +167,30 @@ fn log_tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
+/// Starts a long-running child, registered with the reaper until [`terminate`] stops it.
 fn spawn_logged(bin: &Path, args: &[String], log: &Path) -> Result<Child> {
     let file = fs::File::create(log)?;
     let err = file.try_clone()?;
-    Command::new(bin)
+    let child = Command::new(bin)
         .args(args)
         .stdin(Stdio::null())
         .stdout(file)
         .stderr(err)
         .spawn()
-        .with_context(|| format!("starting {}", bin.display()))
+        .with_context(|| format!("starting {}", bin.display()))?;
+    // Unregistered by `terminate`, which every owner calls.
+    crate::reaper::track(child.id());
+    Ok(child)
 }
 
 /// Stops a child with SIGTERM (a clean shutdown, as kubelet would), then SIGKILL after 20 s.
 fn terminate(child: &mut Child) {
+    let pid = child.id();
+    terminate_untracked(child);
+    crate::reaper::untrack(pid);
+}
+
+fn terminate_untracked(child: &mut Child) {
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status();

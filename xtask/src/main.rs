@@ -11,6 +11,7 @@ mod host;
 mod image;
 mod initramfs;
 mod kernel;
+mod reaper;
 mod tools;
 mod util;
 mod vm;
@@ -37,6 +38,7 @@ const USAGE: &str = "usage: cargo xtask <command>
   image [--check]                   OCI/docker archive target/image/kube-ipvs-<version>.tar; --check runs it in a chroot";
 
 fn main() -> Result<()> {
+    reaper::install();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some((command, rest)) = args.split_first() else {
         bail!("{USAGE}");

@@ -48,9 +48,13 @@ pub(crate) fn display_cmd(cmd: &Command) -> String {
 /// Runs a command with inherited stdio and fails if it exits non-zero.
 pub(crate) fn run(cmd: &mut Command) -> Result<()> {
     let shown = display_cmd(cmd);
-    let status = cmd
-        .status()
+    let mut child = cmd
+        .spawn()
         .with_context(|| format!("could not start `{shown}`"))?;
+    let _registered = crate::reaper::register(child.id());
+    let status = child
+        .wait()
+        .with_context(|| format!("waiting for `{shown}`"))?;
     if !status.success() {
         bail!("`{shown}` failed: {status}");
     }
@@ -60,11 +64,16 @@ pub(crate) fn run(cmd: &mut Command) -> Result<()> {
 /// Runs a command, captures stdout as text and fails (showing stderr) if it exits non-zero.
 pub(crate) fn output(cmd: &mut Command) -> Result<String> {
     let shown = display_cmd(cmd);
-    let out: Output = cmd
+    let child = cmd
         .stdin(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .output()
+        .spawn()
         .with_context(|| format!("could not start `{shown}`"))?;
+    let _registered = crate::reaper::register(child.id());
+    let out: Output = child
+        .wait_with_output()
+        .with_context(|| format!("waiting for `{shown}`"))?;
     if !out.status.success() {
         bail!(
             "`{shown}` failed: {}\n{}",

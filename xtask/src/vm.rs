@@ -429,6 +429,7 @@ fn boot(job: &Job, kernel: &Kernel, initrd: &Path, log_path: &Path) -> Result<Ou
     );
     let started = Instant::now();
     let mut child = cmd.spawn().context("starting qemu-system-x86_64")?;
+    let _registered = crate::reaper::register(child.id());
     let mut log = io::BufWriter::new(
         fs::File::create(log_path).with_context(|| format!("creating {}", log_path.display()))?,
     );
