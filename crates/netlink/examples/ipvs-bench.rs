@@ -331,6 +331,19 @@ fn in_fresh_namespace(args: &Args, phase: &str) -> Result<f64> {
         .with_context(|| format!("phase {phase} reported no time"))
 }
 
+/// The crate's handle as the arguments configure it, on an emptied table.
+fn open_crate(args: &Args) -> Result<Ipvs> {
+    let defaults = IpvsConfig::default();
+    let mut ipvs = Ipvs::with_config(IpvsConfig {
+        ack_mode: args.ack_mode,
+        sndbuf: args.sndbuf.unwrap_or(defaults.sndbuf),
+        ..defaults
+    })
+    .context("open IPVS handle")?;
+    ipvs.flush().context("flush before the run")?;
+    Ok(ipvs)
+}
+
 /// One program on the table of the current namespace, checked against the requests.
 fn phase(args: &Args, name: &str) -> Result<()> {
     let reqs = requests(args);
@@ -353,14 +366,7 @@ fn phase(args: &Args, name: &str) -> Result<()> {
             println!("phase raw ms {:.1} sendmsg {sends}", ms(took));
         }
         "crate" => {
-            let defaults = IpvsConfig::default();
-            let mut ipvs = Ipvs::with_config(IpvsConfig {
-                ack_mode: args.ack_mode,
-                sndbuf: args.sndbuf.unwrap_or(defaults.sndbuf),
-                ..defaults
-            })
-            .context("open IPVS handle")?;
-            ipvs.flush().context("flush before the run")?;
+            let mut ipvs = open_crate(args)?;
             let t = Instant::now();
             let reqs = requests(args);
             let failed = ipvs.apply(&reqs).iter().filter(|r| r.is_err()).count();
@@ -393,14 +399,7 @@ fn main() -> Result<()> {
         return phase(&args, name);
     }
     let ops = u64::from(args.services) * (1 + u64::from(args.dests));
-    let defaults = IpvsConfig::default();
-    let mut ipvs = Ipvs::with_config(IpvsConfig {
-        ack_mode: args.ack_mode,
-        sndbuf: args.sndbuf.unwrap_or(defaults.sndbuf),
-        ..defaults
-    })
-    .context("open IPVS handle")?;
-    ipvs.flush().context("flush before the run")?;
+    let mut ipvs = open_crate(&args)?;
 
     // Through the crate, batched; building the requests is part of the measured time.
     let t = Instant::now();
