@@ -100,7 +100,8 @@ pub struct RunArgs {
     /// The kubeconfig for the API server; default: in-cluster config, then `$KUBECONFIG`.
     #[arg(long, value_name = "PATH")]
     pub kubeconfig: Option<PathBuf>,
-    /// The API server's address, overriding the kubeconfig's (kube-proxy's `--master`).
+    /// The API server's address, overriding the kubeconfig's (kube-proxy's `--master`); without
+    /// `--kubeconfig` it is the whole connection, with no credentials.
     #[arg(long, value_name = "URL")]
     pub master: Option<String>,
     /// This node's name (default: the kernel's hostname, lowercased).

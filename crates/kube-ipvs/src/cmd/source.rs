@@ -59,7 +59,8 @@ pub struct SourceArgs {
     /// then `~/.kube/config`.
     #[arg(long, value_name = "PATH", conflicts_with = "manifests")]
     pub kubeconfig: Option<PathBuf>,
-    /// The API server's address, overriding the kubeconfig's (kube-proxy's `--master`).
+    /// The API server's address, overriding the kubeconfig's (kube-proxy's `--master`); without
+    /// `--kubeconfig` it is the whole connection, with no credentials.
     #[arg(long, value_name = "URL", conflicts_with = "manifests")]
     pub master: Option<String>,
     /// This node's name (default: the kernel's hostname, lowercased).
@@ -387,6 +388,9 @@ impl SourceArgs {
                 .await
                 .map_err(|e| config_err(what)(Box::new(e)))?
             }
+            // `--master` alone is the whole connection, as kube-proxy's (client-go's
+            // BuildConfigFromFlags with no kubeconfig).
+            None if self.master.is_some() => kube::Config::new(hyper::Uri::default()),
             None => kube::Config::infer()
                 .await
                 .map_err(|e| config_err("find the API server".to_owned())(Box::new(e)))?,
