@@ -56,13 +56,16 @@ const HOST_TOOLS: &[&str] = &[
     "/usr/sbin/ip6tables-nft-restore",
     "/usr/bin/socat",
     "/usr/sbin/ipset",
+    // util-linux's, for running the agent with a reduced capability set (busybox's has no
+    // --bounding-set).
+    "/usr/bin/setpriv",
 ];
 
 /// iptables loads its matches and targets from here with `dlopen`, so `ldd` cannot see them.
 const XTABLES_DIR: &str = "/usr/lib/x86_64-linux-gnu/xtables";
 
 /// Applets we must not shadow with busybox links: the real tools above provide them.
-const REAL_TOOL_NAMES: &[&str] = &["ip", "iptables", "ipvsadm", "socat"];
+const REAL_TOOL_NAMES: &[&str] = &["ip", "iptables", "ipvsadm", "socat", "setpriv"];
 
 /// The guest's `/init`. Kept in one place so the markers the host parses live beside the code
 /// that prints them.

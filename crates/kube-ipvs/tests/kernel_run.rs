@@ -18,7 +18,7 @@ type Agent = RunningAgent;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What the examples need on an empty kernel (as `kernel_check` establishes with `plan`).
 const EMPTY_KERNEL_OPS: u64 = 28;
@@ -964,4 +964,90 @@ fn removing_a_udp_endpoint_deletes_its_conntrack_entries() {
     assert_eq!(metric("kube_ipvs_conntrack_errors_total"), Some(0.0));
     assert_eq!(agent.terminate(), Some(0));
     let _ = run(ip, &["netns", "del", ns]);
+}
+
+/// The agent's command line with only `NET_ADMIN` and `NET_RAW` (the capability bounding set,
+/// so even root gets no other) and `/proc/sys` read-only, as a container runtime mounts it for
+/// an unprivileged container: a mount namespace of its own remounts it.
+fn restricted_run(dir: &Path, log: PathBuf) -> Agent {
+    let script = format!(
+        "mount -o bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && \
+         exec /usr/bin/setpriv --bounding-set=-all,+net_admin,+net_raw -- {} run --manifests {} \
+         --hostname-override node-1 --cluster-cidr 10.244.0.0/16",
+        kube_ipvs_bin(),
+        dir.display()
+    );
+    Agent::spawn_program(
+        "unshare",
+        &["-m", "--propagation", "private", "/bin/sh", "-c", &script],
+        log,
+    )
+}
+
+/// kube-proxy's least-privilege split, on the real kernel: `run --init-only` (full root, as a
+/// privileged init container) loads the modules and sets the sysctls, then exits 0; after it,
+/// `run` with only `NET_ADMIN` and `NET_RAW` and a read-only `/proc/sys` converges, answers
+/// health and writes its iptables rules and sets. Without the init step the same restricted
+/// `run` cannot set the sysctls and exits 5 naming one.
+#[test]
+fn init_only_then_run_with_net_admin_and_net_raw_only() {
+    node_address();
+    let dir = manifests("run-least-privilege");
+
+    let mut before = restricted_run(&dir, dir.with_extension("before.log"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Ok(Some(status)) = before.child.try_wait() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "restricted run kept running without init"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let log = before.log();
+    assert_eq!(status.code(), Some(5), "exit without --init-only:\n{log}");
+    assert!(
+        log.contains("sysctl"),
+        "names the sysctl it could not set:\n{log}"
+    );
+
+    let (code, stderr) = run_exit(&[
+        "run",
+        "--init-only",
+        "--manifests",
+        dir.to_str().expect("utf-8"),
+        "--hostname-override",
+        "node-1",
+        "--cluster-cidr",
+        "10.244.0.0/16",
+    ]);
+    assert_eq!(code, Some(0), "--init-only:\n{stderr}");
+    assert!(
+        ipvsadm(&["-Ln"]).lines().count() <= 3,
+        "--init-only programs nothing"
+    );
+
+    let mut agent = restricted_run(&dir, dir.with_extension("after.log"));
+    agent.wait_healthy();
+    wait_for("check to say in sync", Duration::from_secs(30), || {
+        in_sync(&dir, &[])
+    });
+    wait_for(
+        "the iptables rules of the restricted agent",
+        Duration::from_secs(30),
+        || nat_rules().contains("not a local pod"),
+    );
+    let status = run_ok(
+        "/bin/sh",
+        &[
+            "-c",
+            &format!("grep CapEff /proc/{}/status", agent.child.id()),
+        ],
+    );
+    // The shell exec'd setpriv, which exec'd the agent: same pid. NET_ADMIN is bit 12,
+    // NET_RAW bit 13.
+    assert!(status.contains("0000000000003000"), "{status}");
+    assert_eq!(agent.terminate(), Some(0));
 }

@@ -155,6 +155,12 @@ pub struct RunArgs {
     /// kube-proxy itself still runs on the node.
     #[arg(long)]
     pub keep_kube_proxy_rules: bool,
+    /// kube-proxy's `--init-only`: load the modules and set the sysctls and IPVS timeouts the
+    /// settings need (what needs full privileges, e.g. in a privileged init container), then
+    /// exit 0. A `run` afterwards needs only `NET_ADMIN` and `NET_RAW`, and no writable
+    /// `/proc/sys`.
+    #[arg(long)]
+    pub init_only: bool,
     /// NodePorts listen on the node's addresses inside these networks, comma-separated, or on
     /// `primary` (the Node's InternalIP of each family); a family with no network takes every
     /// local address (the default: all but loopback, IPv6 link-local and `kube-ipvs0`'s).

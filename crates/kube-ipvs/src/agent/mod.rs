@@ -88,6 +88,10 @@ pub fn main(args: &RunArgs) -> ExitCode {
         Ok(k) => k,
         Err(e) => return fail(exit::KERNEL, e),
     };
+    if args.init_only {
+        tracing::info!("modules, sysctls and IPVS timeouts in place; exiting (--init-only)");
+        return ExitCode::SUCCESS;
+    }
     if let Some(path) = &settings.source.manifests
         && let Err(e) = kube_ipvs_watch::manifest::load(path)
     {
