@@ -1652,7 +1652,20 @@ fn a_udp_flow_moves_off_a_removed_endpoint() {
         a = send();
         a != "none"
     });
-    let pinned: Vec<String> = (0..3).map(|_| send()).collect();
+    // A datagram can go unanswered under TCG (the forking test server between two datagrams;
+    // seen once in CI): an unanswered one is sent again, at most three times, and every answer
+    // must still come from the same pod.
+    let answered = || {
+        let mut who = send();
+        for _ in 0..3 {
+            if who != "none" {
+                break;
+            }
+            who = send();
+        }
+        who
+    };
+    let pinned: Vec<String> = (0..3).map(|_| answered()).collect();
     assert_eq!(pinned, vec![a.clone(); 3], "the flow stays on {a}");
     let b: &'static str = pods
         .iter()
@@ -1692,7 +1705,7 @@ fn a_udp_flow_moves_off_a_removed_endpoint() {
         !answers.contains(&a),
         "no datagram reached the removed {a}: {answers:?}"
     );
-    let moved: Vec<String> = (0..3).map(|_| send()).collect();
+    let moved: Vec<String> = (0..3).map(|_| answered()).collect();
     assert_eq!(moved, vec![b.to_owned(); 3], "the flow stays on {b}");
 }
 
