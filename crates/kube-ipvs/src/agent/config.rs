@@ -157,8 +157,8 @@ pub struct RunArgs {
     pub keep_kube_proxy_rules: bool,
     /// kube-proxy's `--init-only`: load the modules and set the sysctls and IPVS timeouts the
     /// settings need (what needs full privileges, e.g. in a privileged init container), then
-    /// exit 0. A `run` afterwards needs only `NET_ADMIN` and `NET_RAW`, and no writable
-    /// `/proc/sys`.
+    /// exit 0. A `run` afterwards needs only `NET_ADMIN` and `NET_RAW`, and writes no
+    /// sysctl.
     #[arg(long)]
     pub init_only: bool,
     /// NodePorts listen on the node's addresses inside these networks, comma-separated, or on

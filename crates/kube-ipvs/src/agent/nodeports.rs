@@ -60,41 +60,41 @@ impl NodePortAddresses {
         self.primary
     }
 
+    /// The networks the setting names in one family.
+    fn family(&self, v6: bool) -> impl Iterator<Item = &Cidr> {
+        self.cidrs.iter().filter(move |c| c.addr().is_ipv6() == v6)
+    }
+
     /// Whether the choice names loopback networks only in some family (`localhost`): that
     /// family gets no NodePort address at all, which deserves a warning.
     pub fn loopback_only(&self) -> bool {
         [false, true].into_iter().any(|v6| {
-            let own: Vec<&Cidr> = self
-                .cidrs
-                .iter()
-                .filter(|c| c.addr().is_ipv6() == v6)
-                .collect();
-            !own.is_empty() && own.iter().all(|c| c.addr().is_loopback())
+            let mut own = self.family(v6).peekable();
+            own.peek().is_some() && own.all(|c| c.addr().is_loopback())
         })
     }
 
     /// The NodePort addresses among the node's `local` ones, `primary` being the Node's
     /// addresses (its InternalIPs; the first of each family counts). Sorted, unique.
     pub fn select(&self, local: &[IpAddr], primary: &[IpAddr]) -> Vec<IpAddr> {
+        // Per family: the Node's primary address (with `primary`), and whether the family is
+        // unfiltered (no network and no primary address).
+        let per_family = [false, true].map(|v6| {
+            let mine = primary
+                .iter()
+                .copied()
+                .find(|p| p.is_ipv6() == v6)
+                .filter(|_| self.primary);
+            let all = mine.is_none() && self.family(v6).next().is_none();
+            (mine, all)
+        });
         let mut out: Vec<IpAddr> = local
             .iter()
             .copied()
             .filter(|a| !a.is_loopback() && !kube_ipvs_diff::is_link_local(*a))
             .filter(|a| {
-                let v6 = a.is_ipv6();
-                let mine = primary
-                    .iter()
-                    .find(|p| p.is_ipv6() == v6)
-                    .filter(|_| self.primary);
-                let own: Vec<&Cidr> = self
-                    .cidrs
-                    .iter()
-                    .filter(|c| c.addr().is_ipv6() == v6)
-                    .collect();
-                if own.is_empty() && mine.is_none() {
-                    return true;
-                }
-                mine == Some(a) || own.iter().any(|c| c.contains(*a))
+                let (mine, all) = per_family[usize::from(a.is_ipv6())];
+                all || mine == Some(*a) || self.family(a.is_ipv6()).any(|c| c.contains(*a))
             })
             .collect();
         out.sort_unstable();
@@ -124,10 +124,9 @@ pub fn apply(
     let mut held = local.to_vec();
     held.sort_unstable();
     held.dedup();
-    let before: Vec<IpAddr> = ctx.node_ips().collect();
-    let mut sorted_before = before.clone();
-    sorted_before.sort_unstable();
-    if sorted_before == chosen && ctx.held_addresses == held {
+    let mut before: Vec<IpAddr> = ctx.node_ips().collect();
+    before.sort_unstable();
+    if before == chosen && ctx.held_addresses == held {
         return false;
     }
     ctx.set_node_ips(chosen);

@@ -243,10 +243,10 @@ impl SourceArgs {
     /// with what translation left out. Model rejections (which translation screens for, so they
     /// are unexpected) are returned as warnings.
     pub fn load(&self) -> Result<Desired, SourceError> {
-        self.load_hinted(HashMap::new())
+        self.load_with(HashMap::new(), None)
     }
 
-    /// [`SourceArgs::load_hinted`] with the hints read from `kernel` when it could be opened
+    /// [`SourceArgs::load_with`] with the hints and addresses read from `kernel` when it could be opened
     /// (best effort, so the desired state's errors come before the kernel's): what `check`
     /// and `plan` compare with the kernel.
     pub fn load_beside<K: crate::kernel::Kernel, E>(
@@ -261,18 +261,11 @@ impl SourceArgs {
         self.load_with(hints, local)
     }
 
-    /// [`SourceArgs::load`] with the short circuit's marks the kernel holds as hints, so the
-    /// marks are those the running agent gave ([`Inputs::set_mark_hints`]).
-    pub fn load_hinted(
-        &self,
-        hints: HashMap<kube_ipvs_diff::MarkHint, u32>,
-    ) -> Result<Desired, SourceError> {
-        self.load_with(hints, None)
-    }
-
-    /// [`SourceArgs::load_hinted`] with the node's `local` addresses when they could be read:
-    /// the NodePort addresses are then chosen among them as the agent chooses
-    /// ([`crate::agent::nodeports`]); without them, the Node's InternalIPs.
+    /// [`SourceArgs::load`] with the short circuit's marks the kernel holds as `hints`, so the
+    /// marks are those the running agent gave ([`Inputs::set_mark_hints`]), and the node's
+    /// `local` addresses when they could be read: the NodePort addresses are then chosen among
+    /// them as the agent chooses ([`crate::agent::nodeports`]); without them, the Node's
+    /// InternalIPs.
     pub fn load_with(
         &self,
         hints: HashMap<kube_ipvs_diff::MarkHint, u32>,
