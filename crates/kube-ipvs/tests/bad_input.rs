@@ -25,6 +25,19 @@ fn service(name: &str, spec: &str) -> String {
     )
 }
 
+/// An IPv4 EndpointSlice `NAME-1` of Service `NAME`, with these endpoint addresses and port.
+fn slice(name: &str, addresses: &[&str], port: u32) -> String {
+    let endpoints: String = addresses
+        .iter()
+        .map(|a| format!("- addresses: [{a}]\n"))
+        .collect();
+    format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-1\n  \
+         namespace: bad\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv4\n\
+         endpoints:\n{endpoints}ports:\n- {{port: {port}, protocol: TCP}}\n"
+    )
+}
+
 fn cases() -> Vec<Case> {
     let many_ports: String = (0..1000)
         .map(|i| format!("  - {{name: p{i}, port: {}, protocol: TCP}}\n", 20000 + i))
@@ -115,14 +128,12 @@ fn cases() -> Vec<Case> {
         Case {
             name: "endpoint-with-a-bad-address",
             yaml: format!(
-                "{}---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  \
-                 name: ok-1\n  namespace: bad\n  labels: {{kubernetes.io/service-name: ok}}\n\
-                 addressType: IPv4\nendpoints:\n- addresses: [10.244.1.999]\n- addresses: \
-                 [fd00::1]\n- addresses: [10.244.1.77]\nports:\n- {{port: 8080, protocol: TCP}}\n",
+                "{}---\n{}",
                 service(
                     "ok",
                     "  clusterIP: 10.96.7.8\n  ports:\n  - {port: 80, targetPort: 8080, protocol: TCP}\n"
-                )
+                ),
+                slice("ok", &["10.244.1.999", "fd00::1", "10.244.1.77"], 8080)
             ),
             says: vec!["EndpointSlice bad/ok-1", "10.244.1.999", "fd00::1"],
             // The good endpoint of the same slice is still used.
@@ -136,25 +147,19 @@ fn cases() -> Vec<Case> {
             // Not malformed (its Service may come later): nothing is programmed for it, as in
             // kube-proxy, and nothing is said.
             name: "slice-of-a-missing-service",
-            yaml: "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  \
-                   name: ghost-1\n  namespace: bad\n  labels: {kubernetes.io/service-name: ghost}\n\
-                   addressType: IPv4\nendpoints:\n- addresses: [10.244.1.78]\nports:\n- \
-                   {port: 8080, protocol: TCP}\n"
-                .to_owned(),
+            yaml: slice("ghost", &["10.244.1.78"], 8080),
             says: vec![],
             adds: vec![],
         },
         Case {
             name: "endpoint-port-out-of-range",
             yaml: format!(
-                "{}---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  \
-                 name: far-1\n  namespace: bad\n  labels: {{kubernetes.io/service-name: far}}\n\
-                 addressType: IPv4\nendpoints:\n- addresses: [10.244.1.79]\nports:\n- \
-                 {{port: 123456, protocol: TCP}}\n",
+                "{}---\n{}",
                 service(
                     "far",
                     "  clusterIP: 10.96.7.9\n  ports:\n  - {port: 80, protocol: TCP}\n"
-                )
+                ),
+                slice("far", &["10.244.1.79"], 123_456)
             ),
             says: vec!["EndpointSlice bad/far-1", "123456"],
             adds: vec![
