@@ -78,32 +78,42 @@ fn destinations_parse_and_reemit_byte_exact() {
 }
 
 /// An attribute a newer kernel might add (type 40, inside the service nest) must not fail the parse, and must
-/// come back out unchanged.
+/// come back out unchanged, with whichever flag bits it carried (the fuzzer found both flags set coming
+/// back without the byte-order one: netlink-packet-core's emitter drops it).
 #[test]
 fn unknown_attributes_round_trip() {
-    let bytes = fixture("service_tcp4_wlc");
-    let mut msg = IpvsMessage::<Service>::parse(&bytes).expect("parse fixture");
-    let mut extra = Vec::new();
-    let mut grown = Vec::new();
-    msg.emit(&mut grown);
-    // Append an unknown u32 attribute to the SERVICE nest and fix up both lengths.
-    extra.extend_from_slice(&8u16.to_ne_bytes());
-    extra.extend_from_slice(&40u16.to_ne_bytes());
-    extra.extend_from_slice(&7u32.to_ne_bytes());
-    grown.extend_from_slice(&extra);
-    let total = grown.len() as u32;
-    grown[..4].copy_from_slice(&total.to_ne_bytes());
-    let nest_len = u16::from_ne_bytes([grown[20], grown[21]]) + 8;
-    grown[20..22].copy_from_slice(&nest_len.to_ne_bytes());
+    const NESTED: u16 = 0x8000;
+    const NET_BYTEORDER: u16 = 0x4000;
+    for kind in [
+        40,
+        40 | NESTED,
+        40 | NET_BYTEORDER,
+        40 | NESTED | NET_BYTEORDER,
+    ] {
+        let bytes = fixture("service_tcp4_wlc");
+        let mut msg = IpvsMessage::<Service>::parse(&bytes).expect("parse fixture");
+        let mut extra = Vec::new();
+        let mut grown = Vec::new();
+        msg.emit(&mut grown);
+        // Append an unknown u32 attribute to the SERVICE nest and fix up both lengths.
+        extra.extend_from_slice(&8u16.to_ne_bytes());
+        extra.extend_from_slice(&kind.to_ne_bytes());
+        extra.extend_from_slice(&7u32.to_ne_bytes());
+        grown.extend_from_slice(&extra);
+        let total = grown.len() as u32;
+        grown[..4].copy_from_slice(&total.to_ne_bytes());
+        let nest_len = u16::from_ne_bytes([grown[20], grown[21]]) + 8;
+        grown[20..22].copy_from_slice(&nest_len.to_ne_bytes());
 
-    let parsed = IpvsMessage::<Service>::parse(&grown)
-        .expect("an unknown attribute must not fail the parse");
-    assert_eq!(parsed.body.other.len(), 1);
-    msg.body.other = parsed.body.other.clone();
-    assert_eq!(parsed, msg);
-    let mut out = Vec::new();
-    parsed.emit(&mut out);
-    assert_eq!(common::hex(&out), common::hex(&grown));
+        let parsed = IpvsMessage::<Service>::parse(&grown)
+            .expect("an unknown attribute must not fail the parse");
+        assert_eq!(parsed.body.other.len(), 1);
+        msg.body.other = parsed.body.other.clone();
+        assert_eq!(parsed, msg);
+        let mut out = Vec::new();
+        parsed.emit(&mut out);
+        assert_eq!(common::hex(&out), common::hex(&grown), "type {kind:#06x}");
+    }
 }
 
 /// Truncated input is an error, never a panic.
@@ -165,6 +175,25 @@ fn nonzero_counters_round_trip_at_kernel_widths() {
         bytes.len(),
         "the same attributes at the same widths"
     );
+    let back = IpvsMessage::<Destination>::parse(&out, kube_ipvs_netlink::ipvs::Family::Inet)
+        .expect("reparse");
+    assert_eq!(back, msg);
+}
+
+/// A STATS counter the kernel keeps at 32 bits but a reply carried at 64 (the parse reads each
+/// counter at the width it came with) is emitted at 64 rather than cut to `u32::MAX`: emit then
+/// parse gives back what was parsed (found by the `ipvs_reply` fuzz target).
+#[test]
+fn a_wide_value_in_a_narrow_counter_survives_emit() {
+    let bytes = fixture("dest_tcp4_wlc_0");
+    let mut msg = IpvsMessage::<Destination>::parse(&bytes, kube_ipvs_netlink::ipvs::Family::Inet)
+        .expect("parse");
+    msg.body.stats = Some(Stats {
+        inbps: 0x16_0000_0000,
+        ..Stats::default()
+    });
+    let mut out = Vec::new();
+    msg.emit(&mut out);
     let back = IpvsMessage::<Destination>::parse(&out, kube_ipvs_netlink::ipvs::Family::Inet)
         .expect("reparse");
     assert_eq!(back, msg);

@@ -349,16 +349,17 @@ impl Stats {
         Ok(s)
     }
 
-    /// Emits the nest as the kernel fills it: in STATS only the byte counters are 64-bit.
+    /// Emits the nest as the kernel fills it: in STATS only the byte counters are 64-bit. A
+    /// counter too wide for its 32-bit slot (never the kernel's, but the parse takes it) goes out
+    /// at 64 bits rather than cut, so emit then parse gives back what was parsed.
     fn emit(&self, w: &mut Writer<'_>, kind: u16, wide: bool) {
         let nest = w.begin_nest(kind);
         let mut copy = *self;
         for k in 1..=10u16 {
             let v = copy.field(k).map_or(0, |v| *v);
-            if wide || k == 4 || k == 5 {
-                w.put_u64(k, v);
-            } else {
-                w.put_u32(k, u32::try_from(v).unwrap_or(u32::MAX));
+            match u32::try_from(v) {
+                Ok(narrow) if !(wide || k == 4 || k == 5) => w.put_u32(k, narrow),
+                _ => w.put_u64(k, v),
             }
         }
         w.end_nest(nest);
@@ -877,9 +878,13 @@ fn raw_nla(whole: &[u8]) -> DefaultNla {
 }
 
 fn emit_other(w: &mut Writer<'_>, other: &[DefaultNla]) {
+    use netlink_packet_core::Nla as _;
     for nla in other {
         let start = w.buf.len();
         w.buf.resize(start + nla.buffer_len(), 0);
         nla.emit(&mut w.buf[start..]);
+        // netlink-packet-core sets the nested flag from the type with its flags masked off, which
+        // drops the byte-order flag when both are set; the type goes out as it came in.
+        w.buf[start + 2..start + 4].copy_from_slice(&nla.kind().to_ne_bytes());
     }
 }
