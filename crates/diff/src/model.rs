@@ -675,8 +675,9 @@ pub fn is_link_local(ip: IpAddr) -> bool {
     }
 }
 
-/// Why an address cannot be a virtual server address, if it cannot.
-fn unusable_vip(ip: IpAddr) -> Option<&'static str> {
+/// Why an address cannot be a virtual server address (nor a node address), if it cannot.
+#[must_use]
+pub fn unusable_vip(ip: IpAddr) -> Option<&'static str> {
     if ip.is_unspecified() {
         Some("is the unspecified address")
     } else if ip.is_loopback() {

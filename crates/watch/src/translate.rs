@@ -13,7 +13,9 @@ use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube_ipvs_diff::model::{SCHEDULER_ANNOTATION, validate_endpoints, validate_service};
+use kube_ipvs_diff::model::{
+    SCHEDULER_ANNOTATION, unusable_vip, validate_endpoints, validate_service,
+};
 use kube_ipvs_diff::{
     Cidr, Endpoint, EndpointPort, Protocol, Scheduler, ServiceInfo, ServiceKind, ServiceName,
     ServicePort, SessionAffinity, TrafficDistribution, TrafficPolicy,
@@ -607,7 +609,11 @@ pub fn translate_node(node: &Node) -> Result<NodeInfo> {
         .flatten()
         .filter(|a| a.type_ == "InternalIP")
     {
-        match parse_ip("InternalIP", &a.address).map_err(|r| bad("Node", "", &name, r))? {
+        let ip = parse_ip("InternalIP", &a.address).map_err(|r| bad("Node", "", &name, r))?;
+        if let Some(why) = unusable_vip(ip) {
+            return Err(bad("Node", "", &name, format!("InternalIP {ip} {why}")));
+        }
+        match ip {
             IpAddr::V4(v4) => info.ips_v4.push(v4),
             IpAddr::V6(v6) => info.ips_v6.push(v6),
         }
@@ -672,6 +678,30 @@ mod tests {
         let deleted = node(serde_json::json!({"metadata": {"name": "n1",
             "deletionTimestamp": "2026-12-02T04:00:00Z"}}));
         assert!(translate_node(&deleted).expect("valid").draining);
+    }
+
+    /// An InternalIP the engine cannot use as a node address (loopback, unspecified, multicast,
+    /// broadcast) leaves the Node out with a message naming it, as an unparsable one does, instead
+    /// of reaching the model, which would refuse the whole node context (found by the `objects`
+    /// fuzz target).
+    #[test]
+    fn a_node_with_an_unusable_internal_ip_is_refused_by_name() {
+        for addr in [
+            "::1",
+            "127.0.0.1",
+            "0.0.0.0",
+            "224.0.0.1",
+            "255.255.255.255",
+        ] {
+            let node: Node = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "n1"},
+                "status": {"addresses": [
+                    {"type": "InternalIP", "address": "192.168.56.10"},
+                    {"type": "InternalIP", "address": addr}]}}))
+            .expect("node");
+            let e = translate_node(&node).expect_err(addr).to_string();
+            assert!(e.contains("n1") && e.contains(addr), "{e}");
+        }
     }
 
     fn translated(annotation: Option<&str>) -> TranslatedSlice {
