@@ -61,13 +61,28 @@ pub fn manifest_files(path: &Path) -> Result<Vec<PathBuf>> {
 /// of them is ignored; a document that does not parse is an error naming it (counted from 1),
 /// with the line and column.
 pub fn parse_manifest(path: &Path, text: &str) -> Result<Manifests> {
-    let docs: Vec<Value> =
-        serde_saphyr::from_multiple(text).map_err(|e| syntax_error(path, text, &e))?;
+    let docs: Vec<Value> = serde_saphyr::from_multiple_with_options(text, options(text.len()))
+        .map_err(|e| syntax_error(path, text, &e))?;
     let mut out = Manifests::default();
     for (index, doc) in docs.into_iter().enumerate() {
         add_object(path, index + 1, doc, &mut out)?;
     }
     Ok(out)
+}
+
+/// The parser's limits for a text of `len` bytes. Its defaults suit a config file (1,024
+/// documents, 250,000 nodes, a million events), and a cluster export of a few thousand Services
+/// exceeds them; what they guard against, expansion by aliases, stays bounded by the alias and
+/// anchor limits. A document takes at least 4 bytes (`---` and a newline) and a node or an event
+/// at least one, so these scale with the input instead of refusing a large, honest file.
+fn options(len: usize) -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_documents: (len / 4).max(1_024),
+            max_nodes: len.max(250_000),
+            max_events: len.max(1_000_000),
+        },
+    }
 }
 
 /// A YAML syntax error in our words: the document it is in (counted from 1), the line and

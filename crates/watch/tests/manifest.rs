@@ -188,3 +188,23 @@ fn a_syntax_error_names_the_file_the_document_from_1_the_line_and_column() {
     );
     assert!(!err.to_string().contains("Option<"), "{err}");
 }
+
+/// A cluster export of thousands of Services in one file parses: the YAML parser's default
+/// limits (1,024 documents, 250,000 nodes) suit config files and refused it (found by the
+/// faults-under-traffic VM test's 3,000-Service manifest).
+#[test]
+fn a_file_of_thousands_of_services_parses() {
+    let n = 5_000;
+    let text: String = (0..n)
+        .map(|i| {
+            let ip = format!("10.97.{}.{}", i / 250, i % 250 + 1);
+            format!(
+                "{}---\n{}---\n",
+                svc(&format!("s{i}"), &ip),
+                slice(&format!("s{i}"), "10.245.0.1")
+            )
+        })
+        .collect();
+    let m = manifest::parse_manifest(std::path::Path::new("big.yaml"), &text).expect("parses");
+    assert_eq!((m.services.len(), m.slices.len()), (n, n));
+}
