@@ -152,6 +152,25 @@ fn cases() -> Vec<Case> {
             adds: vec![],
         },
         Case {
+            // A slice whose addressType is neither IPv4, IPv6 nor FQDN: the slice is skipped by
+            // name and its Service stays, without endpoints.
+            name: "unknown-address-type",
+            yaml: format!(
+                "{}---\n{}",
+                service(
+                    "typed",
+                    "  clusterIP: 10.96.7.10\n  ports:\n  - {port: 80, protocol: TCP}\n"
+                ),
+                slice("typed", &["10.244.1.80"], 8080)
+                    .replace("addressType: IPv4", "addressType: IPv5")
+            ),
+            says: vec!["EndpointSlice bad/typed-1", "IPv5"],
+            adds: vec![
+                "add address 10.96.7.10 to kube-ipvs0".to_owned(),
+                "add service TCP 10.96.7.10:80 rr".to_owned(),
+            ],
+        },
+        Case {
             name: "endpoint-port-out-of-range",
             yaml: format!(
                 "{}---\n{}",
