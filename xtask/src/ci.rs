@@ -7,6 +7,9 @@ use anyhow::{Result, bail};
 use crate::util::{self, secs};
 use crate::vmtest;
 
+/// How long CI fuzzes each target.
+const FUZZ_SECONDS: u64 = 15;
+
 pub(crate) fn command(args: &[String]) -> Result<()> {
     let mut vm = true;
     for arg in args {
@@ -111,6 +114,13 @@ fn steps(vm: bool, timings: &mut Vec<(String, Duration)>) -> Result<()> {
             println!("SKIPPED cargo xtask deploy-check and the kernel_apiserver tests: {why}");
         }
     }
+    // Every parser of outside input under libFuzzer for a short fixed time (issue 18); the
+    // corpora are not kept between CI runs, so each starts from the committed seeds.
+    timed(
+        timings,
+        &format!("cargo xtask fuzz --seconds {FUZZ_SECONDS}"),
+        || crate::fuzz::run_all(FUZZ_SECONDS),
+    )?;
     if vm {
         timed(timings, "cargo xtask vm-test", || vmtest::command(&[]))?;
     }

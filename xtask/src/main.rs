@@ -7,6 +7,7 @@ mod bench_e2e;
 mod ci;
 mod cluster;
 mod demo;
+mod fuzz;
 mod host;
 mod image;
 mod initramfs;
@@ -33,6 +34,7 @@ const USAGE: &str = "usage: cargo xtask <command>
   bench diff|watch [ARGS]           cargo bench of kube-ipvs-diff / kube-ipvs-watch
   bench e2e [--sizes N,..] [--updates U] [--agents kube-ipvs,kube-proxy]
                                     kube-ipvs vs kube-proxy --proxy-mode=ipvs on a real API server, in the guest
+  fuzz [TARGET] [--seconds N]       coverage-guided fuzzing of every parser of outside input (crates/fuzz)
   tools                             build kube-apiserver, etcd, kube-proxy, kubectl (integration/tools)
   deploy-check                      kubectl apply --dry-run=server of deploy/ against a real API server
   image [--check]                   OCI/docker archive target/image/kube-ipvs-<version>.tar; --check runs it in a chroot";
@@ -53,6 +55,7 @@ fn main() -> Result<()> {
         "image" => image::command(rest),
         "tools" => tools::command(rest),
         "deploy-check" => cluster::command(rest),
+        "fuzz" => fuzz::command(rest),
         "help" | "--help" | "-h" => {
             println!("{USAGE}");
             Ok(())

@@ -28,6 +28,9 @@
 
 pub mod error;
 mod family;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod ipvs;
 pub mod link;
 pub mod nfnl;

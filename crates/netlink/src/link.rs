@@ -213,7 +213,7 @@ impl AddressWatch {
 
 /// The address events in one notification datagram. A message that cannot be parsed means an event the caller
 /// does not know about, so it becomes a [`AddressEvent::Resync`] rather than an error that would end the watch.
-fn parse_events(datagram: &[u8]) -> VecDeque<AddressEvent> {
+pub(crate) fn parse_events(datagram: &[u8]) -> VecDeque<AddressEvent> {
     let mut out = VecDeque::new();
     for m in crate::wire::messages(datagram) {
         let Ok((h, _, whole)) = m else {

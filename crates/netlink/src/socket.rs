@@ -150,23 +150,7 @@ impl NlSocket {
                 }
                 Err(_) => break,
             }
-            for m in crate::wire::messages(buf) {
-                let Ok((h, payload, _)) = m else { break };
-                if h.kind != crate::wire::NLMSG_ERROR {
-                    continue;
-                }
-                let Some(slot) = codes.get_mut(h.seq.wrapping_sub(first) as usize) else {
-                    continue;
-                };
-                if slot.is_some() {
-                    continue;
-                }
-                let Ok(code) = crate::wire::error_code(payload) else {
-                    continue;
-                };
-                *slot = Some(code);
-                answered += 1;
-            }
+            answered += crate::wire::record_acks(buf, first, &mut codes);
         }
         (codes, overruns)
     }

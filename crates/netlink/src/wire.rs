@@ -168,6 +168,32 @@ pub(crate) fn messages(
     })
 }
 
+/// Records the acknowledgements in one datagram: an `NLMSG_ERROR` of sequence number
+/// `first + i` fills `codes[i]` (0 for success, else the errno) unless it is filled already.
+/// Other messages, sequence numbers outside the batch and unreadable codes are skipped; a
+/// malformed message ends the datagram. Returns how many slots it filled.
+pub(crate) fn record_acks(datagram: &[u8], first: u32, codes: &mut [Option<i32>]) -> usize {
+    let mut filled = 0;
+    for m in messages(datagram) {
+        let Ok((h, payload, _)) = m else { break };
+        if h.kind != NLMSG_ERROR {
+            continue;
+        }
+        let Some(slot) = codes.get_mut(h.seq.wrapping_sub(first) as usize) else {
+            continue;
+        };
+        if slot.is_some() {
+            continue;
+        }
+        let Ok(code) = error_code(payload) else {
+            continue;
+        };
+        *slot = Some(code);
+        filled += 1;
+    }
+    filled
+}
+
 /// The errno of an `NLMSG_DONE` payload: a dump that failed part way carries a negative errno there; none
 /// (or a short payload) is 0.
 pub(crate) fn done_code(payload: &[u8]) -> i32 {

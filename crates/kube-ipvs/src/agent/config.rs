@@ -797,6 +797,12 @@ impl Settings {
         Self::merge(args, file)
     }
 
+    /// [`Settings::resolve`] with the config file's `text` already read from `path` (which
+    /// errors name): the entry of the fuzz target for `KubeProxyConfiguration`.
+    pub fn resolve_text(args: &RunArgs, path: &Path, text: &str) -> Result<Settings, ConfigError> {
+        Self::merge(args, parse_file(path, text)?)
+    }
+
     fn merge(args: &RunArgs, file: ProxyConfig) -> Result<Settings, ConfigError> {
         let mode = match &args.proxy_mode {
             Some(m) => Some((m.as_str(), "--proxy-mode")),

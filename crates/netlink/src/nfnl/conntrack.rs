@@ -329,6 +329,29 @@ fn parse_entry(payload: &[u8]) -> Option<Entry> {
     })
 }
 
+/// [`crate::fuzzing::conntrack_dump`]: reads one datagram as a dump reply; each entry's delete
+/// request must carry the original tuple it was read with.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_dump(datagram: &[u8]) {
+    let mut entries = Vec::new();
+    let _ = dump_step(datagram, None, &String::new, |payload| {
+        entries.extend(parse_entry(payload));
+        Ok(())
+    });
+    for e in &entries {
+        let mut req = Vec::new();
+        delete_request_into(&mut req, AF_INET, 1, e);
+        let (_, payload, _) = wire::messages(&req)
+            .next()
+            .and_then(std::result::Result::ok)
+            .expect("an emitted request frames");
+        let again = wire::attrs(&payload[4..])
+            .find(|a| a.0 == CTA_TUPLE_ORIG)
+            .and_then(|a| parse_tuple(a.1));
+        assert_eq!(again, Some(e.orig), "conntrack delete request tuple");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

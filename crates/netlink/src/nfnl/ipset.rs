@@ -811,6 +811,27 @@ fn parse_list_message(payload: &[u8]) -> Vec<Member> {
         .collect()
 }
 
+/// [`crate::fuzzing::ipset_list`]: reads one datagram as a list reply, then sends every member
+/// through an add request and parses the request's `DATA` back.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_list(datagram: &[u8]) {
+    let mut members = Vec::new();
+    let _ = list_step(datagram, None, "fuzz", &mut members);
+    for m in &members {
+        let mut req = Vec::new();
+        member_request(&mut req, IPSET_CMD_ADD, 1, "fuzz", m);
+        let (_, payload, _) = wire::messages(&req)
+            .next()
+            .and_then(std::result::Result::ok)
+            .expect("an emitted request frames");
+        let again: Vec<Member> = wire::attrs(&payload[4..])
+            .filter(|a| a.0 == IPSET_ATTR_DATA)
+            .filter_map(|data| parse_member(data.1))
+            .collect();
+        assert_eq!(again, [*m], "ipset member emit/parse round trip");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
