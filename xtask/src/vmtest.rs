@@ -13,7 +13,8 @@
 //!   busybox's shell prefers its own `ip` applet. The daemon is at `/usr/local/bin/kube-ipvs`
 //!   (`CARGO_BIN_EXE_*` paths point into the host's target dir and do not exist in the guest).
 //! * A test is named `PACKAGE/TARGET::path::to::test` (e.g. `xtask/kernel_harness::dummy_link`);
-//!   FILTER is a substring of that. Each test has a timeout (`--test-timeout`, default 120 s).
+//!   FILTER is a substring of that. Each test has a timeout (`--test-timeout`, default 120 s;
+//!   the tests `SLOW_TESTS` names get theirs).
 //! * The full console goes to `target/vm/last-run.log`; print captured kernel bytes there.
 //! * Test targets named `kernel_apiserver*` need a real API server: vm-test starts etcd and
 //!   kube-apiserver on the host (`cargo xtask tools` builds them; the pinned kube-proxy goes
@@ -63,11 +64,18 @@ for bin in /tests/*/*; do
             echo "##ktest:skip $full $why"
             continue
         fi
+        # A test the harness knows to be long (SLOW_TESTS) gets its own limit.
+        t=$tt
+        if [ -s /etc/ktest/timeouts ]; then
+            while IFS='	' read -r pattern secs; do
+                case "$full" in *"$pattern"*) [ "$secs" -gt "$t" ] && t=$secs ;; esac
+            done < /etc/ktest/timeouts
+        fi
         echo "##ktest:start $full"
         t0=$(cut -d' ' -f1 /proc/uptime)
         # A fresh network namespace per test: IPVS tables, links and iptables rules are all
         # per namespace, so tests cannot see each other's state.
-        timeout -s KILL "$tt" unshare -n /bin/sh -c '/usr/sbin/ip link set lo up && exec "$@"' \
+        timeout -s KILL "$t" unshare -n /bin/sh -c '/usr/sbin/ip link set lo up && exec "$@"' \
             ktest "$bin" --exact "$name" --test-threads=1 --nocapture < /dev/null
         rc=$?
         t1=$(cut -d' ' -f1 /proc/uptime)
@@ -76,7 +84,7 @@ for bin in /tests/*/*; do
         if [ "$rc" -eq 0 ]; then
             echo "##ktest:pass $full ${took}s"
         elif [ "$rc" -eq 137 ]; then
-            echo "##ktest:timeout $full after ${tt}s"
+            echo "##ktest:timeout $full after ${t}s"
         else
             echo "##ktest:fail $full rc=$rc ${took}s"
         fi
@@ -84,6 +92,13 @@ for bin in /tests/*/*; do
 done
 echo "##ktest:end"
 "###;
+
+/// Tests that need longer than `--test-timeout` (a substring of the test's name, and seconds).
+const SLOW_TESTS: &[(&str, u64)] = &[
+    // Five faults one after another under traffic, the last a restart on a 1,000-Service table
+    // whose manifests the agent and every `check` parse at TCG speed.
+    ("kube-ipvs/kernel_e2e::faults_under_live_traffic", 900),
+];
 
 #[derive(Debug)]
 struct Options {
@@ -97,7 +112,7 @@ struct Options {
 pub(crate) fn command(args: &[String]) -> Result<()> {
     let mut options = Options {
         filter: None,
-        timeout: Duration::from_secs(900),
+        timeout: Duration::from_secs(1800),
         test_timeout: 120,
         daemon: true,
         forward_ports: Vec::new(),
@@ -269,6 +284,14 @@ fn vm_test(options: &Options) -> Result<()> {
     job.data.push((
         "/etc/ktest/test-timeout".into(),
         options.test_timeout.to_string().into_bytes(),
+    ));
+    job.data.push((
+        "/etc/ktest/timeouts".into(),
+        SLOW_TESTS
+            .iter()
+            .map(|(pattern, secs)| format!("{pattern}\t{secs}\n"))
+            .collect::<String>()
+            .into_bytes(),
     ));
     let outcome = vm::run(&job)?;
     let report = Report::parse(outcome.lines.iter().map(|(_, l)| l.as_str()));

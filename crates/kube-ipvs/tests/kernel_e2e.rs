@@ -41,7 +41,7 @@
 //! a new backend answering); nothing sleeps for a fixed time to synchronise.
 #![cfg(feature = "kernel-tests")]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -461,9 +461,12 @@ impl Drop for Session {
 }
 
 /// `ipvsadm` with `args`: its standard output.
+fn ipvsadm_bin() -> String {
+    std::env::var("IPVSADM").unwrap_or_else(|_| "/usr/sbin/ipvsadm".into())
+}
+
 fn ipvsadm(args: &[&str]) -> String {
-    let bin = std::env::var("IPVSADM").unwrap_or_else(|_| "/usr/sbin/ipvsadm".into());
-    let out = run(&bin, args);
+    let out = run(&ipvsadm_bin(), args);
     assert!(out.status.success(), "ipvsadm {args:?} failed");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -634,6 +637,13 @@ impl Agent {
 
     /// [`Agent::start_with`] with `run_only` flags that `check` does not take.
     fn start_full(dir: &Path, source: &[&str], cluster_cidr: &str, run_only: &[&str]) -> Agent {
+        let mut agent = Agent::spawn(dir, source, cluster_cidr, run_only);
+        agent.wait_converged();
+        agent
+    }
+
+    /// Starts the agent without waiting for it to converge.
+    fn spawn(dir: &Path, source: &[&str], cluster_cidr: &str, run_only: &[&str]) -> Agent {
         let healthz = free_port();
         let metrics = loop {
             let p = free_port();
@@ -672,15 +682,13 @@ impl Agent {
             .stderr(file)
             .spawn()
             .expect("start kube-ipvs run");
-        let mut agent = Agent {
+        Agent {
             child,
             log,
             dir: dir.to_owned(),
             source: source.iter().map(|s| (*s).to_owned()).collect(),
             metrics,
-        };
-        agent.wait_converged();
-        agent
+        }
     }
 
     /// SIGKILL: no chance to clean up or to finish a sync.
@@ -726,14 +734,18 @@ impl Agent {
     }
 
     fn wait_converged(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        self.wait_converged_within(Duration::from_secs(30));
+    }
+
+    fn wait_converged_within(&mut self, limit: Duration) {
+        let deadline = Instant::now() + limit;
         while self.check().status.code() != Some(0) {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("kube-ipvs run exited ({status}):\n{}", self.log());
             }
             assert!(
                 Instant::now() < deadline,
-                "not converged in 30s:\n{}",
+                "not converged in {limit:?}:\n{}",
                 self.log()
             );
             std::thread::sleep(Duration::from_millis(200));
@@ -2112,4 +2124,353 @@ fn each_detect_local_mode_decides_whose_cluster_ip_traffic_is_masqueraded() {
         );
         drop(agent);
     }
+}
+
+/// One connection of the traffic generator of [`faults_under_live_traffic_cost_only_what_they_must`].
+struct Attempt {
+    phase: usize,
+    target: usize,
+    answer: Option<String>,
+    /// The backends that were valid for its Service when it started or when it ended.
+    allowed: BTreeSet<String>,
+}
+
+/// What the traffic generator and the faults share.
+struct Traffic {
+    phase: std::sync::atomic::AtomicUsize,
+    stop: std::sync::atomic::AtomicBool,
+    /// Per Service (web, api), the backends a connection may reach now.
+    allowed: std::sync::Mutex<[BTreeSet<String>; 2]>,
+    attempts: std::sync::Mutex<Vec<Attempt>>,
+}
+
+impl Traffic {
+    fn count(&self) -> usize {
+        self.attempts.lock().expect("attempts").len()
+    }
+
+    /// Waits until the generator has made `n` more connections (so each phase is measured
+    /// under traffic, without sleeping for a fixed time).
+    fn wait_more(&self, n: usize) {
+        let before = self.count();
+        wait_for(
+            &format!("{n} more connections"),
+            Duration::from_secs(120),
+            || self.count() >= before + n,
+        );
+    }
+
+    fn set_allowed(&self, service: usize, backends: &[&str]) {
+        self.allowed.lock().expect("allowed")[service] =
+            backends.iter().map(|b| (*b).to_owned()).collect();
+    }
+}
+
+/// The `nat` rules of our chains, as `iptables-save` lists them.
+fn our_nat_rules() -> usize {
+    let out = run("/usr/sbin/iptables-save", &["-t", "nat"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("-A KUBE-IPVS"))
+        .count()
+}
+
+/// The IPv4 addresses on `kube-ipvs0`.
+fn kube_ipvs0_addresses() -> usize {
+    let out = run(IP, &["-o", "-4", "addr", "show", "dev", "kube-ipvs0"]);
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+/// The virtual services in the kernel, from `/proc/net/ip_vs` (cheap to read in a tight loop).
+fn kernel_services() -> usize {
+    std::fs::read_to_string("/proc/net/ip_vs")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("TCP ") || l.starts_with("UDP "))
+        .count()
+}
+
+/// Issue 18's faults under live traffic. A generator connects, one connection at a time, from a
+/// client namespace to two ClusterIPs and a NodePort, and checks each answer against the
+/// backends valid when the connection started or ended, while one fault after another hits
+/// the node: endpoint churn; `ipvsadm -C`; `ip addr flush dev kube-ipvs0`; a flush of our `nat`
+/// chains and our ipsets; the agent SIGKILLed in the middle of a startup sync that adds 1,000
+/// Services, and restarted. After each, the kernel must equal the desired state
+/// (`check` exits 0) and a foreign virtual server (in `--exclude-cidrs`) must still be there.
+/// It prints the figures `docs/reliability.md` shows: per fault, connections attempted, failed
+/// and answered by a backend that was not valid (which must be none), and seconds to converge.
+#[test]
+fn faults_under_live_traffic_cost_only_what_they_must() {
+    use std::sync::atomic::Ordering;
+    const FILLER: usize = 1000;
+    const FOREIGN: &str = "10.99.0.1:80";
+    let mut lab = Lab::new("fault");
+    ok(IP, &["link", "add", "node0", "type", "dummy"]);
+    ok(IP, &["link", "set", "node0", "up"]);
+    ok(IP, &["addr", "add", "192.168.56.10/32", "dev", "node0"]);
+    lab.host("client", CLIENT);
+    let pods = [
+        ("web1", "10.244.1.21"),
+        ("web2", "10.244.1.22"),
+        ("web3", "10.244.1.23"),
+        ("web4", "10.244.1.24"),
+        ("api1", "10.244.1.31"),
+        ("api2", "10.244.1.32"),
+    ];
+    for (name, addr) in pods {
+        lab.pod(name, addr, 8080);
+    }
+    let web = |eps: &[&'static str]| {
+        service_yaml(
+            "web",
+            "10.96.0.21",
+            "  type: NodePort\n",
+            &[("http", "TCP", 80, 8080, Some(30081))],
+            &eps.iter()
+                .map(|a| Ep(a, "node-1", true))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let api = service_yaml(
+        "api",
+        "10.96.0.22",
+        "  type: ClusterIP\n",
+        WEB_PORTS,
+        &[
+            Ep("10.244.1.31", "node-1", true),
+            Ep("10.244.1.32", "node-2", true),
+        ],
+    );
+    // Services without pods, so the startup sync is long enough to be interrupted.
+    let mut filler = String::new();
+    for i in 0..FILLER {
+        let (hi, lo) = (i / 250, i % 250 + 1);
+        filler.push_str(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: f{i}, namespace: filler}}\nspec:\n  \
+             clusterIP: 10.97.{hi}.{lo}\n  ports:\n  - {{port: 80, protocol: TCP}}\n---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: f{i}-1\n  \
+             namespace: filler\n  labels: {{kubernetes.io/service-name: f{i}}}\naddressType: IPv4\n\
+             endpoints:\n- addresses: [10.245.{hi}.{lo}]\nports:\n- {{port: 8080, protocol: TCP}}\n---\n"
+        ));
+    }
+    let web_a = ["10.244.1.21", "10.244.1.22", "10.244.1.23"];
+    let web_b = ["10.244.1.21", "10.244.1.22", "10.244.1.24"];
+    let dir = manifests("fault", &[("web.yaml", web(&web_a)), ("api.yaml", api)]);
+    // The foreign virtual server is in `--exclude-cidrs`: as kube-proxy, the agent owns every
+    // other virtual server of its family.
+    let source = ["--node-ip", NODE_IP, "--exclude-cidrs", "10.99.0.0/16"];
+    let mut agent = Agent::start(&dir, &source);
+    ok(&ipvsadm_bin(), &["-A", "-t", FOREIGN, "-s", "rr"]);
+    let foreign_present = || {
+        run(&ipvsadm_bin(), &["-Ln", "-t", FOREIGN])
+            .status
+            .success()
+    };
+
+    let traffic = Traffic {
+        phase: std::sync::atomic::AtomicUsize::new(0),
+        stop: std::sync::atomic::AtomicBool::new(false),
+        allowed: std::sync::Mutex::new([
+            web_a.iter().map(|b| (*b).to_owned()).collect(),
+            ["10.244.1.31", "10.244.1.32"]
+                .iter()
+                .map(|b| (*b).to_owned())
+                .collect(),
+        ]),
+        attempts: std::sync::Mutex::new(Vec::new()),
+    };
+    let targets = [
+        ("10.96.0.21:80", 0usize),
+        ("10.96.0.22:80", 1),
+        ("192.168.56.10:30081", 0),
+    ];
+    let phases = [
+        "steady (no fault)",
+        "endpoint churn (4 swaps)",
+        "ipvsadm -C",
+        "ip addr flush dev kube-ipvs0",
+        "flush of our nat chains and ipsets",
+        "SIGKILL in the startup sync, restart",
+    ];
+    let mut converge: Vec<Option<f64>> = vec![None; phases.len()];
+    let mut notes: Vec<String> = vec![String::new(); phases.len()];
+
+    /// Stops the generator when the faults end, also by a failed assertion (else the scope
+    /// would wait for it forever).
+    struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    std::thread::scope(|scope| {
+        let _stop = StopOnDrop(&traffic.stop);
+        scope.spawn(|| {
+            let mut i = 0;
+            while !traffic.stop.load(Ordering::SeqCst) {
+                let (target, service) = targets[i % targets.len()];
+                i += 1;
+                let before = traffic.allowed.lock().expect("allowed")[service].clone();
+                let phase = traffic.phase.load(Ordering::SeqCst);
+                let answer = lab.connect("client", target).map(|(a, _)| a);
+                let mut allowed = before;
+                allowed.extend(
+                    traffic.allowed.lock().expect("allowed")[service]
+                        .iter()
+                        .cloned(),
+                );
+                traffic.attempts.lock().expect("attempts").push(Attempt {
+                    phase,
+                    target: i % targets.len(),
+                    answer,
+                    allowed,
+                });
+            }
+        });
+        let begin = |p: usize| {
+            traffic.phase.store(p, Ordering::SeqCst);
+            println!("--- fault phase {p}: {}", phases[p]);
+        };
+
+        // 0: steady.
+        begin(0);
+        traffic.wait_more(30);
+
+        // 1: endpoint churn: web3 and web4 swap places four times.
+        begin(1);
+        let started = Instant::now();
+        for round in 0..4 {
+            let (from, to): (&[&str], &[&'static str]) = if round % 2 == 0 {
+                (&web_a, &web_b)
+            } else {
+                (&web_b, &web_a)
+            };
+            let mut both: Vec<&str> = from.to_vec();
+            both.extend(to.iter().copied());
+            traffic.set_allowed(0, &both);
+            std::fs::write(dir.join("web.yaml"), web(to)).expect("write web.yaml");
+            agent.wait_converged();
+            traffic.set_allowed(0, to);
+            traffic.wait_more(10);
+        }
+        converge[1] = Some(started.elapsed().as_secs_f64() / 4.0);
+        notes[1] = "seconds per swap, until check exits 0".to_owned();
+
+        // 2-4: the kernel state changed behind the agent's back.
+        let flushes: [(usize, &dyn Fn()); 3] = [
+            (2, &|| {
+                ok(&ipvsadm_bin(), &["-C"]);
+                ok(&ipvsadm_bin(), &["-A", "-t", FOREIGN, "-s", "rr"]);
+            }),
+            (3, &|| ok(IP, &["addr", "flush", "dev", "kube-ipvs0"])),
+            (4, &|| {
+                let saved = run("/usr/sbin/iptables-save", &["-t", "nat"]);
+                for chain in String::from_utf8_lossy(&saved.stdout)
+                    .lines()
+                    .filter_map(|l| l.strip_prefix(':'))
+                    .filter_map(|l| l.split_whitespace().next())
+                    .filter(|c| c.starts_with("KUBE-IPVS"))
+                {
+                    ok("/usr/sbin/iptables", &["-t", "nat", "-F", chain]);
+                }
+                let sets = run("/usr/sbin/ipset", &["list", "-n"]);
+                for set in String::from_utf8_lossy(&sets.stdout)
+                    .lines()
+                    .filter(|s| s.starts_with("KUBE-IPVS"))
+                {
+                    ok("/usr/sbin/ipset", &["flush", set]);
+                }
+            }),
+        ];
+        let rules = our_nat_rules();
+        assert!(rules > 0, "the agent wrote no nat rules");
+        for (p, fault) in flushes {
+            begin(p);
+            traffic.wait_more(6);
+            let started = Instant::now();
+            fault();
+            agent.wait_converged_within(Duration::from_secs(120));
+            wait_for("our nat rules back", Duration::from_secs(60), || {
+                our_nat_rules() == rules
+            });
+            converge[p] = Some(started.elapsed().as_secs_f64());
+            assert!(
+                foreign_present(),
+                "phase {p}: the foreign virtual server was removed"
+            );
+            traffic.wait_more(12);
+        }
+
+        // 5: SIGKILL in the middle of a large startup sync, then a restart. The agent is
+        // stopped, 1,000 Services are added, and the new agent adopts the kernel's table and
+        // starts programming them; it is killed once kube-ipvs0 holds some of their addresses
+        // (the binds come first, then the IPVS requests). Web and api keep their rules all along.
+        begin(5);
+        agent.kill();
+        drop(agent);
+        std::fs::write(dir.join("filler.yaml"), &filler).expect("write filler.yaml");
+        let (addrs_before, services_before) = (kube_ipvs0_addresses(), kernel_services());
+        let started = Instant::now();
+        let mut interrupted = Agent::spawn(&dir, &source, "10.244.0.0/16", &[]);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while kube_ipvs0_addresses() <= addrs_before {
+            assert!(Instant::now() < deadline, "the startup sync never began");
+        }
+        interrupted.kill();
+        let (addrs_at_kill, services_at_kill) = (kube_ipvs0_addresses(), kernel_services());
+        drop(interrupted);
+        notes[5] = format!(
+            "killed with {} of {FILLER} new addresses bound and {} of {FILLER} new virtual \
+             servers; converge timed from the first start",
+            addrs_at_kill - addrs_before,
+            services_at_kill - services_before,
+        );
+        agent = Agent::spawn(&dir, &source, "10.244.0.0/16", &[]);
+        agent.wait_converged_within(Duration::from_secs(240));
+        converge[5] = Some(started.elapsed().as_secs_f64());
+        assert!(
+            foreign_present(),
+            "the restarted agent removed the foreign virtual server"
+        );
+        traffic.wait_more(12);
+        traffic.stop.store(true, Ordering::SeqCst);
+        drop(agent);
+    });
+
+    let attempts = traffic.attempts.into_inner().expect("attempts");
+    println!("FAULTS | fault | connections | failed | wrong backend | seconds to converge | note");
+    let mut wrong_total = 0;
+    for (p, name) in phases.iter().enumerate() {
+        let mine: Vec<&Attempt> = attempts.iter().filter(|a| a.phase == p).collect();
+        let failed = mine.iter().filter(|a| a.answer.is_none()).count();
+        let wrong: Vec<String> = mine
+            .iter()
+            .filter_map(|a| {
+                let got = a.answer.as_ref()?;
+                (!a.allowed.contains(got)).then(|| format!("{} from target {}", got, a.target))
+            })
+            .collect();
+        wrong_total += wrong.len();
+        println!(
+            "FAULTS | {name} | {} | {failed} | {} | {} | {}",
+            mine.len(),
+            wrong.len(),
+            converge[p].map_or_else(|| "-".to_owned(), |s| format!("{s:.1}")),
+            notes[p]
+        );
+        if !wrong.is_empty() {
+            println!("  wrong backends: {wrong:?}");
+        }
+        if p <= 1 {
+            assert_eq!(
+                failed, 0,
+                "{name}: connections failed with every endpoint alive"
+            );
+        }
+    }
+    assert_eq!(
+        wrong_total, 0,
+        "a connection reached a backend that was not valid"
+    );
 }
