@@ -22,7 +22,7 @@ use anyhow::{Result, bail};
 
 const USAGE: &str = "usage: cargo xtask <command>
   demo                              the example cluster on a real kernel: agent, traffic, table
-  ci [--no-vm]                      fmt, clippy, tests, kernel-test clippy, vm-test (timed)
+  ci [--no-vm]                      fmt, clippy, tests, kernel-test clippy, fuzz, vm-test (timed)
   vm-test [FILTER] [--timeout S] [--test-timeout S] [--no-daemon] [--forward PORT]...
                                     run the kernel tests in a QEMU guest
   vm-run [--mem MIB] [--timeout S] [--forward PORT]... 'SCRIPT'
