@@ -358,15 +358,39 @@ fn daemonset_runs_on_every_node_in_the_host_network() {
 
     assert_eq!(pod.containers.len(), 1);
     let c = &pod.containers[0];
+    // The agent runs unprivileged with only the capabilities it uses, on a read-only root
+    // filesystem (the VM test kernel_run::init_only_then_run_with_net_admin_and_net_raw_only
+    // runs it exactly so).
     let sc = c.security_context.clone().expect("securityContext");
-    let caps = sc.capabilities.and_then(|c| c.add).unwrap_or_default();
-    for cap in ["NET_ADMIN", "NET_RAW", "SYS_MODULE"] {
-        assert!(caps.iter().any(|c| c == cap), "{cap} in {caps:?}");
-    }
+    assert_ne!(
+        sc.privileged,
+        Some(true),
+        "the agent's container is not privileged"
+    );
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    let caps = sc.capabilities.clone().expect("capabilities");
+    assert_eq!(caps.drop, Some(vec!["ALL".to_owned()]));
     assert_eq!(
-        caps.len(),
-        3,
-        "only the capabilities the agent uses: {caps:?}"
+        caps.add,
+        Some(vec!["NET_ADMIN".to_owned(), "NET_RAW".to_owned()]),
+        "only the capabilities the agent uses"
+    );
+
+    // The privileged step before it: `run --init-only` with the agent's own flags, the host's
+    // modules and the config.
+    let inits = pod.init_containers.clone().unwrap_or_default();
+    assert_eq!(inits.len(), 1);
+    let init = &inits[0];
+    assert_eq!(init.image, c.image);
+    assert_eq!(init.command, c.command);
+    let init_args = init.args.clone().unwrap_or_default();
+    let mut agent_args = c.args.clone().unwrap_or_default();
+    agent_args.insert(1, "--init-only".to_owned());
+    assert_eq!(init_args, agent_args, "--init-only and the agent's flags");
+    assert_eq!(
+        init.security_context.as_ref().and_then(|s| s.privileged),
+        Some(true)
     );
 
     let volumes: BTreeMap<String, _> = pod
@@ -387,9 +411,28 @@ fn daemonset_runs_on_every_node_in_the_host_network() {
             })
             .unwrap_or_else(|| panic!("no mount of the host's {host}"))
     };
-    let modules = host_mount("/lib/modules");
+    let init_mounts = init.volume_mounts.clone().unwrap_or_default();
+    let modules = init_mounts
+        .iter()
+        .find(|m| {
+            volumes
+                .get(&m.name)
+                .and_then(|v| v.host_path.as_ref())
+                .is_some_and(|h| h.path == "/lib/modules")
+        })
+        .expect("the init container mounts the host's /lib/modules");
     assert_eq!(modules.mount_path, "/lib/modules");
     assert_eq!(modules.read_only, Some(true));
+    let config_mount = |ms: &[k8s_openapi::api::core::v1::VolumeMount]| {
+        ms.iter()
+            .find(|m| volumes.get(&m.name).is_some_and(|v| v.config_map.is_some()))
+            .map(|m| (m.name.clone(), m.mount_path.clone()))
+    };
+    assert_eq!(
+        config_mount(&init_mounts),
+        config_mount(&c.volume_mounts.clone().unwrap_or_default()),
+        "the init container reads the same config"
+    );
     let lock = host_mount("/run/xtables.lock");
     assert_eq!(lock.mount_path, "/run/xtables.lock");
     assert_ne!(lock.read_only, Some(true), "iptables takes the lock");
@@ -527,11 +570,14 @@ fn image_is_the_workspace_version() {
 }
 
 /// The fields in which `replace-kube-proxy/daemonset.yaml` may differ from `daemonset.yaml`: the
-/// config volume's ConfigMap, where it is mounted, and the `--config` argument.
-const OVERLAY_FIELDS: [&str; 3] = [
+/// config volume's ConfigMap, where it is mounted, and the `--config` argument, in the agent's
+/// container and in the init container.
+const OVERLAY_FIELDS: [&str; 5] = [
     "/spec/template/spec/volumes/0/configMap/name",
     "/spec/template/spec/containers/0/volumeMounts/0/mountPath",
     "/spec/template/spec/containers/0/args/1",
+    "/spec/template/spec/initContainers/0/volumeMounts/0/mountPath",
+    "/spec/template/spec/initContainers/0/args/2",
 ];
 
 /// The first JSON pointer at which two documents differ, with both values.

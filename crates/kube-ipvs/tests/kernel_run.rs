@@ -967,11 +967,17 @@ fn removing_a_udp_endpoint_deletes_its_conntrack_entries() {
 }
 
 /// The agent's command line with only `NET_ADMIN` and `NET_RAW` (the capability bounding set,
-/// so even root gets no other) and `/proc/sys` read-only, as a container runtime mounts it for
-/// an unprivileged container: a mount namespace of its own remounts it.
+/// so even root gets no other), `/proc/sys` read-only, as a container runtime mounts it for an
+/// unprivileged container, and the root filesystem read-only (`readOnlyRootFilesystem`, with
+/// `/tmp` and `/run` too where they are mounts of their own) but for `/run/xtables.lock`, which
+/// the DaemonSet mounts from the host: a mount namespace of its own remounts them.
 fn restricted_run(dir: &Path, log: PathBuf) -> Agent {
     let script = format!(
         "mount -o bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && \
+         touch /run/xtables.lock && mount --bind /run/xtables.lock /run/xtables.lock && \
+         for m in / /run /tmp; do \
+           if grep -q \"^[^ ]* [^ ]* [^ ]* [^ ]* $m \" /proc/self/mountinfo; then \
+             mount -o remount,bind,ro $m || exit 1; fi; done && \
          exec /usr/bin/setpriv --bounding-set=-all,+net_admin,+net_raw -- {} run --manifests {} \
          --hostname-override node-1 --cluster-cidr 10.244.0.0/16",
         kube_ipvs_bin(),
@@ -986,8 +992,9 @@ fn restricted_run(dir: &Path, log: PathBuf) -> Agent {
 
 /// kube-proxy's least-privilege split, on the real kernel: `run --init-only` (full root, as a
 /// privileged init container) loads the modules and sets the sysctls, then exits 0; after it,
-/// `run` with only `NET_ADMIN` and `NET_RAW` and a read-only `/proc/sys` converges, answers
-/// health and writes its iptables rules and sets. Without the init step the same restricted
+/// `run` with only `NET_ADMIN` and `NET_RAW`, a read-only `/proc/sys` and a read-only root
+/// filesystem (`deploy/daemonset.yaml`'s containers) converges, answers health and writes its
+/// iptables rules and sets. Without the init step the same restricted
 /// `run` cannot set the sysctls and exits 5 naming one.
 #[test]
 fn init_only_then_run_with_net_admin_and_net_raw_only() {
@@ -1049,5 +1056,21 @@ fn init_only_then_run_with_net_admin_and_net_raw_only() {
     // The shell exec'd setpriv, which exec'd the agent: same pid. NET_ADMIN is bit 12,
     // NET_RAW bit 13.
     assert!(status.contains("0000000000003000"), "{status}");
+    // Its root filesystem was read-only all along (mountinfo: mount point, then options).
+    let mounts = std::fs::read_to_string(format!("/proc/{}/mountinfo", agent.child.id()))
+        .expect("the agent's mountinfo");
+    let options = |point: &str| {
+        mounts.lines().find_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.get(4) == Some(&point)).then(|| f.get(5).copied().unwrap_or_default().to_owned())
+        })
+    };
+    for point in ["/", "/proc/sys"] {
+        let o = options(point).unwrap_or_default();
+        assert!(
+            o.split(',').any(|w| w == "ro"),
+            "{point} mounted {o:?}:\n{mounts}"
+        );
+    }
     assert_eq!(agent.terminate(), Some(0));
 }
