@@ -255,7 +255,8 @@ impl ControlPlane {
             format!("--service-account-key-file={}", d("sa.pub")),
             format!("--service-account-signing-key-file={}", d("sa.key")),
             format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-            // deploy/daemonset.yaml runs privileged; `kubectl apply --dry-run=server` checks it.
+            // deploy/daemonset.yaml's init container is privileged; `kubectl apply --dry-run=server`
+            // checks it.
             "--allow-privileged=true".to_owned(),
             format!("--cert-dir={}", d("apiserver-certs")),
             "--profiling=false".to_owned(),
