@@ -184,6 +184,7 @@ pub fn seeds(target: &str, root: &Path) -> std::io::Result<Vec<Vec<u8>>> {
     Ok(out)
 }
 
+/// One line of a fixture's hex (one datagram).
 fn unhex(line: &str) -> Option<Vec<u8>> {
     let line = line.trim();
     if line.is_empty() || !line.len().is_multiple_of(2) {
@@ -210,5 +211,19 @@ mod tests {
             .expect("the example parses");
         let agent = pipeline::converge(&m.services, &m.slices, m.nodes.first());
         assert!(agent.table.dest_count() > 0, "{:#?}", agent.table);
+    }
+
+    /// `dump_args` renders a real table: the captured services, each with its destinations.
+    #[test]
+    fn the_dump_table_holds_the_captured_services() {
+        let table = pipeline::dump_table();
+        assert_eq!(table.services.len(), 4);
+        assert!(table.services.iter().all(|s| !s.dests.is_empty()));
+        let cli = DumpCli::try_parse_from(["-n"]).expect("flags");
+        let text = kube_ipvs::cmd::dump::render(&table, &cli.args).expect("renders");
+        assert!(
+            text.contains("FWM") && text.contains("UDP") && text.contains("TCP"),
+            "{text}"
+        );
     }
 }

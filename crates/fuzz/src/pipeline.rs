@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube_ipvs::ipvsadm::{self, Counters, Dest};
+use kube_ipvs::ipvsadm::{self, view::service_view};
 use kube_ipvs_diff::{Engine, Inputs, NodeContext, Table, UnknownCounts};
+use kube_ipvs_netlink::ipvs::{Destination, IpvsMessage, Service as IpvsService};
 use kube_ipvs_watch::{Tracker, TranslateOptions};
 
 /// One agent's state: what it was told, what it computed, and the kernel table its ops built.
@@ -78,75 +79,57 @@ pub(crate) fn converge(
     agent
 }
 
-/// The table `dump_args` renders: a TCP and a UDP service of each family and a fwmark service.
+/// The table `dump_args` renders: the service and destination dumps captured from the kernel
+/// for the netlink fixtures (TCP and UDP of both families, a fwmark service), through the
+/// renderer's own view of the netlink types.
 pub(crate) fn dump_table() -> ipvsadm::Table {
-    let v4 = |s: &str| IpAddr::V4(s.parse().expect("literal"));
-    let v6 = |s: &str| IpAddr::V6(s.parse().expect("literal"));
-    let dest = |addr: IpAddr, port: u16| Dest {
-        af: if addr.is_ipv4() {
-            ipvsadm::AF_INET
-        } else {
-            ipvsadm::AF_INET6
-        },
-        addr,
-        port,
-        fwd: 0,
-        weight: 1,
-        u_threshold: 0,
-        l_threshold: 0,
-        active_conns: 0,
-        inact_conns: 0,
-        persist_conns: 0,
-        tun_type: 0,
-        tun_port: 0,
-        tun_flags: 0,
-        stats: Counters::default(),
-    };
-    let svc =
-        |protocol: u16, addr: IpAddr, port: u16, fwmark: u32, dests: Vec<Dest>| ipvsadm::Service {
-            af: if addr.is_ipv4() {
-                ipvsadm::AF_INET
-            } else {
-                ipvsadm::AF_INET6
-            },
-            protocol,
-            addr,
-            port,
-            fwmark,
-            scheduler: "rr".to_owned(),
-            flags: 0x2,
-            timeout: 0,
-            netmask: if addr.is_ipv4() { 0xffff_ffff } else { 128 },
-            pe_name: String::new(),
-            stats: Counters::default(),
-            dests,
+    macro_rules! fixture {
+        ($name:literal) => {
+            include_str!(concat!("../../netlink/tests/fixtures/", $name, ".hex"))
         };
+    }
+    let captured: [(&str, &[&str]); 4] = [
+        (
+            fixture!("service_tcp4_wlc"),
+            &[fixture!("dest_tcp4_wlc_0"), fixture!("dest_tcp4_wlc_1")],
+        ),
+        (
+            fixture!("service_udp6_sh_port"),
+            &[fixture!("dest_udp6_sh_port_0")],
+        ),
+        (
+            fixture!("service_tcp6_wrr_persist_prefix"),
+            &[
+                fixture!("dest_tcp6_wrr_persist_prefix_0"),
+                fixture!("dest_tcp6_wrr_persist_prefix_1"),
+            ],
+        ),
+        (fixture!("service_fwm4_gue"), &[fixture!("dest_fwm4_gue_0")]),
+    ];
+    let services = captured
+        .iter()
+        .map(|(svc, dests)| {
+            let svc = IpvsMessage::<IpvsService>::parse(&crate::unhex(svc).expect("fixture hex"))
+                .expect("a captured service")
+                .body;
+            let family = svc.key.family();
+            let dests: Vec<_> = dests
+                .iter()
+                .map(|d| {
+                    IpvsMessage::<Destination>::parse(
+                        &crate::unhex(d).expect("fixture hex"),
+                        family,
+                    )
+                    .expect("a captured destination")
+                    .body
+                })
+                .collect();
+            service_view(&svc, &dests)
+        })
+        .collect();
     ipvsadm::Table {
         version: 0x01_02_01,
         conn_tab_size: 4096,
-        services: vec![
-            svc(
-                6,
-                v4("10.96.0.1"),
-                443,
-                0,
-                vec![dest(v4("10.244.1.2"), 6443)],
-            ),
-            svc(
-                17,
-                v4("10.96.0.10"),
-                53,
-                0,
-                vec![dest(v4("10.244.1.3"), 53)],
-            ),
-            svc(
-                6,
-                v6("fd00:96::1"),
-                80,
-                0,
-                vec![dest(v6("fd00:244::2"), 8080)],
-            ),
-            svc(0, v4("0.0.0.0"), 0, 7, vec![dest(v4("10.244.1.4"), 0)]),
-        ],
+        services,
     }
 }
