@@ -119,7 +119,7 @@ fn steps(vm: bool, timings: &mut Vec<(String, Duration)>) -> Result<()> {
     timed(
         timings,
         &format!("cargo xtask fuzz --seconds {FUZZ_SECONDS}"),
-        || crate::fuzz::run_all(FUZZ_SECONDS),
+        || crate::fuzz::command(&["--seconds".to_owned(), FUZZ_SECONDS.to_string()]),
     )?;
     if vm {
         timed(timings, "cargo xtask vm-test", || vmtest::command(&[]))?;

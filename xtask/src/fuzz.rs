@@ -45,11 +45,11 @@ const RUSTFLAGS: &[&str] = &[
 ];
 
 /// What one target's run did.
-pub(crate) struct Outcome {
-    pub(crate) target: &'static str,
-    pub(crate) seconds: f64,
-    pub(crate) executions: u64,
-    pub(crate) corpus: usize,
+struct Outcome {
+    target: &'static str,
+    seconds: f64,
+    executions: u64,
+    corpus: usize,
 }
 
 pub(crate) fn command(args: &[String]) -> Result<()> {
@@ -86,15 +86,8 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Every target for `seconds` each, with the table printed (what `cargo xtask ci` runs).
-pub(crate) fn run_all(seconds: u64) -> Result<()> {
-    let outcomes = run(TARGETS, seconds)?;
-    println!("{}", table(&outcomes));
-    Ok(())
-}
-
 /// Builds the binary and runs each target for `seconds`; fails at the first crash.
-pub(crate) fn run(targets: &[&'static str], seconds: u64) -> Result<Vec<Outcome>> {
+fn run(targets: &[&'static str], seconds: u64) -> Result<Vec<Outcome>> {
     let bin = build()?;
     let base = util::workspace_root().join("target/fuzz");
     let mut out = Vec::new();
@@ -204,7 +197,7 @@ fn stat(text: &str, key: &str) -> Option<u64> {
 }
 
 /// The per-target figures, as `docs/reliability.md` shows them.
-pub(crate) fn table(outcomes: &[Outcome]) -> String {
+fn table(outcomes: &[Outcome]) -> String {
     let mut out = String::from(
         "| target | seconds | executions | exec/s | corpus | crashes |\n|---|---:|---:|---:|---:|---:|\n",
     );
