@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount, VolumeMount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube_ipvs::agent::{RunArgs, Settings};
@@ -400,7 +400,7 @@ fn daemonset_runs_on_every_node_in_the_host_network() {
         .map(|v| (v.name.clone(), v))
         .collect();
     let mounts = c.volume_mounts.clone().unwrap_or_default();
-    let host_mount = |host: &str| {
+    let host_mount = |mounts: &[VolumeMount], host: &str| {
         mounts
             .iter()
             .find(|m| {
@@ -409,31 +409,24 @@ fn daemonset_runs_on_every_node_in_the_host_network() {
                     .and_then(|v| v.host_path.as_ref())
                     .is_some_and(|h| h.path == host)
             })
+            .cloned()
             .unwrap_or_else(|| panic!("no mount of the host's {host}"))
     };
     let init_mounts = init.volume_mounts.clone().unwrap_or_default();
-    let modules = init_mounts
-        .iter()
-        .find(|m| {
-            volumes
-                .get(&m.name)
-                .and_then(|v| v.host_path.as_ref())
-                .is_some_and(|h| h.path == "/lib/modules")
-        })
-        .expect("the init container mounts the host's /lib/modules");
+    let modules = host_mount(&init_mounts, "/lib/modules");
     assert_eq!(modules.mount_path, "/lib/modules");
     assert_eq!(modules.read_only, Some(true));
-    let config_mount = |ms: &[k8s_openapi::api::core::v1::VolumeMount]| {
+    let config_mount = |ms: &[VolumeMount]| {
         ms.iter()
             .find(|m| volumes.get(&m.name).is_some_and(|v| v.config_map.is_some()))
             .map(|m| (m.name.clone(), m.mount_path.clone()))
     };
     assert_eq!(
         config_mount(&init_mounts),
-        config_mount(&c.volume_mounts.clone().unwrap_or_default()),
+        config_mount(&mounts),
         "the init container reads the same config"
     );
-    let lock = host_mount("/run/xtables.lock");
+    let lock = host_mount(&mounts, "/run/xtables.lock");
     assert_eq!(lock.mount_path, "/run/xtables.lock");
     assert_ne!(lock.read_only, Some(true), "iptables takes the lock");
 

@@ -2109,7 +2109,7 @@ fn each_detect_local_mode_decides_whose_cluster_ip_traffic_is_masqueraded() {
         let agent = Agent::start_full(&dir, &[], "10.244.0.0/16", flags);
         // The table was in sync from the last mode's agent already: wait for this one's rules.
         wait_for(rule, Duration::from_secs(30), || {
-            String::from_utf8_lossy(&run("/usr/sbin/iptables-save", &["-t", "nat"]).stdout)
+            nat_table()
                 .lines()
                 .any(|l| l.starts_with("-A KUBE-IPVS-CLUSTER-MASQ") && l.ends_with(rule))
         });
@@ -2169,10 +2169,14 @@ impl Traffic {
     }
 }
 
-/// The `nat` rules of our chains, as `iptables-save` lists them.
+/// The `nat` table as `iptables-save -t nat` prints it.
+fn nat_table() -> String {
+    String::from_utf8_lossy(&run("/usr/sbin/iptables-save", &["-t", "nat"]).stdout).into_owned()
+}
+
+/// The `nat` rules of our chains.
 fn our_nat_rules() -> usize {
-    let out = run("/usr/sbin/iptables-save", &["-t", "nat"]);
-    String::from_utf8_lossy(&out.stdout)
+    nat_table()
         .lines()
         .filter(|l| l.starts_with("-A KUBE-IPVS"))
         .count()
@@ -2368,14 +2372,13 @@ fn faults_under_live_traffic_cost_only_what_they_must() {
             }),
             (3, &|| ok(IP, &["addr", "flush", "dev", "kube-ipvs0"])),
             (4, &|| {
-                let saved = run("/usr/sbin/iptables-save", &["-t", "nat"]);
-                for chain in String::from_utf8_lossy(&saved.stdout)
+                for chain in nat_table()
                     .lines()
                     .filter_map(|l| l.strip_prefix(':'))
                     .filter_map(|l| l.split_whitespace().next())
                     .filter(|c| c.starts_with("KUBE-IPVS"))
                 {
-                    ok("/usr/sbin/iptables", &["-t", "nat", "-F", chain]);
+                    ok(IPTABLES, &["-t", "nat", "-F", chain]);
                 }
                 let sets = run("/usr/sbin/ipset", &["list", "-n"]);
                 for set in String::from_utf8_lossy(&sets.stdout)
