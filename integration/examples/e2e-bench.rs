@@ -62,7 +62,8 @@ const UPDATE_TIMEOUT: Duration = Duration::from_secs(180);
 fn usage() -> &'static str {
     "usage: e2e-bench populate --kubeconfig PATH --services N [--endpoints E] [--concurrency C] --out PATH\n       \
      e2e-bench guest --agent kube-ipvs|kube-proxy --services-file PATH --kubeconfig PATH \
-     [--endpoints E] [--updates U] [--update-budget SECS] [--converge-timeout SECS]"
+     [--endpoints E] [--updates U] [--update-budget SECS] [--converge-timeout SECS] \
+     [--flush-repair] [--soak-seconds S [--churn-rate R] [--sample-seconds S]]"
 }
 
 fn main() -> Result<()> {
@@ -92,6 +93,14 @@ struct Options {
     update_budget: Duration,
     converge_timeout: Duration,
     settle_timeout: Duration,
+    /// `ipvsadm -C` behind the agent's back after it converged, timing the repair.
+    flush_repair: bool,
+    /// Soak: how long to churn endpoints after converging (zero: no soak).
+    soak: Duration,
+    /// Soak: endpoint updates per second.
+    churn_rate: f64,
+    /// Soak: how often the agent's resources are sampled.
+    sample_every: Duration,
 }
 
 impl Options {
@@ -108,6 +117,10 @@ impl Options {
             update_budget: Duration::from_secs(300),
             converge_timeout: Duration::from_secs(1800),
             settle_timeout: Duration::from_secs(600),
+            flush_repair: false,
+            soak: Duration::ZERO,
+            churn_rate: 5.0,
+            sample_every: Duration::from_secs(60),
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -136,6 +149,21 @@ impl Options {
                 }
                 "--converge-timeout" => {
                     o.converge_timeout = Duration::from_secs(number(value()?)? as u64);
+                }
+                "--flush-repair" => o.flush_repair = true,
+                "--soak-seconds" => o.soak = Duration::from_secs(number(value()?)? as u64),
+                "--sample-seconds" => {
+                    o.sample_every = Duration::from_secs(number(value()?)?.max(1) as u64);
+                }
+                "--churn-rate" => {
+                    let v = value()?;
+                    o.churn_rate = v
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|r| r.is_finite() && *r > 0.0 && *r <= 1000.0)
+                        .with_context(|| {
+                            format!("--churn-rate {v:?}: updates per second, 0 < R <= 1000")
+                        })?;
                 }
                 other => bail!("unknown option {other:?}\n{}", usage()),
             }
@@ -500,6 +528,33 @@ impl Agent {
     }
 }
 
+/// What a soak samples besides CPU time.
+struct Resources {
+    rss_kib: u64,
+    fds: usize,
+    threads: u64,
+}
+
+impl Agent {
+    fn resources(&self) -> Result<Resources> {
+        let pid = self.child.id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .with_context(|| format!("reading /proc/{pid}/status of {}", self.name))?;
+        let field = |name: &str| {
+            status_kib(&status, name)
+                .with_context(|| format!("/proc/{pid}/status of {} has no {name}", self.name))
+        };
+        let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .with_context(|| format!("listing /proc/{pid}/fd of {}", self.name))?
+            .count();
+        Ok(Resources {
+            rss_kib: field("VmRSS")?,
+            fds,
+            threads: field("Threads")?,
+        })
+    }
+}
+
 impl Drop for Agent {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -549,7 +604,7 @@ fn stat_cpu_ticks(stat: &str) -> Option<u64> {
     Some(sum)
 }
 
-/// A `Name:   123 kB` line of /proc/PID/status.
+/// The number of a `Name:   123 kB` (or `Threads:  9`) line of /proc/PID/status.
 fn status_kib(status: &str, name: &str) -> Option<u64> {
     status.lines().find_map(|l| {
         let rest = l.strip_prefix(name)?.strip_prefix(':')?;
@@ -676,13 +731,90 @@ fn settle(agent: &mut Agent, limit: Duration) -> Result<(Duration, bool)> {
     }
 }
 
-/// What the update series measured, in microseconds from sending each PATCH.
-#[derive(Default)]
-struct Updates {
-    /// Until new connections could reach only the new endpoint set (see [`serves`]).
-    kernel_us: Vec<u64>,
+/// EndpointSlice updates, each timed until the kernel serves the new endpoint set: the update
+/// series and the soak share it.
+struct Churn {
+    rt: tokio::runtime::Runtime,
+    slices: Api<EndpointSlice>,
+    /// The endpoints each updated Service has now.
+    current: HashMap<usize, Vec<Ipv4Addr>>,
+    per: usize,
+    sent: usize,
+}
+
+/// One update's timings in microseconds from sending its PATCH.
+struct Timed {
+    /// Until new connections could reach only the new endpoint set (see [`serves`]); `None` if
+    /// the kernel did not show it within [`UPDATE_TIMEOUT`].
+    kernel_us: Option<u64>,
     /// Until the API server answered the PATCH (part of the above), to tell a slow API server
     /// from a slow agent.
+    patch_us: u64,
+}
+
+impl Churn {
+    fn new(opts: &Options) -> Result<Churn> {
+        let rt = runtime()?;
+        let client = rt.block_on(client(opts.kubeconfig()?))?;
+        Ok(Churn {
+            rt,
+            slices: Api::namespaced(client, NAMESPACE),
+            current: HashMap::new(),
+            per: opts.endpoints,
+            sent: 0,
+        })
+    }
+
+    /// Replaces the first endpoint of the next Service (a prime stride visits Services spread
+    /// over the table, each once per N updates) and waits until the kernel serves the result.
+    fn update(&mut self, ipvs: &mut Ipvs, ips: &[Ipv4Addr]) -> Result<Timed> {
+        let u = self.sent;
+        self.sent += 1;
+        let i = (u * 7919) % ips.len();
+        let per = self.per;
+        let addrs = self
+            .current
+            .entry(i)
+            .or_insert_with(|| initial_addrs(i, per));
+        addrs[0] = update_addr(u);
+        let want = addrs.clone();
+        let patch = serde_json::json!({"endpoints": endpoints_json(&want)});
+        let name = slice_name(i);
+        let sent = Instant::now();
+        self.rt
+            .block_on(
+                self.slices
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+            )
+            .with_context(|| format!("patching EndpointSlice {NAMESPACE}/{name}"))?;
+        let patch_us = sent.elapsed().as_micros() as u64;
+        let k = key(ips[i]);
+        loop {
+            if serves(ipvs, &k, &want)? {
+                return Ok(Timed {
+                    kernel_us: Some(sent.elapsed().as_micros() as u64),
+                    patch_us,
+                });
+            }
+            if sent.elapsed() > UPDATE_TIMEOUT {
+                eprintln!(
+                    "e2e-bench: update {u} (EndpointSlice {NAMESPACE}/{name}) not in the kernel after {} s",
+                    UPDATE_TIMEOUT.as_secs()
+                );
+                return Ok(Timed {
+                    kernel_us: None,
+                    patch_us,
+                });
+            }
+            std::thread::sleep(UPDATE_POLL);
+        }
+    }
+}
+
+/// What the update series measured.
+#[derive(Default)]
+struct Updates {
+    kernel_us: Vec<u64>,
     patch_us: Vec<u64>,
     /// Updates the kernel never showed (at most one: the series stops there).
     timeouts: usize,
@@ -694,12 +826,8 @@ fn updates(
     agent: &mut Agent,
     ips: &[Ipv4Addr],
 ) -> Result<Updates> {
-    let per = opts.endpoints;
-    let rt = runtime()?;
-    let client = rt.block_on(client(opts.kubeconfig()?))?;
-    let slices: Api<EndpointSlice> = Api::namespaced(client, NAMESPACE);
+    let mut churn = Churn::new(opts)?;
     let budget_end = Instant::now() + opts.update_budget;
-    let mut current: HashMap<usize, Vec<Ipv4Addr>> = HashMap::new();
     let mut out = Updates::default();
     for u in 0..opts.updates {
         if Instant::now() > budget_end {
@@ -710,35 +838,120 @@ fn updates(
             break;
         }
         agent.check_running()?;
-        // A prime stride visits Services spread over the table, each once for U <= N.
-        let i = (u * 7919) % ips.len();
-        let addrs = current.entry(i).or_insert_with(|| initial_addrs(i, per));
-        addrs[0] = update_addr(u);
-        let want = addrs.clone();
-        let patch = serde_json::json!({"endpoints": endpoints_json(&want)});
-        let name = slice_name(i);
-        let sent = Instant::now();
-        rt.block_on(slices.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)))
-            .with_context(|| format!("patching EndpointSlice {NAMESPACE}/{name}"))?;
-        out.patch_us.push(sent.elapsed().as_micros() as u64);
-        let k = key(ips[i]);
-        loop {
-            if serves(ipvs, &k, &want)? {
-                out.kernel_us.push(sent.elapsed().as_micros() as u64);
+        let timed = churn.update(ipvs, ips)?;
+        out.patch_us.push(timed.patch_us);
+        match timed.kernel_us {
+            Some(us) => out.kernel_us.push(us),
+            None => {
+                out.timeouts = 1;
                 break;
             }
-            if sent.elapsed() > UPDATE_TIMEOUT {
-                eprintln!(
-                    "e2e-bench: update {u} (EndpointSlice {NAMESPACE}/{name}) not in the kernel after {} s",
-                    UPDATE_TIMEOUT.as_secs()
-                );
-                out.timeouts = 1;
-                return Ok(out);
-            }
-            std::thread::sleep(UPDATE_POLL);
         }
     }
     Ok(out)
+}
+
+/// `ipvsadm -C` behind the converged agent's back: how long until a virtual server is back
+/// (the agent notices at its next periodic sync) and until every Service has all its real
+/// servers again, re-added while the kernel's destination trash still holds the flushed ones.
+fn flush_repair(
+    ipvs: &mut Ipvs,
+    agent: &mut Agent,
+    ips: &[Ipv4Addr],
+    per: usize,
+    timeout: Duration,
+) -> Result<(Duration, Converged)> {
+    ipvs.flush().context("flushing the IPVS table")?;
+    let flushed = Instant::now();
+    eprintln!("e2e-bench: flushed the IPVS table behind the agent's back");
+    loop {
+        agent.check_running()?;
+        if !ipvs.services()?.is_empty() {
+            break;
+        }
+        if flushed.elapsed() > timeout {
+            bail!(
+                "no virtual server back {} s after the flush",
+                timeout.as_secs()
+            );
+        }
+        std::thread::sleep(CONVERGE_POLL);
+    }
+    let noticed = flushed.elapsed();
+    let repaired = converge(ipvs, agent, ips, per, flushed, timeout)?;
+    Ok((noticed, repaired))
+}
+
+/// One soak sample of the agent's resources and the update latencies since the last sample.
+fn soak_sample(
+    agent: &Agent,
+    since_start: Duration,
+    window: &mut Vec<u64>,
+    timeouts: &mut usize,
+) -> Result<String> {
+    let (cpu, _) = agent.usage()?;
+    let r = agent.resources()?;
+    window.sort_unstable();
+    let rank = |p: f64| -> u64 {
+        if window.is_empty() {
+            return 0;
+        }
+        let at = ((p / 100.0) * window.len() as f64).ceil() as usize;
+        window[at.clamp(1, window.len()) - 1]
+    };
+    let line = format!(
+        "SOAK-SAMPLE t_s={} rss_kib={} fds={} threads={} cpu_s={cpu:.2} updates={} timeouts={} p50_us={} p99_us={} max_us={}",
+        since_start.as_secs(),
+        r.rss_kib,
+        r.fds,
+        r.threads,
+        window.len(),
+        timeouts,
+        rank(50.0),
+        rank(99.0),
+        window.last().copied().unwrap_or(0),
+    );
+    window.clear();
+    *timeouts = 0;
+    Ok(line)
+}
+
+/// The soak: endpoint updates at `--churn-rate` per second for `--soak-seconds`, each timed to
+/// the kernel, with the agent's RSS, file descriptors, threads and CPU sampled every
+/// `--sample-seconds`. Prints one `SOAK-SAMPLE` line per sample (xtask parses them); returns
+/// how many updates were sent.
+fn soak(opts: &Options, ipvs: &mut Ipvs, agent: &mut Agent, ips: &[Ipv4Addr]) -> Result<usize> {
+    let mut churn = Churn::new(opts)?;
+    let period = Duration::from_secs_f64(1.0 / opts.churn_rate);
+    let start = Instant::now();
+    let mut next_update = start;
+    let mut next_sample = start;
+    let mut window = Vec::new();
+    let mut timeouts = 0;
+    loop {
+        agent.check_running()?;
+        let now = Instant::now();
+        if now >= next_sample {
+            println!(
+                "{}",
+                soak_sample(agent, now - start, &mut window, &mut timeouts)?
+            );
+            next_sample += opts.sample_every;
+            if now - start >= opts.soak {
+                return Ok(churn.sent);
+            }
+        }
+        if now < next_update {
+            std::thread::sleep((next_update - now).min(next_sample.saturating_duration_since(now)));
+            continue;
+        }
+        // A slow update delays the next ones instead of being followed by a burst.
+        next_update = (next_update + period).max(now);
+        match churn.update(ipvs, ips)?.kernel_us {
+            Some(us) => window.push(us),
+            None => timeouts += 1,
+        }
+    }
 }
 
 /// Microsecond samples as a comma list, `-` for none (the result line has no empty values).
@@ -794,11 +1007,33 @@ fn guest(opts: &Options) -> Result<()> {
             if settled { "idle" } else { "still busy" },
             settle_time.as_secs_f64()
         );
+        if opts.flush_repair {
+            let (noticed, repaired) = flush_repair(
+                &mut ipvs,
+                &mut agent,
+                &ips,
+                opts.endpoints,
+                opts.converge_timeout,
+            )?;
+            println!(
+                "E2E-REPAIR noticed_ms={} repaired_ms={} repaired_err_ms={}",
+                noticed.as_millis(),
+                repaired.at.as_millis(),
+                repaired.uncertainty.as_millis()
+            );
+        }
         let up = if opts.updates > 0 {
             updates(opts, &mut ipvs, &mut agent, &ips)?
         } else {
             Updates::default()
         };
+        if !opts.soak.is_zero() {
+            let sent = soak(opts, &mut ipvs, &mut agent, &ips)?;
+            eprintln!(
+                "e2e-bench: soak of {} s sent {sent} updates",
+                opts.soak.as_secs()
+            );
+        }
         agent.check_running()?;
         let (cpu, rss) = agent.usage()?;
         eprintln!("--- {agent_name} log (end) ---\n{}\n---", agent.tail());

@@ -20,7 +20,7 @@ const DUMP_PACKAGE: &str = "kube-ipvs";
 const DUMP_EXAMPLE: &str = "dump-bench";
 
 pub(crate) fn command(args: &[String]) -> Result<()> {
-    let usage = "usage: cargo xtask bench netlink [-- ARGS] | bench dump [-- ARGS] | bench diff [ARGS] | bench watch [ARGS] | bench e2e [--sizes N,..] [--updates U] [--agents A,..]";
+    let usage = "usage: cargo xtask bench netlink [-- ARGS] | bench dump [-- ARGS] | bench diff [ARGS] | bench watch [ARGS] | bench e2e [--sizes N,..] [--updates U] [--agents A,..] | bench soak [--minutes M] [--services N] [--rate R]";
     let (which, rest) = args.split_first().context(usage)?;
     // `--` separates our arguments from the benchmark's; accept it with or without.
     let rest: Vec<String> = match rest.split_first() {
@@ -33,6 +33,7 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
         "diff" => cargo_bench("kube-ipvs-diff", &rest),
         "watch" => cargo_bench("kube-ipvs-watch", &rest),
         "e2e" => crate::bench_e2e::command(&rest),
+        "soak" => crate::soak::command(&rest),
         other => bail!("unknown benchmark {other:?}; {usage}"),
     }
 }

@@ -21,8 +21,8 @@ use crate::util::{self, secs, shell_quote};
 use crate::vm::{self, GuestFile, Job};
 use crate::vmtest::cargo_executables;
 
-const DRIVER_PACKAGE: &str = "kube-ipvs-integration";
-const DRIVER: &str = "e2e-bench";
+pub(crate) const DRIVER_PACKAGE: &str = "kube-ipvs-integration";
+pub(crate) const DRIVER: &str = "e2e-bench";
 const AGENTS: &[&str] = &["kube-ipvs", "kube-proxy"];
 const RESULT_PREFIX: &str = "E2E-RESULT ";
 /// Where the guest finds the `populate --out` list.
@@ -121,11 +121,15 @@ struct RunResult {
     rss_kib: u64,
 }
 
-fn parse_result_line(line: &str) -> Result<RunResult> {
+/// The `key=value` words after `prefix` in a console line.
+pub(crate) fn fields<'a>(
+    line: &'a str,
+    prefix: &str,
+) -> Result<std::collections::HashMap<&'a str, &'a str>> {
     let body = line
         .trim()
-        .strip_prefix(RESULT_PREFIX)
-        .with_context(|| format!("not a result line: {line:?}"))?;
+        .strip_prefix(prefix)
+        .with_context(|| format!("not a {} line: {line:?}", prefix.trim()))?;
     let mut fields = std::collections::HashMap::new();
     for word in body.split_whitespace() {
         let (k, v) = word
@@ -133,6 +137,23 @@ fn parse_result_line(line: &str) -> Result<RunResult> {
             .with_context(|| format!("result field {word:?} has no `=`"))?;
         fields.insert(k, v);
     }
+    Ok(fields)
+}
+
+/// A numeric field of [`fields`], naming the field when it is missing or not a number.
+pub(crate) fn number<T: std::str::FromStr>(
+    fields: &std::collections::HashMap<&str, &str>,
+    key: &str,
+) -> Result<T> {
+    let v = fields
+        .get(key)
+        .with_context(|| format!("result line lacks {key}"))?;
+    v.parse()
+        .map_err(|_| anyhow::anyhow!("result field {key}={v:?} is not a number"))
+}
+
+fn parse_result_line(line: &str) -> Result<RunResult> {
+    let fields = fields(line, RESULT_PREFIX)?;
     let get = |k: &str| -> Result<&str> {
         fields
             .get(k)
@@ -169,7 +190,7 @@ fn parse_result_line(line: &str) -> Result<RunResult> {
 }
 
 /// Nearest-rank percentile (`p` in 0..=100) of unsorted samples; `None` without samples.
-fn percentile(samples: &[u64], p: f64) -> Option<u64> {
+pub(crate) fn percentile(samples: &[u64], p: f64) -> Option<u64> {
     if samples.is_empty() {
         return None;
     }
@@ -298,7 +319,7 @@ fn table(results: &[RunResult]) -> String {
     out
 }
 
-fn release_build(package: &str, what: &[&str], name: &str) -> Result<PathBuf> {
+pub(crate) fn release_build(package: &str, what: &[&str], name: &str) -> Result<PathBuf> {
     let mut args = vec!["build", "--release", "-p", package];
     args.extend_from_slice(what);
     cargo_executables(&args, |m| m["target"]["name"] == name)?
@@ -306,6 +327,26 @@ fn release_build(package: &str, what: &[&str], name: &str) -> Result<PathBuf> {
         .next()
         .map(|(_, exe)| exe)
         .with_context(|| format!("cargo build produced no {name} executable"))
+}
+
+/// Fills the API server with `size` Services (the driver's `populate`, on the host) and returns
+/// the list the guest reads.
+pub(crate) fn populate(
+    driver: &Path,
+    plane: &ControlPlane,
+    size: usize,
+    work: &Path,
+) -> Result<PathBuf> {
+    let list = work.join(format!("services-{size}.txt"));
+    let mut populate = Command::new(driver);
+    populate
+        .arg("populate")
+        .arg("--kubeconfig")
+        .arg(plane.host_kubeconfig()?)
+        .args(["--services", &size.to_string(), "--out"])
+        .arg(&list);
+    util::run(&mut populate).with_context(|| format!("populating {size} Services"))?;
+    Ok(list)
 }
 
 pub(crate) fn command(args: &[String]) -> Result<()> {
@@ -332,15 +373,7 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
     let mut results = Vec::new();
     let mut failures = Vec::new();
     for &size in &opts.sizes {
-        let list = work.join(format!("services-{size}.txt"));
-        let mut populate = Command::new(&driver);
-        populate
-            .arg("populate")
-            .arg("--kubeconfig")
-            .arg(plane.host_kubeconfig()?)
-            .args(["--services", &size.to_string(), "--out"])
-            .arg(&list);
-        util::run(&mut populate).with_context(|| format!("populating {size} Services"))?;
+        let list = populate(&driver, &plane, size, &work)?;
         let updates = if size == largest { opts.updates } else { 0 };
         for agent in &opts.agents {
             match run_agent(
@@ -399,13 +432,6 @@ fn run_agent(
     // Generous: kube-proxy under TCG at 10,000 Services takes many minutes per full sync.
     let converge_timeout = 600 + size as u64 / 4;
     let args: Vec<String> = vec![
-        "guest".into(),
-        "--agent".into(),
-        agent.into(),
-        "--services-file".into(),
-        GUEST_SERVICES.into(),
-        "--kubeconfig".into(),
-        format!("{GUEST_DIR}/admin-direct.kubeconfig"),
         "--updates".into(),
         updates.to_string(),
         "--update-budget".into(),
@@ -413,57 +439,105 @@ fn run_agent(
         "--converge-timeout".into(),
         converge_timeout.to_string(),
     ];
-    let mut script = format!("exec /usr/local/bin/{DRIVER}");
-    for arg in &args {
-        script.push(' ');
-        script.push_str(&shell_quote(arg));
-    }
-    script.push('\n');
-    let mut job = Job::new(&format!("bench e2e {agent} {size}"), script);
-    job.executables.push(GuestFile {
-        host: driver.to_owned(),
-        guest: PathBuf::from(format!("/usr/local/bin/{DRIVER}")),
-    });
-    let (host, guest) = match agent {
-        "kube-ipvs" => (
-            daemon.context("kube-ipvs was not built")?,
-            "/usr/local/bin/kube-ipvs",
-        ),
-        _ => (kube_proxy, "/usr/local/bin/kube-proxy"),
+    let guest = GuestRun {
+        plane,
+        driver,
+        agent_binary: match agent {
+            "kube-ipvs" => daemon.context("kube-ipvs was not built")?,
+            _ => kube_proxy,
+        },
+        agent,
+        list,
+        memory_mib: opts.memory_mib,
     };
-    job.executables.push(GuestFile {
-        host: host.to_owned(),
-        guest: PathBuf::from(guest),
-    });
-    job.data.extend(plane.guest_files()?);
-    job.data.push((
-        GUEST_SERVICES.to_owned(),
-        std::fs::read(list).with_context(|| format!("reading {}", list.display()))?,
-    ));
-    // (The base image carries /etc/protocols, which kube-proxy's ipset needs: vm.rs.)
-    job.forward_ports.push(plane.port);
-    job.memory_mib = opts.memory_mib;
     // The driver's own limits (convergence, 600 s to settle, the update budget) plus boot.
-    job.timeout = Duration::from_secs(converge_timeout + 600 + opts.update_budget + 600);
-    let outcome = vm::run(&job)?;
-    eprintln!(
-        "xtask: {} took {} (console log {})",
-        job.name,
-        secs(outcome.elapsed),
-        outcome.log.display()
-    );
-    if let Some(why) = outcome.failure() {
-        bail!("{why}");
+    let timeout = Duration::from_secs(converge_timeout + 600 + opts.update_budget + 600);
+    let lines = guest.run(&format!("bench e2e {agent} {size}"), &args, timeout)?;
+    parse_result_line(result_line(&lines, RESULT_PREFIX)?)
+}
+
+/// One VM running the driver in `guest` mode against the host's control plane.
+pub(crate) struct GuestRun<'a> {
+    pub(crate) plane: &'a ControlPlane,
+    pub(crate) driver: &'a Path,
+    /// The host binary installed as the agent.
+    pub(crate) agent_binary: &'a Path,
+    pub(crate) agent: &'a str,
+    /// The `populate --out` list.
+    pub(crate) list: &'a Path,
+    pub(crate) memory_mib: u32,
+}
+
+impl GuestRun<'_> {
+    /// Runs the driver with `extra` after the common arguments and returns the console lines;
+    /// fails unless the driver exited 0.
+    pub(crate) fn run(
+        &self,
+        name: &str,
+        extra: &[String],
+        timeout: Duration,
+    ) -> Result<Vec<String>> {
+        let mut args: Vec<String> = vec![
+            "guest".into(),
+            "--agent".into(),
+            self.agent.into(),
+            "--services-file".into(),
+            GUEST_SERVICES.into(),
+            "--kubeconfig".into(),
+            format!("{GUEST_DIR}/admin-direct.kubeconfig"),
+        ];
+        args.extend_from_slice(extra);
+        let mut script = format!("exec /usr/local/bin/{DRIVER}");
+        for arg in &args {
+            script.push(' ');
+            script.push_str(&shell_quote(arg));
+        }
+        script.push('\n');
+        let mut job = Job::new(name, script);
+        job.executables.push(GuestFile {
+            host: self.driver.to_owned(),
+            guest: PathBuf::from(format!("/usr/local/bin/{DRIVER}")),
+        });
+        let guest = match self.agent {
+            "kube-ipvs" => "/usr/local/bin/kube-ipvs",
+            _ => "/usr/local/bin/kube-proxy",
+        };
+        job.executables.push(GuestFile {
+            host: self.agent_binary.to_owned(),
+            guest: PathBuf::from(guest),
+        });
+        job.data.extend(self.plane.guest_files()?);
+        job.data.push((
+            GUEST_SERVICES.to_owned(),
+            std::fs::read(self.list).with_context(|| format!("reading {}", self.list.display()))?,
+        ));
+        // (The base image carries /etc/protocols, which kube-proxy's ipset needs: vm.rs.)
+        job.forward_ports.push(self.plane.port);
+        job.memory_mib = self.memory_mib;
+        job.timeout = timeout;
+        let outcome = vm::run(&job)?;
+        eprintln!(
+            "xtask: {} took {} (console log {})",
+            job.name,
+            secs(outcome.elapsed),
+            outcome.log.display()
+        );
+        if let Some(why) = outcome.failure() {
+            bail!("{why}");
+        }
+        if outcome.guest_rc != Some(0) {
+            bail!("the driver exited with {:?}", outcome.guest_rc);
+        }
+        Ok(outcome.lines.into_iter().map(|(_, l)| l).collect())
     }
-    if outcome.guest_rc != Some(0) {
-        bail!("the driver exited with {:?}", outcome.guest_rc);
-    }
-    let line = outcome
-        .lines
+}
+
+/// The first console line holding `prefix`, from the prefix on.
+pub(crate) fn result_line<'a>(lines: &'a [String], prefix: &str) -> Result<&'a str> {
+    lines
         .iter()
-        .find_map(|(_, l)| l.find(RESULT_PREFIX).map(|at| &l[at..]))
-        .context("the driver printed no E2E-RESULT line")?;
-    parse_result_line(line)
+        .find_map(|l| l.find(prefix).map(|at| &l[at..]))
+        .with_context(|| format!("the driver printed no {} line", prefix.trim()))
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ mod image;
 mod initramfs;
 mod kernel;
 mod reaper;
+mod soak;
 mod tools;
 mod util;
 mod vm;
@@ -34,6 +35,8 @@ const USAGE: &str = "usage: cargo xtask <command>
   bench diff|watch [ARGS]           cargo bench of kube-ipvs-diff / kube-ipvs-watch
   bench e2e [--sizes N,..] [--updates U] [--agents kube-ipvs,kube-proxy]
                                     kube-ipvs vs kube-proxy --proxy-mode=ipvs on a real API server, in the guest
+  bench soak [--minutes 120] [--services 10000] [--rate 5]
+                                    hours of endpoint churn: RSS, fds, threads, update latency; repair after ipvsadm -C
   fuzz [TARGET] [--seconds N]       coverage-guided fuzzing of every parser of outside input (crates/fuzz)
   tools                             build kube-apiserver, etcd, kube-proxy, kubectl (integration/tools)
   deploy-check                      kubectl apply --dry-run=server of deploy/ against a real API server

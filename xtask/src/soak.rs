@@ -1,0 +1,372 @@
+//! `cargo xtask bench soak`: hours of endpoint churn at 10,000 Services, with the agent's
+//! resources sampled, and the repair after `ipvsadm -C` at that size.
+//!
+//! The control plane runs on the host as for `bench e2e` (same driver, `integration/examples/
+//! e2e-bench.rs`); one VM runs the driver's `guest` mode with `--flush-repair --soak-seconds`:
+//! the agent converges on N Services x 10, the IPVS table is flushed behind its back and the
+//! repair timed, then EndpointSlice updates go out at a steady rate, each timed until the kernel
+//! serves it, while the agent's RSS, file descriptors, threads and CPU are sampled. This module
+//! parses the driver's `SOAK-SAMPLE` lines, prints them as a table and judges growth against
+//! the bound below (nonzero exit when it is exceeded).
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use crate::bench_e2e::{self, GuestRun, fields, number};
+use crate::cluster::ControlPlane;
+use crate::util;
+
+const USAGE: &str = "usage: cargo xtask bench soak [--minutes 120] [--services 10000] [--rate 5] \
+     [--sample-seconds 60] [--mem MIB]";
+
+/// The bound a soak is judged by. After the warm-up (the first tenth of the run, at most 10
+/// minutes: the first syncs, the allocator's arenas filling), RSS may not grow by more than
+/// [`RSS_GROWTH`] of its value at the end of the warm-up, and file descriptors and threads may
+/// not exceed their warm-up maximum by more than [`SLACK`] (a watch reconnecting holds one more
+/// socket for a moment).
+const RSS_GROWTH: f64 = 0.10;
+const SLACK: u64 = 2;
+const WARMUP_MAX: Duration = Duration::from_secs(600);
+
+#[derive(Debug, Clone, PartialEq)]
+struct Options {
+    minutes: u64,
+    services: usize,
+    rate: f64,
+    sample_seconds: u64,
+    memory_mib: u32,
+}
+
+fn parse_options(args: &[String]) -> Result<Options> {
+    let mut o = Options {
+        minutes: 120,
+        services: 10_000,
+        rate: 5.0,
+        sample_seconds: 60,
+        memory_mib: 4096,
+    };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let value = it
+            .next()
+            .with_context(|| format!("bench soak: {flag} needs a value; {USAGE}"))?;
+        let whole = |v: &str| -> Result<u64> {
+            v.trim()
+                .parse()
+                .with_context(|| format!("bench soak: {flag} {v:?} is not a whole number"))
+        };
+        match flag.as_str() {
+            "--minutes" => o.minutes = whole(value)?,
+            "--services" => o.services = whole(value)? as usize,
+            "--sample-seconds" => o.sample_seconds = whole(value)?,
+            "--mem" => {
+                o.memory_mib = u32::try_from(whole(value)?)
+                    .with_context(|| format!("bench soak: --mem {value} is too large"))?;
+            }
+            "--rate" => {
+                o.rate = value
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|r| r.is_finite() && *r > 0.0 && *r <= 1000.0)
+                    .with_context(|| {
+                        format!("bench soak: --rate {value:?}: updates per second, 0 < R <= 1000")
+                    })?;
+            }
+            other => bail!("bench soak: unknown option {other:?}; {USAGE}"),
+        }
+    }
+    if o.minutes == 0 || o.services == 0 || o.sample_seconds == 0 {
+        bail!("bench soak: --minutes, --services and --sample-seconds must be positive");
+    }
+    if o.services > 60_000 {
+        bail!("bench soak: more than 60,000 Services do not fit the 10.96.0.0/16 Service CIDR");
+    }
+    Ok(o)
+}
+
+/// One `SOAK-SAMPLE` line of the driver.
+#[derive(Debug, Clone, PartialEq)]
+struct Sample {
+    t_s: u64,
+    rss_kib: u64,
+    fds: u64,
+    threads: u64,
+    cpu_s: f64,
+    updates: u64,
+    timeouts: u64,
+    p50_us: u64,
+    p99_us: u64,
+    max_us: u64,
+}
+
+const SAMPLE_PREFIX: &str = "SOAK-SAMPLE ";
+
+fn parse_sample(line: &str) -> Result<Sample> {
+    let f = fields(line, SAMPLE_PREFIX)?;
+    Ok(Sample {
+        t_s: number(&f, "t_s")?,
+        rss_kib: number(&f, "rss_kib")?,
+        fds: number(&f, "fds")?,
+        threads: number(&f, "threads")?,
+        cpu_s: number(&f, "cpu_s")?,
+        updates: number(&f, "updates")?,
+        timeouts: number(&f, "timeouts")?,
+        p50_us: number(&f, "p50_us")?,
+        p99_us: number(&f, "p99_us")?,
+        max_us: number(&f, "max_us")?,
+    })
+}
+
+/// What the samples say against the bound: the summary text and the breaches (empty: passed).
+fn judge(samples: &[Sample], run: Duration) -> (String, Vec<String>) {
+    let warmup = (run / 10).min(WARMUP_MAX).as_secs();
+    let (early, late): (Vec<&Sample>, Vec<&Sample>) = samples.iter().partition(|s| s.t_s <= warmup);
+    let mut breaches = Vec::new();
+    let (Some(base), Some(last)) = (early.last(), late.last()) else {
+        return (
+            String::new(),
+            vec![format!(
+                "too few samples to judge ({} in the {warmup} s warm-up, {} after)",
+                early.len(),
+                late.len()
+            )],
+        );
+    };
+    let rss_limit = base.rss_kib + (base.rss_kib as f64 * RSS_GROWTH) as u64;
+    let fds_limit = early.iter().map(|s| s.fds).max().unwrap_or(0) + SLACK;
+    let threads_limit = early.iter().map(|s| s.threads).max().unwrap_or(0) + SLACK;
+    for s in &late {
+        if s.rss_kib > rss_limit {
+            breaches.push(format!(
+                "RSS {} KiB at {} s is above the bound {rss_limit} KiB",
+                s.rss_kib, s.t_s
+            ));
+        }
+        if s.fds > fds_limit {
+            breaches.push(format!(
+                "{} file descriptors at {} s, bound {fds_limit}",
+                s.fds, s.t_s
+            ));
+        }
+        if s.threads > threads_limit {
+            breaches.push(format!(
+                "{} threads at {} s, bound {threads_limit}",
+                s.threads, s.t_s
+            ));
+        }
+    }
+    let rss_max = late.iter().map(|s| s.rss_kib).max().unwrap_or(0);
+    let updates: u64 = samples.iter().map(|s| s.updates).sum();
+    let timeouts: u64 = samples.iter().map(|s| s.timeouts).sum();
+    let worst_p99 = late.iter().map(|s| s.p99_us).max().unwrap_or(0);
+    let worst_max = samples.iter().map(|s| s.max_us).max().unwrap_or(0);
+    let mib = |k: u64| k as f64 / 1024.0;
+    let summary = format!(
+        "after a {warmup} s warm-up: RSS {:.1} -> {:.1} MiB (max {:.1}, bound {:.1}, growth {:+.1}%); \
+         fds {} -> {} (bound {fds_limit}); threads {} -> {} (bound {threads_limit}); \
+         {updates} updates, {timeouts} not in the kernel within 180 s; worst per-sample p99 {:.1} ms, \
+         max {:.1} ms; agent CPU {:.1} s",
+        mib(base.rss_kib),
+        mib(last.rss_kib),
+        mib(rss_max),
+        mib(rss_limit),
+        (last.rss_kib as f64 / base.rss_kib.max(1) as f64 - 1.0) * 100.0,
+        base.fds,
+        last.fds,
+        base.threads,
+        last.threads,
+        worst_p99 as f64 / 1000.0,
+        worst_max as f64 / 1000.0,
+        last.cpu_s,
+    );
+    if timeouts > 0 {
+        breaches.push(format!(
+            "{timeouts} updates never reached the kernel within 180 s"
+        ));
+    }
+    (summary, breaches)
+}
+
+fn table(samples: &[Sample]) -> String {
+    let mut out = String::from(
+        "| minutes | RSS MiB | fds | threads | CPU s | updates | update p50 ms | p99 ms | max ms |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for s in samples {
+        let _ = writeln!(
+            out,
+            "| {:.1} | {:.1} | {} | {} | {:.1} | {} | {:.1} | {:.1} | {:.1} |",
+            s.t_s as f64 / 60.0,
+            s.rss_kib as f64 / 1024.0,
+            s.fds,
+            s.threads,
+            s.cpu_s,
+            s.updates,
+            s.p50_us as f64 / 1000.0,
+            s.p99_us as f64 / 1000.0,
+            s.max_us as f64 / 1000.0,
+        );
+    }
+    out
+}
+
+pub(crate) fn command(args: &[String]) -> Result<()> {
+    let opts = parse_options(args)?;
+    let tools = match crate::tools::ensure()? {
+        Ok(t) => t,
+        Err(crate::tools::Unavailable(why)) => bail!("bench soak: {why}"),
+    };
+    let driver = bench_e2e::release_build(
+        bench_e2e::DRIVER_PACKAGE,
+        &["--example", bench_e2e::DRIVER],
+        bench_e2e::DRIVER,
+    )?;
+    let daemon = bench_e2e::release_build("kube-ipvs", &["--bin", "kube-ipvs"], "kube-ipvs")?;
+    let work = util::target_dir()?.join(format!("bench-soak/{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let plane = ControlPlane::start(&tools, &work.join("control-plane"))?;
+    plane.apply_rbac()?;
+    let list = bench_e2e::populate(&driver, &plane, opts.services, &work)?;
+    let run = Duration::from_secs(opts.minutes * 60);
+    let converge_timeout = 600 + opts.services as u64 / 4;
+    let extra: Vec<String> = vec![
+        "--converge-timeout".into(),
+        converge_timeout.to_string(),
+        "--flush-repair".into(),
+        "--soak-seconds".into(),
+        run.as_secs().to_string(),
+        "--churn-rate".into(),
+        opts.rate.to_string(),
+        "--sample-seconds".into(),
+        opts.sample_seconds.to_string(),
+    ];
+    let guest = GuestRun {
+        plane: &plane,
+        driver: &driver,
+        agent_binary: &daemon,
+        agent: "kube-ipvs",
+        list: &list,
+        memory_mib: opts.memory_mib,
+    };
+    // Converging and the repair (each within the timeout), settling, the soak, boot.
+    let timeout = Duration::from_secs(2 * converge_timeout + 600 + run.as_secs() + 600);
+    let lines = guest.run(
+        &format!("bench soak {} Services", opts.services),
+        &extra,
+        timeout,
+    )?;
+    let repair = fields(
+        bench_e2e::result_line(&lines, "E2E-REPAIR ")?,
+        "E2E-REPAIR ",
+    )?;
+    let converged = fields(
+        bench_e2e::result_line(&lines, "E2E-RESULT ")?,
+        "E2E-RESULT ",
+    )?;
+    let samples: Vec<Sample> = lines
+        .iter()
+        .filter_map(|l| l.find(SAMPLE_PREFIX).map(|at| &l[at..]))
+        .map(parse_sample)
+        .collect::<Result<_>>()?;
+    let (summary, breaches) = judge(&samples, run);
+    println!(
+        "\nbench soak: kube-ipvs, {} Services x 10, {:.1} updates/s for {} min (TCG guest, 2 vCPUs)\n\
+         converged from empty in {:.2} s; after `ipvsadm -C`: first virtual server back in {:.2} s, \
+         every Service whole again in {:.2} s (+{:.2} s)\n{}\n{summary}",
+        opts.services,
+        opts.rate,
+        opts.minutes,
+        number::<f64>(&converged, "converge_ms")? / 1000.0,
+        number::<f64>(&repair, "noticed_ms")? / 1000.0,
+        number::<f64>(&repair, "repaired_ms")? / 1000.0,
+        number::<f64>(&repair, "repaired_err_ms")? / 1000.0,
+        table(&samples),
+    );
+    if !breaches.is_empty() {
+        bail!(
+            "bench soak: the bound was exceeded:\n{}",
+            breaches.join("\n")
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(t_s: u64, rss_kib: u64, fds: u64, threads: u64) -> Sample {
+        Sample {
+            t_s,
+            rss_kib,
+            fds,
+            threads,
+            cpu_s: 1.0,
+            updates: 300,
+            timeouts: 0,
+            p50_us: 9000,
+            p99_us: 20000,
+            max_us: 30000,
+        }
+    }
+
+    #[test]
+    fn a_sample_line_parses_after_console_noise() -> Result<()> {
+        let line = "[ 12.3] SOAK-SAMPLE t_s=60 rss_kib=51200 fds=14 threads=9 cpu_s=3.50 \
+                    updates=299 timeouts=0 p50_us=8000 p99_us=21000 max_us=40000";
+        let at = line.find(SAMPLE_PREFIX).context("prefix")?;
+        let s = parse_sample(&line[at..])?;
+        assert_eq!((s.t_s, s.rss_kib, s.fds, s.threads), (60, 51200, 14, 9));
+        assert_eq!((s.updates, s.p99_us, s.max_us), (299, 21000, 40000));
+        let err = parse_sample(&line[at..].replace(" fds=14", ""))
+            .err()
+            .context("a missing field parsed")?;
+        assert!(format!("{err:#}").contains("fds"), "{err:#}");
+        Ok(())
+    }
+
+    #[test]
+    fn growth_within_the_bound_passes_and_beyond_it_is_named() {
+        let run = Duration::from_secs(7200);
+        // Warm-up is 600 s: the base is the sample at 600 s.
+        let mut steady: Vec<Sample> = (0..=120)
+            .map(|m| sample(m * 60, 50_000 + m.min(10) * 100, 14, 9))
+            .collect();
+        let (summary, breaches) = judge(&steady, run);
+        assert!(breaches.is_empty(), "{breaches:?}");
+        assert!(summary.contains("growth +0.0%"), "{summary}");
+
+        // RSS 11% above the base at the end, one fd leaked per hour beyond the slack.
+        if let Some(last) = steady.last_mut() {
+            last.rss_kib = 51_000 * 111 / 100;
+            last.fds = 17;
+        }
+        let (_, breaches) = judge(&steady, run);
+        assert_eq!(breaches.len(), 2, "{breaches:?}");
+        assert!(breaches[0].contains("RSS"), "{breaches:?}");
+        assert!(breaches[1].contains("file descriptors"), "{breaches:?}");
+
+        // An update that never reached the kernel fails the soak too.
+        let mut lost = (0..=120)
+            .map(|m| sample(m * 60, 50_000, 14, 9))
+            .collect::<Vec<_>>();
+        lost[50].timeouts = 1;
+        assert_eq!(judge(&lost, run).1.len(), 1);
+        // No sample after the warm-up: nothing to judge, which is a failure.
+        assert!(!judge(&steady[..5], run).1.is_empty());
+    }
+
+    #[test]
+    fn options_default_to_two_hours_at_ten_thousand() -> Result<()> {
+        let o = parse_options(&[])?;
+        assert_eq!((o.minutes, o.services), (120, 10_000));
+        let args = |s: &str| s.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+        assert!(parse_options(&args("--rate 0")).is_err());
+        assert!(parse_options(&args("--minutes")).is_err());
+        assert!(parse_options(&args("--services 70000")).is_err());
+        Ok(())
+    }
+}
