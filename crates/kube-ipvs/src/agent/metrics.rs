@@ -178,6 +178,11 @@ pub struct Metrics {
     pub no_local_endpoints: [u64; 2],
     /// How long the UDP conntrack cleanups of a sync took.
     pub conntrack_reconcile: Histogram,
+    /// Watch errors the API watches recovered from (failed lists, dropped watches, 410 Gone).
+    pub watch_errors: u64,
+    /// Completed relists of Services or EndpointSlices (the first lists and every one after a
+    /// watch could not resume).
+    pub watch_relists: u64,
 }
 
 impl Default for Metrics {
@@ -208,6 +213,8 @@ impl Default for Metrics {
             endpoint_changes_pending: 0,
             no_local_endpoints: [0; 2],
             conntrack_reconcile: Histogram::new(sync_buckets()),
+            watch_errors: 0,
+            watch_relists: 0,
         }
     }
 }
@@ -391,6 +398,18 @@ impl Metrics {
             "Kernel operations or reads that failed",
             self.kernel_errors,
         );
+        counter(
+            &mut out,
+            "kube_ipvs_watch_errors_total",
+            "Errors the Service, EndpointSlice and Node watches recovered from (failed lists, dropped watches, 410 Gone)",
+            self.watch_errors,
+        );
+        counter(
+            &mut out,
+            "kube_ipvs_watch_relists_total",
+            "Completed lists of Services or EndpointSlices: the first two, and one per watch that could not resume",
+            self.watch_relists,
+        );
         // kube-proxy's counter vectors by HTTP code: a code is shown once it has been answered.
         for (name, help, counts) in [
             (
@@ -517,10 +536,12 @@ mod tests {
         let mut m = Metrics::default();
         m.add_operations(SyncKind::Startup, 7);
         m.drift_repaired = 3;
+        m.watch_relists = 5;
         m.services = 4;
         let text = m.render();
         assert!(text.contains("kube_ipvs_operations_total{reason=\"startup\"} 7\n"));
         assert!(text.contains("kube_ipvs_drift_repaired_total 3\n"));
+        assert!(text.contains("kube_ipvs_watch_relists_total 5\n"));
         assert!(text.contains("kube_ipvs_services 4\n"));
         m.no_local_endpoints = [2, 1];
         m.ip_family = "IPv6";

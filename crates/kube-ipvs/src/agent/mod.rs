@@ -239,6 +239,18 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
             )
         }
     };
+    // The watches' error and relist counts, copied into /metrics as they change.
+    let mut watch_stats = watch.stats.clone();
+    let stats_shared = shared.clone();
+    tokio::spawn(async move {
+        while watch_stats.changed().await.is_ok() {
+            let s = *watch_stats.borrow_and_update();
+            stats_shared.with_metrics(|m| {
+                m.watch_errors = s.watch_errors;
+                m.watch_relists = s.relists;
+            });
+        }
+    });
     tracing::info!(
         "started: node {}, scheduler {}, sync period {:?}, healthz {}, metrics {}",
         settings.node.node_name,
