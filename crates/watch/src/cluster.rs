@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use futures::Stream;
+use futures::{Stream, StreamExt as _};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::WatchStreamExt;
@@ -92,6 +92,61 @@ impl Backoff for ExpBackoff {
     }
 }
 
+/// [`ExpBackoff`], except after a 410 Gone: the API server answered, and the watcher lists
+/// again on its next poll, so that poll comes at once and the doubling starts over. (After an
+/// outage the delay has grown to `backoff_max`; without this the relist that follows the first
+/// answer would wait that long again.)
+#[derive(Debug, Clone)]
+pub struct GoneAwareBackoff {
+    inner: ExpBackoff,
+    /// Set by the watch stream when it yields a 410 error, read by the next backoff.
+    gone: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl GoneAwareBackoff {
+    /// The backoff and the flag its stream sets on a 410 (see [`is_gone`]).
+    pub fn new(inner: ExpBackoff) -> (Self, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+        let gone = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        (
+            Self {
+                inner,
+                gone: gone.clone(),
+            },
+            gone,
+        )
+    }
+}
+
+impl Iterator for GoneAwareBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        if self.gone.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            self.inner.reset();
+            return Some(Duration::ZERO);
+        }
+        self.inner.next()
+    }
+}
+
+impl Backoff for GoneAwareBackoff {
+    fn reset(&mut self) {
+        self.inner.reset();
+    }
+}
+
+/// Whether a watcher error is the API server's 410 Gone: the resourceVersion to resume from is
+/// older than the history it keeps (compacted, or a restarted API server's watch cache), so the
+/// watcher must list again.
+pub fn is_gone(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::WatchError(status) => status.code == 410,
+        watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.code == 410,
+        _ => false,
+    }
+}
+
 fn watch<K>(
     api: Api<K>,
     wc: watcher::Config,
@@ -107,8 +162,16 @@ where
         + 'static,
     K::DynamicType: Default,
 {
+    let (backoff, gone) = GoneAwareBackoff::new(ExpBackoff::new(cfg.backoff_min, cfg.backoff_max));
     watcher(api, wc.page_size(cfg.page_size))
-        .backoff(ExpBackoff::new(cfg.backoff_min, cfg.backoff_max))
+        .inspect(move |item| {
+            if let Err(e) = item
+                && is_gone(e)
+            {
+                gone.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        })
+        .backoff(backoff)
 }
 
 /// The three watch streams for `cfg`.
@@ -177,5 +240,49 @@ pub fn spawn(client: Client, cfg: WatchConfig) -> ClusterWatch {
         changes,
         stats,
         task,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: u16) -> Box<kube::core::Status> {
+        Box::new(
+            serde_json::from_value(serde_json::json!({
+                "status": "Failure", "code": code, "reason": "Expired",
+                "message": "too old resource version: 248 (268)",
+            }))
+            .expect("a Status"),
+        )
+    }
+
+    #[test]
+    fn the_backoff_doubles_to_its_cap_and_a_410_is_retried_at_once_from_the_start() {
+        let (mut b, gone) = GoneAwareBackoff::new(ExpBackoff::new(
+            Duration::from_millis(800),
+            Duration::from_secs(30),
+        ));
+        let first: Vec<Duration> = (&mut b).take(7).collect();
+        assert_eq!(
+            first.iter().map(Duration::as_millis).collect::<Vec<_>>(),
+            [800, 1600, 3200, 6400, 12800, 25600, 30000]
+        );
+        assert_eq!(b.next(), Some(Duration::from_secs(30)));
+        gone.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(b.next(), Some(Duration::ZERO));
+        // The flag is spent, and the doubling starts over.
+        assert_eq!(b.next(), Some(Duration::from_millis(800)));
+        assert_eq!(b.next(), Some(Duration::from_millis(1600)));
+    }
+
+    #[test]
+    fn only_a_410_counts_as_gone() {
+        assert!(is_gone(&watcher::Error::WatchError(status(410))));
+        assert!(!is_gone(&watcher::Error::WatchError(status(500))));
+        assert!(is_gone(&watcher::Error::WatchStartFailed(
+            kube::Error::Api(status(410))
+        )));
+        assert!(!is_gone(&watcher::Error::NoResourceVersion));
     }
 }
