@@ -249,6 +249,37 @@ async fn gone_410_relists_without_losing_or_repeating_a_change() {
     );
 }
 
+/// A 410 is an answer, not an outage: the relist it calls for goes out at once, however long
+/// the backoff is (after a real outage it has grown to 30 s).
+#[tokio::test]
+async fn a_410_relists_at_once_not_after_the_backoff() {
+    let (server, url) = TestApiServer::start().await.expect("server");
+    server
+        .create(&service("default", "a", "10.96.0.1", 80))
+        .expect("create");
+    let slow = WatchConfig {
+        backoff_min: Duration::from_secs(60),
+        backoff_max: Duration::from_secs(60),
+        ..config()
+    };
+    let mut w = cluster::spawn(client(&url), slow);
+    assert!(next(&mut w.changes).await.initial);
+    let relists = w.stats.borrow().relists;
+    server.expire_history();
+    server
+        .create(&service("default", "b", "10.96.0.2", 80))
+        .expect("create");
+    let cs = tokio::time::timeout(Duration::from_secs(20), next(&mut w.changes))
+        .await
+        .expect("the relist came long before the 60 s backoff");
+    assert!(
+        cs.services.contains_key(&name("b")),
+        "{:?}",
+        cs.services.keys()
+    );
+    assert!(w.stats.borrow().relists > relists, "a relist");
+}
+
 #[tokio::test]
 async fn bookmarks_let_a_watch_resume_past_other_kinds_churn() {
     let (server, url) = TestApiServer::start().await.expect("server");
