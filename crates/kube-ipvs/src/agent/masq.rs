@@ -639,7 +639,7 @@ impl Masq {
         // rules from being repaired.
         let mut sets = self.sync_sets(kernel, force);
         if let Some(f) = &mut self.sets_for_services {
-            if f.node_ips_changed(inputs) {
+            if f.node_changed(inputs) {
                 f.update_all(inputs);
             }
             let filter = f

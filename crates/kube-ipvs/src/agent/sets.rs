@@ -25,7 +25,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
-use kube_ipvs_diff::{Inputs, ServiceKind, ServiceName, TrafficPolicy, VirtualKey, service_table};
+use kube_ipvs_diff::{
+    Inputs, NodeContext, ServiceKind, ServiceName, TrafficPolicy, VirtualKey, service_table,
+};
 use kube_ipvs_host::sets::ServiceSet;
 use kube_ipvs_netlink::Family;
 use kube_ipvs_netlink::nfnl::ipset::Member;
@@ -219,8 +221,10 @@ pub struct ServiceSets {
     by_service: HashMap<ServiceName, Vec<Keyed>>,
     /// How many Services hold each member, and the delta since the kernel was last changed.
     counts: RefCounts<Keyed>,
-    /// The NodePort addresses the contributions were worked out with.
-    node_ips: Vec<IpAddr>,
+    /// The node the contributions were worked out with: its NodePort addresses decide the
+    /// NodePort members, the addresses other interfaces hold decide which external addresses
+    /// are bound (and so in the address set).
+    node: Option<NodeContext>,
     /// Whether the kernel's sets were made exact by the last forced sync and every delta since
     /// applied; after a failure, deltas wait for the next forced sync.
     synced: bool,
@@ -274,13 +278,6 @@ fn local_member(key: LocalKey, mark: u32) -> Keyed {
     )
 }
 
-fn node_ips(inputs: &Inputs) -> Vec<IpAddr> {
-    let mut ips: Vec<IpAddr> = inputs.node().node_ips().collect();
-    ips.sort_unstable();
-    ips.dedup();
-    ips
-}
-
 impl ServiceSets {
     /// Works out these Services' contributions again.
     pub fn update<'a>(
@@ -288,7 +285,7 @@ impl ServiceSets {
         names: impl IntoIterator<Item = &'a ServiceName>,
         inputs: &Inputs,
     ) {
-        if self.node_ips_changed(inputs) {
+        if self.node_changed(inputs) {
             self.update_all(inputs);
             return;
         }
@@ -310,13 +307,14 @@ impl ServiceSets {
     }
 
     /// Whether the NodePort addresses differ from those the contributions were worked out with.
-    pub fn node_ips_changed(&self, inputs: &Inputs) -> bool {
-        self.node_ips != node_ips(inputs)
+    pub fn node_changed(&self, inputs: &Inputs) -> bool {
+        self.node.as_ref() != Some(inputs.node())
     }
 
-    /// Works out every Service again (the node or its NodePort addresses changed).
+    /// Works out every Service again (the node, its NodePort addresses or the addresses its
+    /// other interfaces hold changed).
     pub fn update_all(&mut self, inputs: &Inputs) {
-        self.node_ips = node_ips(inputs);
+        self.node = Some(inputs.node().clone());
         self.counts.release_all();
         self.by_service.clear();
         self.local_claims.clear();
@@ -990,6 +988,30 @@ mod tests {
         assert!(!d.unmanaged);
     }
 
+    /// Found by the faults test: an external address another interface came to hold was
+    /// unbound from kube-ipvs0 but stayed in the address set (only NodePort address changes
+    /// made the sets work every Service out again).
+    #[test]
+    fn an_address_another_interface_comes_to_hold_leaves_the_address_set() {
+        let mut inputs = inputs("192.168.1.10");
+        let mut k = MemKernel::default();
+        let a = ServiceName::new("default", "a");
+        inputs.upsert_service(a.clone(), lb(&[])).expect("a");
+        let mut sets = ServiceSets::default();
+        sets.update_all(&inputs);
+        sets.sync(&mut k, true).expect("forced");
+        assert!(members(&k, "KUBE-IPVS-ADDRS").contains(&"203.0.113.7".to_owned()));
+        let mut node = inputs.node().clone();
+        node.held_addresses = vec![ip("203.0.113.7")];
+        inputs.set_node(node).expect("node");
+        assert!(sets.node_changed(&inputs));
+        sets.update(std::iter::empty(), &inputs);
+        sets.sync(&mut k, false).expect("delta");
+        let addrs = members(&k, "KUBE-IPVS-ADDRS");
+        assert!(!addrs.contains(&"203.0.113.7".to_owned()), "{addrs:?}");
+        assert!(addrs.contains(&"10.96.0.20".to_owned()), "{addrs:?}");
+    }
+
     #[test]
     fn new_node_addresses_move_the_node_ports_and_a_forced_sync_repairs_a_flush() {
         let mut inputs = inputs("192.168.1.10");
@@ -1002,7 +1024,7 @@ mod tests {
         let mut node = inputs.node().clone();
         node.node_ips_v4 = vec!["192.168.1.11".parse().expect("literal")];
         inputs.set_node(node).expect("node");
-        assert!(sets.node_ips_changed(&inputs));
+        assert!(sets.node_changed(&inputs));
         // Any update notices the new addresses and works every Service out again.
         sets.update(std::iter::empty(), &inputs);
         sets.sync(&mut k, false).expect("delta");
