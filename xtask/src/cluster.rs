@@ -11,7 +11,8 @@
 //!   run with this token proves the manifest's rules suffice.
 //!
 //! The guest reaches the API server through the VM's forwarded ports; a small control port lets
-//! a test in the guest restart the API server (the "rides out an API server restart" test).
+//! a test in the guest restart, stop and start the API server and compact etcd's history (the
+//! API server restart and outage tests).
 //! Everything lives in a fresh directory per run and is killed when [`ControlPlane`] drops.
 
 use std::fs;
@@ -53,6 +54,8 @@ pub(crate) struct ControlPlane {
     pub(crate) port: u16,
     /// The restart-control port (see [`ControlPlane::serve_control`]).
     pub(crate) control_port: u16,
+    /// etcd's client port on 127.0.0.1.
+    etcd_port: u16,
     admin_token: String,
     agent_token: String,
 }
@@ -272,6 +275,7 @@ impl ControlPlane {
             })),
             port,
             control_port,
+            etcd_port: etcd_client,
             admin_token,
             agent_token,
         };
@@ -338,6 +342,12 @@ impl ControlPlane {
 
     /// Stops the API server (SIGTERM) and starts it again on the same port and store.
     pub(crate) fn restart_apiserver(&self) -> Result<()> {
+        self.stop_apiserver()?;
+        self.start_apiserver()
+    }
+
+    /// Stops the API server (SIGTERM, then SIGKILL after a grace period); etcd keeps running.
+    fn stop_apiserver(&self) -> Result<()> {
         let old = {
             let mut processes = self
                 .processes
@@ -348,7 +358,21 @@ impl ControlPlane {
         if let Some(mut child) = old {
             terminate(&mut child);
         }
-        self.start_apiserver()
+        Ok(())
+    }
+
+    /// Compacts etcd's history up to its current revision (through etcd's JSON gateway), so a
+    /// watch resuming from any earlier resourceVersion gets 410 Gone. Returns the revision.
+    fn compact_etcd(&self) -> Result<u64> {
+        // `AA==` is the key "\0": any range answers with the store's revision in its header.
+        let range = etcd_post(self.etcd_port, "/v3/kv/range", r#"{"key":"AA=="}"#)?;
+        let revision: u64 = range["header"]["revision"]
+            .as_str()
+            .and_then(|r| r.parse().ok())
+            .with_context(|| format!("etcd's range answer has no revision: {range}"))?;
+        let body = format!(r#"{{"revision":"{revision}","physical":true}}"#);
+        etcd_post(self.etcd_port, "/v3/kv/compaction", &body)?;
+        Ok(revision)
     }
 
     /// The admin kubeconfig for the host (written once into the run directory).
@@ -426,8 +450,8 @@ impl ControlPlane {
     }
 
     /// Serves the control port on 127.0.0.1 in a background thread: each connection sends one
-    /// line, `restart-apiserver`, and gets `ok` once the API server is ready again (or
-    /// `error: ...`).
+    /// line, `restart-apiserver`, `stop-apiserver`, `start-apiserver` (answered `ok` once the API
+    /// server is ready) or `compact-etcd` (answered `ok REVISION`), or gets `error: ...`.
     ///
     /// The thread holds only a weak reference: the caller's `Arc` is the owner, and dropping it
     /// stops etcd and kube-apiserver (a strong reference here kept them running after xtask
@@ -452,18 +476,53 @@ impl ControlPlane {
         let mut line = String::new();
         BufReader::new(stream.try_clone()?).read_line(&mut line)?;
         let mut stream = stream;
-        match line.trim() {
-            "restart-apiserver" => {
-                eprintln!("xtask: restarting kube-apiserver (asked by the guest)");
-                match self.restart_apiserver() {
-                    Ok(()) => writeln!(stream, "ok")?,
-                    Err(e) => writeln!(stream, "error: {e:#}")?,
-                }
+        let command = line.trim();
+        eprintln!("xtask: control: {command} (asked by the guest)");
+        let done = match command {
+            "restart-apiserver" => self.restart_apiserver().map(|()| String::new()),
+            "stop-apiserver" => self.stop_apiserver().map(|()| String::new()),
+            "start-apiserver" => self.start_apiserver().map(|()| String::new()),
+            "compact-etcd" => self.compact_etcd().map(|rev| format!(" {rev}")),
+            other => {
+                writeln!(stream, "error: unknown command {other:?}")?;
+                return Ok(());
             }
-            other => writeln!(stream, "error: unknown command {other:?}")?,
+        };
+        match done {
+            Ok(detail) => writeln!(stream, "ok{detail}")?,
+            Err(e) => writeln!(stream, "error: {e:#}")?,
         }
         Ok(())
     }
+}
+
+/// A JSON POST to etcd's gRPC gateway on 127.0.0.1:`port`: the answer's body.
+fn etcd_post(port: u16, path: &str, body: &str) -> Result<serde_json::Value> {
+    use std::io::Read as _;
+    let mut stream = TcpStream::connect(("127.0.0.1", port))
+        .with_context(|| format!("connecting to etcd on port {port}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    let (head, rest) = answer
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("etcd's answer to {path} has no body: {answer:?}"))?;
+    if !head.starts_with("HTTP/1.1 200") {
+        bail!("etcd answered {path} with {head:?}: {rest}");
+    }
+    // The gateway may answer chunked: the JSON object lies between the first `{` and last `}`.
+    let json = rest
+        .find('{')
+        .zip(rest.rfind('}'))
+        .map(|(a, b)| &rest[a..=b])
+        .with_context(|| format!("etcd's answer to {path} is not JSON: {rest:?}"))?;
+    serde_json::from_str(json).with_context(|| format!("etcd's answer to {path}: {json}"))
 }
 
 impl Drop for ControlPlane {

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::apiserver::{Agent, Cluster, DIR, check_exit, rs, wait_for_table};
+use common::apiserver::{Agent, Cluster, DIR, Gate, check_exit, rs, table, wait_for_table};
 use common::{ipvsadm, run, wait_for};
 
 #[test]
@@ -272,6 +272,286 @@ fn an_api_server_restart_leaves_the_kernel_untouched() {
     agent.assert_running();
 }
 
+/// One connection of the outage test's traffic generator.
+struct Try {
+    phase: usize,
+    /// Index into the test's targets.
+    target: usize,
+    answer: Option<String>,
+    /// The backends valid for the target when the connection started or ended.
+    allowed: std::collections::BTreeSet<String>,
+}
+
+/// Issue 18: the API server is stopped for five minutes under live traffic, then started again
+/// with changes the agent has not seen and etcd's history compacted, so the agent's watches
+/// cannot resume (410 Gone) and must list again. Connections from a client namespace to two
+/// ClusterIPs and a third Service run the whole time. While the API server is away the kernel
+/// must not change and no connection may fail; after the agent is let back in it must converge
+/// on the changes (an endpoint swapped, a Service deleted, one created) through a relist, with
+/// only connections to the deleted Service failing. Prints the figures `docs/reliability.md`
+/// shows.
+#[test]
+fn an_api_server_outage_with_compacted_history_costs_no_connection() {
+    const OUTAGE: Duration = Duration::from_secs(300);
+    let cluster = Cluster::new("outage");
+    let mut hosts = Hosts::new();
+    hosts.host("out-client", "192.168.57.100", "outc");
+    let pods = [
+        ("out-web1", "10.244.7.1", "outw1"),
+        ("out-web2", "10.244.7.2", "outw2"),
+        ("out-web3", "10.244.7.3", "outw3"),
+        ("out-api1", "10.244.7.11", "outa1"),
+        ("out-gone1", "10.244.7.21", "outg1"),
+    ];
+    for (ns, addr, link) in pods {
+        hosts.host(ns, addr, link);
+        hosts.answer_server(ns, 8080);
+    }
+    let web = cluster.create_service_with("web", 80, &[("10.244.7.1", true), ("10.244.7.2", true)]);
+    let api = cluster.create_service_with("api", 80, &[("10.244.7.11", true)]);
+    let gone = cluster.create_service_with("gone", 80, &[("10.244.7.21", true)]);
+    let mut gate = Gate::open(cluster.ports.apiserver);
+    let kubeconfig = gate.kubeconfig("agent.kubeconfig", "/tmp/kube-ipvs-outage.kubeconfig");
+    let mut agent = Agent::start_with("outage", &kubeconfig);
+    let (web_vip, api_vip, gone_vip) = (
+        format!("{web}:80"),
+        format!("{api}:80"),
+        format!("{gone}:80"),
+    );
+    wait_for_table("the three Services", |t| {
+        t.get(&web_vip) == Some(&rs(&["10.244.7.1", "10.244.7.2"]))
+            && t.get(&api_vip) == Some(&rs(&["10.244.7.11"]))
+            && t.get(&gone_vip) == Some(&rs(&["10.244.7.21"]))
+    });
+    wait_for("check to exit 0", Duration::from_secs(30), || {
+        check_exit() == Some(0)
+    });
+    let relists_before = agent
+        .metric("kube_ipvs_watch_relists_total")
+        .expect("the relist counter");
+
+    let set = |addrs: &[&str]| -> std::collections::BTreeSet<String> {
+        addrs.iter().map(|a| (*a).to_owned()).collect()
+    };
+    let targets = [web_vip.clone(), api_vip.clone(), gone_vip.clone()];
+    let allowed = std::sync::Mutex::new([
+        set(&["10.244.7.1", "10.244.7.2"]),
+        set(&["10.244.7.11"]),
+        set(&["10.244.7.21"]),
+    ]);
+    let phase = std::sync::atomic::AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let tries = std::sync::Mutex::new(Vec::<Try>::new());
+    let count = || tries.lock().expect("tries").len();
+    let wait_more = |n: usize| {
+        let before = count();
+        wait_for(
+            &format!("{n} more connections"),
+            Duration::from_secs(120),
+            || count() >= before + n,
+        );
+    };
+    let phases = [
+        "steady",
+        "API server stopped, agent cut off (5 min)",
+        "API server back with changes and compacted history, agent still cut off",
+        "agent let back in: watches get 410, relist, converge",
+        "after convergence",
+    ];
+    let mut converge_s = None;
+    let mut compacted_at = String::new();
+
+    /// Stops the generator also when an assertion fails (else the scope waits forever).
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    std::thread::scope(|scope| {
+        let _stop = StopOnDrop(&stop);
+        scope.spawn(|| {
+            let mut i = 0;
+            while !stop.load(Ordering::SeqCst) {
+                let target = i % targets.len();
+                i += 1;
+                let mut ok_then = allowed.lock().expect("allowed")[target].clone();
+                let p = phase.load(Ordering::SeqCst);
+                let answer = hosts.ask("out-client", &targets[target]);
+                ok_then.extend(allowed.lock().expect("allowed")[target].iter().cloned());
+                tries.lock().expect("tries").push(Try {
+                    phase: p,
+                    target,
+                    answer,
+                    allowed: ok_then,
+                });
+            }
+        });
+        let begin = |p: usize| {
+            phase.store(p, Ordering::SeqCst);
+            println!("--- outage phase {p}: {}", phases[p]);
+        };
+
+        begin(0);
+        wait_more(15);
+
+        // 1: the agent's connections cut and the API server stopped, for five minutes. The
+        // kernel must not change at all meanwhile.
+        begin(1);
+        // The `kubernetes` Service aside: a stopping kube-apiserver withdraws its own endpoint,
+        // and the agent may still hear of it before its connections close.
+        let ours = || {
+            let mut t = table();
+            t.remove("10.96.0.1:443");
+            t
+        };
+        let before = ours();
+        gate.close();
+        cluster.control("stop-apiserver");
+        let stopped = Instant::now();
+        let mut samples = 0;
+        while stopped.elapsed() < OUTAGE {
+            std::thread::sleep(Duration::from_secs(5));
+            agent.assert_running();
+            assert_eq!(
+                ours(),
+                before,
+                "the kernel changed while the API server was away"
+            );
+            samples += 1;
+        }
+        println!(
+            "API server away {:?}; {samples} table samples, all unchanged",
+            stopped.elapsed()
+        );
+
+        // 2: back, with changes the agent cannot see yet and a compacted history.
+        begin(2);
+        cluster.control("start-apiserver");
+        {
+            let mut a = allowed.lock().expect("allowed");
+            a[0] = set(&["10.244.7.1", "10.244.7.2", "10.244.7.3"]);
+        }
+        cluster.put_slice("web", &[("10.244.7.1", true), ("10.244.7.3", true)], None);
+        cluster.delete_service("gone");
+        let fresh = cluster.create_service_with("fresh", 80, &[("10.244.7.11", true)]);
+        let fresh_vip = format!("{fresh}:80");
+        compacted_at = cluster.control("compact-etcd");
+        wait_more(6);
+        assert_eq!(
+            ours(),
+            before,
+            "the kernel changed while the agent was cut off"
+        );
+
+        // 3: the agent let back in. Its watches resume from a compacted resourceVersion and
+        // must list again; only a relist can tell it that `gone` was deleted.
+        begin(3);
+        let reopened = Instant::now();
+        gate.reopen();
+        let deadline = reopened + Duration::from_secs(120);
+        // A removed endpoint stays at weight 0 while its connections drain: new connections
+        // go only to the real servers with a weight.
+        let live = |rs: Option<&Vec<String>>| -> Vec<String> {
+            rs.map(|v| v.iter().filter(|r| !r.ends_with(" w0")).cloned().collect())
+                .unwrap_or_default()
+        };
+        loop {
+            let t = table();
+            if live(t.get(&web_vip)) == rs(&["10.244.7.1", "10.244.7.3"])
+                && !t.contains_key(&gone_vip)
+                && t.get(&fresh_vip) == Some(&rs(&["10.244.7.11"]))
+            {
+                break;
+            }
+            agent.assert_running();
+            assert!(
+                Instant::now() < deadline,
+                "not converged 120 s after the agent was let back in: {t:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        converge_s = Some(reopened.elapsed().as_secs_f64());
+        {
+            let mut a = allowed.lock().expect("allowed");
+            a[0] = set(&["10.244.7.1", "10.244.7.3"]);
+            a[2] = std::collections::BTreeSet::new();
+        }
+        wait_for(
+            "check to exit 0 after the outage",
+            Duration::from_secs(60),
+            || check_exit() == Some(0),
+        );
+
+        begin(4);
+        wait_more(15);
+        stop.store(true, Ordering::SeqCst);
+    });
+
+    let relists_after = agent
+        .metric("kube_ipvs_watch_relists_total")
+        .expect("the relist counter");
+    let errors = agent.metric("kube_ipvs_watch_errors_total").unwrap_or(0);
+    println!(
+        "etcd compacted at revision {compacted_at}; relists {relists_before} -> {relists_after}; watch errors {errors}; 410s in the agent's log {}",
+        agent.log().matches("too old resource version").count()
+    );
+    // A watch resumes without a 410 when its resourceVersion is inside the restarted API
+    // server's watch cache (a bookmark just before the outage can put it there); the others
+    // must have been told 410 and listed again. `gone`'s removal above needed one of the two.
+    let gone_410 = agent.log().matches("too old resource version").count();
+    assert!(
+        gone_410 >= 1 && relists_after > relists_before,
+        "no watch was told 410 and listed again ({gone_410} 410s; relists {relists_before} -> {relists_after})"
+    );
+    let tries = tries.into_inner().expect("tries");
+    println!(
+        "OUTAGE | phase | connections | failed | failed to the deleted Service | wrong backend | seconds to converge"
+    );
+    let mut wrong_total = 0;
+    for (p, name) in phases.iter().enumerate() {
+        let mine: Vec<&Try> = tries.iter().filter(|t| t.phase == p).collect();
+        let failed: Vec<&&Try> = mine.iter().filter(|t| t.answer.is_none()).collect();
+        let to_gone = failed.iter().filter(|t| t.target == 2).count();
+        let wrong: Vec<String> = mine
+            .iter()
+            .filter_map(|t| {
+                let got = t.answer.as_ref()?;
+                (!t.allowed.contains(got)).then(|| format!("{got} from {}", targets[t.target]))
+            })
+            .collect();
+        wrong_total += wrong.len();
+        println!(
+            "OUTAGE | {name} | {} | {} | {to_gone} | {} | {}",
+            mine.len(),
+            failed.len(),
+            wrong.len(),
+            if p == 3 {
+                converge_s.map_or_else(|| "-".to_owned(), |s| format!("{s:.1}"))
+            } else {
+                "-".to_owned()
+            },
+        );
+        if !wrong.is_empty() {
+            println!("  wrong backends: {wrong:?}");
+        }
+        // Only connections to the Service deleted during the outage may fail, and only once
+        // it was deleted.
+        let may_fail = if p >= 2 { to_gone } else { 0 };
+        assert_eq!(
+            failed.len(),
+            may_fail,
+            "{name}: connections failed to Services that exist"
+        );
+    }
+    assert_eq!(
+        wrong_total, 0,
+        "a connection reached a backend that was not valid"
+    );
+    agent.assert_running();
+}
+
 const IP: &str = "/usr/sbin/ip";
 /// The pinned kube-proxy vm-test puts in the guest.
 const UPSTREAM_KUBE_PROXY: &str = "/usr/local/bin/kube-proxy-upstream";
@@ -323,10 +603,20 @@ impl Hosts {
 
     /// An echo server on `port` in `ns`: it says its address, then copies lines back.
     fn echo_server(&mut self, ns: &str, port: u16) {
+        self.server(ns, port, "SYSTEM:echo $SOCAT_SOCKADDR; exec cat");
+    }
+
+    /// A server on `port` in `ns` that says its address and closes, so [`Hosts::ask`] returns
+    /// at once (an echo server keeps the connection until the client's idle timeout).
+    fn answer_server(&mut self, ns: &str, port: u16) {
+        self.server(ns, port, "SYSTEM:echo $SOCAT_SOCKADDR");
+    }
+
+    /// socat serving `port` in `ns` with `answer` (a literal of the test) per connection.
+    fn server(&mut self, ns: &str, port: u16, answer: &str) {
         let listen = format!("TCP-LISTEN:{port},fork,reuseaddr");
         let child = Command::new(IP)
-            .args(["netns", "exec", ns, "socat", &listen])
-            .arg("SYSTEM:echo $SOCAT_SOCKADDR; exec cat")
+            .args(["netns", "exec", ns, "socat", &listen, answer])
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .spawn()

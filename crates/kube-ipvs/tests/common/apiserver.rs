@@ -55,21 +55,27 @@ impl Forwards {
     pub(crate) fn start(ports: &[u16]) -> Forwards {
         let mut children = Vec::new();
         for port in ports {
-            let child = Command::new("socat")
-                .arg(format!("TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr"))
-                .arg(format!("UNIX-CONNECT:/run/host-{port}.sock"))
-                .stdin(Stdio::null())
-                .spawn()
-                .expect("start socat");
-            children.push(child);
-            wait_for(
-                &format!("127.0.0.1:{port} to forward"),
-                Duration::from_secs(10),
-                || TcpStream::connect(("127.0.0.1", *port)).is_ok(),
-            );
+            children.push(relay(*port, *port));
         }
         Forwards(children)
     }
+}
+
+/// A socat relay from 127.0.0.1:`listen` in this namespace to the host's `port`, accepting
+/// connections when this returns.
+fn relay(listen: u16, port: u16) -> Child {
+    let child = Command::new("socat")
+        .arg(format!("TCP-LISTEN:{listen},bind=127.0.0.1,fork,reuseaddr"))
+        .arg(format!("UNIX-CONNECT:/run/host-{port}.sock"))
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("start socat");
+    wait_for(
+        &format!("127.0.0.1:{listen} to forward to the host's {port}"),
+        Duration::from_secs(10),
+        || TcpStream::connect(("127.0.0.1", listen)).is_ok(),
+    );
+    child
 }
 
 impl Drop for Forwards {
@@ -238,23 +244,84 @@ impl Cluster {
     /// Asks the host to restart kube-apiserver (SIGTERM, same etcd) and waits until it is
     /// ready again.
     pub(crate) fn restart_apiserver(&self) {
+        self.control("restart-apiserver");
+    }
+
+    /// Sends one command to the host's control port (xtask/src/cluster.rs: `restart-apiserver`,
+    /// `stop-apiserver`, `start-apiserver`, `compact-etcd`) and returns what follows its `ok`.
+    pub(crate) fn control(&self, command: &str) -> String {
         let mut stream =
             TcpStream::connect(("127.0.0.1", self.ports.control)).expect("connect control port");
         stream
             .set_read_timeout(Some(Duration::from_secs(180)))
             .expect("timeout");
-        stream
-            .write_all(b"restart-apiserver\n")
-            .expect("send restart");
+        writeln!(stream, "{command}").expect("send the control command");
         let mut answer = String::new();
         BufReader::new(stream)
             .read_line(&mut answer)
-            .expect("read restart answer");
-        assert_eq!(
-            answer.trim(),
-            "ok",
-            "the host could not restart kube-apiserver"
+            .expect("read the control answer");
+        let answer = answer.trim();
+        match answer.strip_prefix("ok") {
+            Some(rest) => rest.trim().to_owned(),
+            None => panic!("the host could not {command}: {answer}"),
+        }
+    }
+}
+
+/// A relay of the API server's port that a test can close and reopen, so an agent whose
+/// kubeconfig points here can be cut off from the API server while the test still reaches it.
+pub(crate) struct Gate {
+    apiserver: u16,
+    pub(crate) port: u16,
+    relay: Option<Child>,
+}
+
+impl Gate {
+    pub(crate) fn open(apiserver: u16) -> Gate {
+        let mut gate = Gate {
+            apiserver,
+            port: free_port(),
+            relay: None,
+        };
+        gate.reopen();
+        gate
+    }
+
+    /// A kubeconfig like `DIR/NAME`, with the server behind this gate; written to `path`.
+    pub(crate) fn kubeconfig(&self, name: &str, path: &str) -> String {
+        let text = std::fs::read_to_string(format!("{DIR}/{name}")).expect("read kubeconfig");
+        let direct = format!("https://127.0.0.1:{}", self.apiserver);
+        assert!(text.contains(&direct), "{name} does not point at {direct}");
+        let gated = text.replace(&direct, &format!("https://127.0.0.1:{}", self.port));
+        std::fs::write(path, gated).expect("write the gated kubeconfig");
+        path.to_owned()
+    }
+
+    /// Stops accepting connections. Connections already relayed live until their far end
+    /// closes (stopping the API server closes them).
+    pub(crate) fn close(&mut self) {
+        if let Some(mut relay) = self.relay.take() {
+            let _ = relay.kill();
+            let _ = relay.wait();
+        }
+        wait_for(
+            "the gate to refuse connections",
+            Duration::from_secs(10),
+            || TcpStream::connect(("127.0.0.1", self.port)).is_err(),
         );
+    }
+
+    pub(crate) fn reopen(&mut self) {
+        self.relay = Some(relay(self.port, self.apiserver));
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        if let Some(mut relay) = self.relay.take() {
+            let _ = relay.kill();
+            let _ = relay.wait();
+        }
     }
 }
 
@@ -286,6 +353,11 @@ pub(crate) struct Agent {
 
 impl Agent {
     pub(crate) fn start(name: &str) -> Agent {
+        Agent::start_with(name, &format!("{DIR}/agent.kubeconfig"))
+    }
+
+    /// [`Agent::start`] with another kubeconfig (one behind a [`Gate`], say).
+    pub(crate) fn start_with(name: &str, kubeconfig: &str) -> Agent {
         let metrics = free_port();
         let healthz = loop {
             let p = free_port();
@@ -296,7 +368,7 @@ impl Agent {
         let log = std::path::PathBuf::from(format!("/tmp/kube-ipvs-apiserver-{name}.log"));
         let args = [
             "run".to_owned(),
-            format!("--kubeconfig={DIR}/agent.kubeconfig"),
+            format!("--kubeconfig={kubeconfig}"),
             format!("--hostname-override={NODE}"),
             "--cluster-cidr=10.244.0.0/16".to_owned(),
             format!("--healthz-bind-address=127.0.0.1:{healthz}"),
@@ -324,6 +396,14 @@ impl Agent {
     /// Sends SIGTERM and waits for the exit code.
     pub(crate) fn terminate(self) -> Option<i32> {
         self.inner.terminate()
+    }
+
+    /// The value of an unlabelled counter or gauge in `/metrics`.
+    pub(crate) fn metric(&self, name: &str) -> Option<u64> {
+        self.metrics()?.lines().find_map(|l| {
+            let value = l.strip_prefix(name)?.strip_prefix(' ')?;
+            value.trim().parse().ok()
+        })
     }
 
     /// `/metrics`, or `None` while it does not answer.
