@@ -2201,7 +2201,8 @@ fn kernel_services() -> usize {
 /// client namespace to two ClusterIPs and a NodePort, and checks each answer against the
 /// backends valid when the connection started or ended, while one fault after another hits
 /// the node: endpoint churn; `ipvsadm -C`; `ip addr flush dev kube-ipvs0`; a flush of our `nat`
-/// chains and our ipsets; the agent SIGKILLed in the middle of a startup sync that adds 1,000
+/// chains and our ipsets; the agent's address notifications overflowing its receive buffer; the
+/// agent SIGKILLed in the middle of a startup sync that adds 1,000
 /// Services, and restarted. After each, the kernel must equal the desired state
 /// (`check` exits 0) and a foreign virtual server (in `--exclude-cidrs`) must still be there.
 /// It prints the figures `docs/reliability.md` shows: per fault, connections attempted, failed
@@ -2238,10 +2239,11 @@ fn faults_under_live_traffic_cost_only_what_they_must() {
                 .collect::<Vec<_>>(),
         )
     };
+    // Its external IP is bound to kube-ipvs0 until another interface holds it (phase 5).
     let api = service_yaml(
         "api",
         "10.96.0.22",
-        "  type: ClusterIP\n",
+        "  type: ClusterIP\n  externalIPs: [192.168.56.20]\n",
         WEB_PORTS,
         &[
             Ep("10.244.1.31", "node-1", true),
@@ -2297,6 +2299,7 @@ fn faults_under_live_traffic_cost_only_what_they_must() {
         "ipvsadm -C",
         "ip addr flush dev kube-ipvs0",
         "flush of our nat chains and ipsets",
+        "address notifications overflowed (agent stopped, 3,001 events, one of them relevant)",
         "SIGKILL in the startup sync, restart",
     ];
     let mut converge: Vec<Option<f64>> = vec![None; phases.len()];
@@ -2408,11 +2411,57 @@ fn faults_under_live_traffic_cost_only_what_they_must() {
             traffic.wait_more(12);
         }
 
-        // 5: SIGKILL in the middle of a large startup sync, then a restart. The agent is
+        // 5: the agent's address notifications overflow its socket's receive buffer. It is
+        // stopped (SIGSTOP) while 1,500 addresses come and go on the node's link and, among
+        // the lost events, the node link takes api's external IP; once continued the agent
+        // must learn of the loss (ENOBUFS), read every address again and unbind that IP from
+        // kube-ipvs0 (an address another interface holds is not ours to bind).
+        begin(5);
+        let external_bound = || {
+            let out = run(IP, &["-o", "-4", "addr", "show", "dev", "kube-ipvs0"]);
+            String::from_utf8_lossy(&out.stdout).contains(" 192.168.56.20/32 ")
+        };
+        assert!(external_bound(), "api's external IP is not on kube-ipvs0");
+        let pid = agent.child.id().to_string();
+        let mut batch = String::new();
+        for verb in ["add", "del"] {
+            for i in 0..1500 {
+                batch.push_str(&format!(
+                    "addr {verb} 10.250.{}.{}/32 dev node0\n",
+                    i / 250,
+                    i % 250 + 1
+                ));
+            }
+        }
+        batch.push_str("addr add 192.168.56.20/32 dev node0\n");
+        let batch_file = dir.with_extension("batch");
+        std::fs::write(&batch_file, batch).expect("write the ip batch");
+        ok("kill", &["-STOP", &pid]);
+        ok(IP, &["-batch", batch_file.to_str().expect("utf-8 path")]);
+        let started = Instant::now();
+        ok("kill", &["-CONT", &pid]);
+        wait_for(
+            "api's external IP to leave kube-ipvs0",
+            Duration::from_secs(60),
+            || !external_bound(),
+        );
+        agent.wait_converged_within(Duration::from_secs(60));
+        converge[5] = Some(started.elapsed().as_secs_f64());
+        assert!(
+            agent
+                .log()
+                .contains("address notifications were lost (the receive buffer overflowed)"),
+            "the agent never saw its address notifications overflow:\n{}",
+            agent.log()
+        );
+        notes[5] = "external IP unbound from kube-ipvs0; the agent logged the overflow".to_owned();
+        traffic.wait_more(12);
+
+        // 6: SIGKILL in the middle of a large startup sync, then a restart. The agent is
         // stopped, 1,000 Services are added, and the new agent adopts the kernel's table and
         // starts programming them; it is killed once kube-ipvs0 holds some of their addresses
         // (the binds come first, then the IPVS requests). Web and api keep their rules all along.
-        begin(5);
+        begin(6);
         agent.kill();
         drop(agent);
         std::fs::write(dir.join("filler.yaml"), &filler).expect("write filler.yaml");
@@ -2426,7 +2475,7 @@ fn faults_under_live_traffic_cost_only_what_they_must() {
         interrupted.kill();
         let (addrs_at_kill, services_at_kill) = (kube_ipvs0_addresses(), kernel_services());
         drop(interrupted);
-        notes[5] = format!(
+        notes[6] = format!(
             "killed with {} of {FILLER} new addresses bound and {} of {FILLER} new virtual \
              servers; converge timed from the first start",
             addrs_at_kill - addrs_before,
@@ -2434,7 +2483,7 @@ fn faults_under_live_traffic_cost_only_what_they_must() {
         );
         agent = Agent::spawn(&dir, &source, "10.244.0.0/16", &[]);
         agent.wait_converged_within(Duration::from_secs(240));
-        converge[5] = Some(started.elapsed().as_secs_f64());
+        converge[6] = Some(started.elapsed().as_secs_f64());
         assert!(
             foreign_present(),
             "the restarted agent removed the foreign virtual server"

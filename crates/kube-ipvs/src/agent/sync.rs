@@ -883,7 +883,12 @@ pub fn watch_addresses(dummy: &str) -> Option<mpsc::Receiver<()>> {
                     Ok(AddressEvent::Added { index, .. } | AddressEvent::Removed { index, .. }) => {
                         !is_ours(index)
                     }
-                    Ok(AddressEvent::Resync) => true,
+                    Ok(AddressEvent::Resync) => {
+                        tracing::info!(
+                            "address notifications were lost (the receive buffer overflowed): every address is read again"
+                        );
+                        true
+                    }
                     Ok(_) => false,
                     Err(e) => {
                         // Dropping the sender tells the loop, which logs the fallback.
