@@ -851,16 +851,25 @@ fn updates(
     Ok(out)
 }
 
-/// `ipvsadm -C` behind the converged agent's back: how long until a virtual server is back
-/// (the agent notices at its next periodic sync) and until every Service has all its real
-/// servers again, re-added while the kernel's destination trash still holds the flushed ones.
+/// What [`flush_repair`] measured, each from the flush.
+struct Repair {
+    /// Until a virtual server was back (the agent noticed, at its next periodic sync).
+    noticed: Duration,
+    /// Until every Service had at least one real server (new connections work everywhere).
+    serving: Duration,
+    /// Until every Service had all its real servers.
+    whole: Converged,
+}
+
+/// `ipvsadm -C` behind the converged agent's back, timing the repair (see [`Repair`]): the
+/// real servers are re-added while the kernel's destination trash still holds the flushed ones.
 fn flush_repair(
     ipvs: &mut Ipvs,
     agent: &mut Agent,
     ips: &[Ipv4Addr],
     per: usize,
     timeout: Duration,
-) -> Result<(Duration, Converged)> {
+) -> Result<Repair> {
     ipvs.flush().context("flushing the IPVS table")?;
     let flushed = Instant::now();
     eprintln!("e2e-bench: flushed the IPVS table behind the agent's back");
@@ -878,8 +887,63 @@ fn flush_repair(
         std::thread::sleep(CONVERGE_POLL);
     }
     let noticed = flushed.elapsed();
-    let repaired = converge(ipvs, agent, ips, per, flushed, timeout)?;
-    Ok((noticed, repaired))
+    // Read from /proc/net/ip_vs, not netlink: the agent's requests hold the generic netlink
+    // lock for most of the repair, and a dump per Service waited behind them.
+    let wanted: HashSet<(Ipv4Addr, u16)> = ips.iter().map(|ip| (*ip, SERVICE_PORT)).collect();
+    loop {
+        agent.check_running()?;
+        let text = std::fs::read_to_string("/proc/net/ip_vs").context("reading /proc/net/ip_vs")?;
+        let serving = serving_services(&text, &wanted);
+        if serving == wanted.len() {
+            break;
+        }
+        if flushed.elapsed() > timeout {
+            bail!(
+                "{serving} of {} Services serve again {} s after the flush",
+                wanted.len(),
+                timeout.as_secs()
+            );
+        }
+        std::thread::sleep(CONVERGE_POLL);
+    }
+    let serving = flushed.elapsed();
+    let whole = converge(ipvs, agent, ips, per, flushed, timeout)?;
+    Ok(Repair {
+        noticed,
+        serving,
+        whole,
+    })
+}
+
+/// How many of `wanted` (TCP address and port) have at least one real server, from the text of
+/// /proc/net/ip_vs: a `TCP  0A600001:0050 rr` line per virtual server (address and port in hex),
+/// then one `  -> ...` line per real server.
+fn serving_services(text: &str, wanted: &HashSet<(Ipv4Addr, u16)>) -> usize {
+    let mut serving = 0;
+    let mut current: Option<(Ipv4Addr, u16)> = None;
+    let mut counted = false;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("TCP  ") {
+            current = rest.split_whitespace().next().and_then(|hex| {
+                let (addr, port) = hex.split_once(':')?;
+                let addr = u32::from_str_radix(addr, 16).ok()?;
+                let port = u16::from_str_radix(port, 16).ok()?;
+                Some((Ipv4Addr::from(addr), port))
+            });
+            counted = false;
+        } else if line.trim_start().starts_with("->") && !line.contains("RemoteAddress") {
+            if let Some(vs) = current
+                && !counted
+                && wanted.contains(&vs)
+            {
+                serving += 1;
+                counted = true;
+            }
+        } else if !line.starts_with(' ') {
+            current = None;
+        }
+    }
+    serving
 }
 
 /// One soak sample of the agent's resources and the update latencies since the last sample.
@@ -1008,7 +1072,7 @@ fn guest(opts: &Options) -> Result<()> {
             settle_time.as_secs_f64()
         );
         if opts.flush_repair {
-            let (noticed, repaired) = flush_repair(
+            let r = flush_repair(
                 &mut ipvs,
                 &mut agent,
                 &ips,
@@ -1016,10 +1080,11 @@ fn guest(opts: &Options) -> Result<()> {
                 opts.converge_timeout,
             )?;
             println!(
-                "E2E-REPAIR noticed_ms={} repaired_ms={} repaired_err_ms={}",
-                noticed.as_millis(),
-                repaired.at.as_millis(),
-                repaired.uncertainty.as_millis()
+                "E2E-REPAIR noticed_ms={} serving_ms={} repaired_ms={} repaired_err_ms={}",
+                r.noticed.as_millis(),
+                r.serving.as_millis(),
+                r.whole.at.as_millis(),
+                r.whole.uncertainty.as_millis()
             );
         }
         let up = if opts.updates > 0 {
@@ -1080,6 +1145,27 @@ mod tests {
             .and_then(|l| l.trim().strip_prefix("value: "))
             .expect("a value line after the name");
         assert_eq!(value, KUBE_IPVS_GLIBC_TUNABLES);
+    }
+
+    #[test]
+    fn proc_ip_vs_counts_wanted_services_with_a_real_server() {
+        let text = "IP Virtual Server version 1.2.1 (size=4096)\n\
+            Prot LocalAddress:Port Scheduler Flags\n  \
+            -> RemoteAddress:Port Forward Weight ActiveConn InActConn\n\
+            TCP  0A600001:0050 rr\n  \
+            -> 0AF40001:1F90      Masq    1      0          0\n  \
+            -> 0AF40002:1F90      Masq    1      0          0\n\
+            TCP  0A600002:0050 rr\n\
+            UDP  0A600003:0050 rr\n  \
+            -> 0AF40003:1F90      Masq    1      0          0\n\
+            TCP  0A600004:0050 rr\n  \
+            -> 0AF40004:1F90      Masq    1      0          0\n";
+        let wanted: HashSet<(Ipv4Addr, u16)> = [1, 2, 3]
+            .iter()
+            .map(|d| (Ipv4Addr::new(10, 96, 0, *d), 80))
+            .collect();
+        // .1 has two real servers (counted once), .2 none, .3 only as UDP, .4 not wanted.
+        assert_eq!(serving_services(text, &wanted), 1);
     }
 
     #[test]

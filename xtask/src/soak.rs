@@ -275,12 +275,14 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
     println!(
         "\nbench soak: kube-ipvs, {} Services x 10, {:.1} updates/s for {} min (TCG guest, 2 vCPUs)\n\
          converged from empty in {:.2} s; after `ipvsadm -C`: first virtual server back in {:.2} s, \
-         every Service whole again in {:.2} s (+{:.2} s)\n{}\n{summary}",
+         every Service serving (a real server each) in {:.2} s, every Service whole again in \
+         {:.2} s (+{:.2} s)\n{}\n{summary}",
         opts.services,
         opts.rate,
         opts.minutes,
         number::<f64>(&converged, "converge_ms")? / 1000.0,
         number::<f64>(&repair, "noticed_ms")? / 1000.0,
+        number::<f64>(&repair, "serving_ms")? / 1000.0,
         number::<f64>(&repair, "repaired_ms")? / 1000.0,
         number::<f64>(&repair, "repaired_err_ms")? / 1000.0,
         table(&samples),
