@@ -22,13 +22,21 @@ const USAGE: &str = "usage: cargo xtask bench soak [--minutes 120] [--services 1
      [--sample-seconds 60] [--mem MIB]";
 
 /// The bound a soak is judged by. After the warm-up (the first tenth of the run, at most 10
-/// minutes: the first syncs, the allocator's arenas filling), RSS may not grow by more than
-/// [`RSS_GROWTH`] of its value at the end of the warm-up, and file descriptors and threads may
-/// not exceed their warm-up maximum by more than [`SLACK`] (a watch reconnecting holds one more
-/// socket for a moment).
+/// minutes: the first syncs, the allocator's arenas filling), the RSS floor (the lowest sample
+/// of [`FLOOR_WINDOW`] consecutive ones) at the end may not be more than [`RSS_GROWTH`] above
+/// the floor right after the warm-up, and file descriptors and threads may not exceed their
+/// warm-up maximum by more than [`SLACK`] (a watch reconnecting holds one more socket for a
+/// moment).
+///
+/// The floor, not each sample: a periodic reconcile holds the whole observed kernel table for
+/// the seconds it runs (at 10,000 x 10 up to about 30 MiB), so one sample's RSS depends on
+/// whether it fell inside one. The first bound, every sample against the end of the warm-up,
+/// failed a two-hour run whose floor did not move (`docs/reliability.md`). The highest sample
+/// is reported beside it.
 const RSS_GROWTH: f64 = 0.10;
 const SLACK: u64 = 2;
 const WARMUP_MAX: Duration = Duration::from_secs(600);
+const FLOOR_WINDOW: usize = 10;
 
 #[derive(Debug, Clone, PartialEq)]
 struct Options {
@@ -125,6 +133,7 @@ fn judge(samples: &[Sample], run: Duration) -> (String, Vec<String>) {
     let warmup = (run / 10).min(WARMUP_MAX).as_secs();
     let (early, late): (Vec<&Sample>, Vec<&Sample>) = samples.iter().partition(|s| s.t_s <= warmup);
     let mut breaches = Vec::new();
+    let window = FLOOR_WINDOW.min(late.len() / 2);
     let (Some(base), Some(last)) = (early.last(), late.last()) else {
         return (
             String::new(),
@@ -135,16 +144,28 @@ fn judge(samples: &[Sample], run: Duration) -> (String, Vec<String>) {
             )],
         );
     };
-    let rss_limit = base.rss_kib + (base.rss_kib as f64 * RSS_GROWTH) as u64;
+    if window == 0 {
+        return (
+            String::new(),
+            vec![format!(
+                "too few samples after the {warmup} s warm-up ({})",
+                late.len()
+            )],
+        );
+    }
+    let floor = |w: &[&Sample]| w.iter().map(|s| s.rss_kib).min().unwrap_or(0);
+    let floor_start = floor(&late[..window]);
+    let floor_end = floor(&late[late.len() - window..]);
+    let rss_limit = floor_start + (floor_start as f64 * RSS_GROWTH) as u64;
+    if floor_end > rss_limit {
+        breaches.push(format!(
+            "the RSS floor of the last {window} samples, {floor_end} KiB, is above the bound \
+             {rss_limit} KiB (floor after the warm-up {floor_start} KiB)"
+        ));
+    }
     let fds_limit = early.iter().map(|s| s.fds).max().unwrap_or(0) + SLACK;
     let threads_limit = early.iter().map(|s| s.threads).max().unwrap_or(0) + SLACK;
     for s in &late {
-        if s.rss_kib > rss_limit {
-            breaches.push(format!(
-                "RSS {} KiB at {} s is above the bound {rss_limit} KiB",
-                s.rss_kib, s.t_s
-            ));
-        }
         if s.fds > fds_limit {
             breaches.push(format!(
                 "{} file descriptors at {} s, bound {fds_limit}",
@@ -165,15 +186,15 @@ fn judge(samples: &[Sample], run: Duration) -> (String, Vec<String>) {
     let worst_max = samples.iter().map(|s| s.max_us).max().unwrap_or(0);
     let mib = |k: u64| k as f64 / 1024.0;
     let summary = format!(
-        "after a {warmup} s warm-up: RSS {:.1} -> {:.1} MiB (max {:.1}, bound {:.1}, growth {:+.1}%); \
-         fds {} -> {} (bound {fds_limit}); threads {} -> {} (bound {threads_limit}); \
-         {updates} updates, {timeouts} not in the kernel within 180 s; worst per-sample p99 {:.1} ms, \
-         max {:.1} ms; agent CPU {:.1} s",
-        mib(base.rss_kib),
-        mib(last.rss_kib),
-        mib(rss_max),
+        "after a {warmup} s warm-up: RSS floor (lowest of {window} samples) {:.1} -> {:.1} MiB \
+         (bound {:.1}, growth {:+.1}%), highest sample {:.1} MiB; fds {} -> {} (bound {fds_limit}); \
+         threads {} -> {} (bound {threads_limit}); {updates} updates, {timeouts} not in the kernel \
+         within 180 s; worst per-sample p99 {:.1} ms, max {:.1} ms; agent CPU {:.1} s",
+        mib(floor_start),
+        mib(floor_end),
         mib(rss_limit),
-        (last.rss_kib as f64 / base.rss_kib.max(1) as f64 - 1.0) * 100.0,
+        (floor_end as f64 / floor_start.max(1) as f64 - 1.0) * 100.0,
+        mib(rss_max),
         base.fds,
         last.fds,
         base.threads,
@@ -213,7 +234,41 @@ fn table(samples: &[Sample]) -> String {
     out
 }
 
+/// The samples among console `lines`, their table, and the verdict (an error on a breach).
+fn report(lines: &[String], run: Duration) -> Result<()> {
+    let samples: Vec<Sample> = lines
+        .iter()
+        .filter_map(|l| l.find(SAMPLE_PREFIX).map(|at| &l[at..]))
+        .map(parse_sample)
+        .collect::<Result<_>>()?;
+    let (summary, breaches) = judge(&samples, run);
+    println!("{}\n{summary}", table(&samples));
+    if !breaches.is_empty() {
+        bail!(
+            "bench soak: the bound was exceeded:\n{}",
+            breaches.join("\n")
+        );
+    }
+    Ok(())
+}
+
 pub(crate) fn command(args: &[String]) -> Result<()> {
+    // `--judge LOG`: the verdict on a finished soak's console output, again.
+    if let [flag, path] = args
+        && flag == "--judge"
+    {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("bench soak: reading {path}"))?;
+        let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        let last = lines
+            .iter()
+            .filter_map(|l| l.find(SAMPLE_PREFIX).map(|at| &l[at..]))
+            .filter_map(|l| parse_sample(l).ok())
+            .map(|s| s.t_s)
+            .max()
+            .with_context(|| format!("bench soak: {path} has no {SAMPLE_PREFIX}lines"))?;
+        return report(&lines, Duration::from_secs(last));
+    }
     let opts = parse_options(args)?;
     let tools = match crate::tools::ensure()? {
         Ok(t) => t,
@@ -266,17 +321,11 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
         bench_e2e::result_line(&lines, "E2E-RESULT ")?,
         "E2E-RESULT ",
     )?;
-    let samples: Vec<Sample> = lines
-        .iter()
-        .filter_map(|l| l.find(SAMPLE_PREFIX).map(|at| &l[at..]))
-        .map(parse_sample)
-        .collect::<Result<_>>()?;
-    let (summary, breaches) = judge(&samples, run);
     println!(
         "\nbench soak: kube-ipvs, {} Services x 10, {:.1} updates/s for {} min (TCG guest, 2 vCPUs)\n\
          converged from empty in {:.2} s; after `ipvsadm -C`: first virtual server back in {:.2} s, \
          every Service serving (a real server each) in {:.2} s, every Service whole again in \
-         {:.2} s (+{:.2} s)\n{}\n{summary}",
+         {:.2} s (+{:.2} s)",
         opts.services,
         opts.rate,
         opts.minutes,
@@ -285,15 +334,8 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
         number::<f64>(&repair, "serving_ms")? / 1000.0,
         number::<f64>(&repair, "repaired_ms")? / 1000.0,
         number::<f64>(&repair, "repaired_err_ms")? / 1000.0,
-        table(&samples),
     );
-    if !breaches.is_empty() {
-        bail!(
-            "bench soak: the bound was exceeded:\n{}",
-            breaches.join("\n")
-        );
-    }
-    Ok(())
+    report(&lines, run)
 }
 
 #[cfg(test)]
@@ -331,24 +373,30 @@ mod tests {
     }
 
     #[test]
-    fn growth_within_the_bound_passes_and_beyond_it_is_named() {
+    fn a_steady_floor_passes_with_reconcile_peaks_and_a_rising_one_is_named() {
         let run = Duration::from_secs(7200);
-        // Warm-up is 600 s: the base is the sample at 600 s.
+        // Warm-up is 600 s. Every third sample falls inside a reconcile, 30 MiB higher.
         let mut steady: Vec<Sample> = (0..=120)
-            .map(|m| sample(m * 60, 50_000 + m.min(10) * 100, 14, 9))
+            .map(|m| {
+                let peak = if m % 3 == 0 { 30_000 } else { 0 };
+                sample(m * 60, 130_000 + peak, 21, 5)
+            })
             .collect();
         let (summary, breaches) = judge(&steady, run);
         assert!(breaches.is_empty(), "{breaches:?}");
         assert!(summary.contains("growth +0.0%"), "{summary}");
+        assert!(summary.contains("highest sample 156.2 MiB"), "{summary}");
 
-        // RSS 11% above the base at the end, one fd leaked per hour beyond the slack.
+        // The floor of the last ten samples 11% up, and a file descriptor leaked past the slack.
+        for s in steady.iter_mut().rev().take(10) {
+            s.rss_kib = s.rss_kib.max(130_000 * 111 / 100);
+        }
         if let Some(last) = steady.last_mut() {
-            last.rss_kib = 51_000 * 111 / 100;
-            last.fds = 17;
+            last.fds = 24;
         }
         let (_, breaches) = judge(&steady, run);
         assert_eq!(breaches.len(), 2, "{breaches:?}");
-        assert!(breaches[0].contains("RSS"), "{breaches:?}");
+        assert!(breaches[0].contains("RSS floor"), "{breaches:?}");
         assert!(breaches[1].contains("file descriptors"), "{breaches:?}");
 
         // An update that never reached the kernel fails the soak too.
