@@ -96,11 +96,18 @@ impl Backoff for ExpBackoff {
 /// again on its next poll, so that poll comes at once and the doubling starts over. (After an
 /// outage the delay has grown to `backoff_max`; without this the relist that follows the first
 /// answer would wait that long again.)
+///
+/// Only the first 410 since the stream last yielded an item is retried at once: should a 410
+/// come back without anything in between, the doubling goes on, so a server that answers 410
+/// to every attempt is not polled in a tight loop.
 #[derive(Debug, Clone)]
 pub struct GoneAwareBackoff {
     inner: ExpBackoff,
     /// Set by the watch stream when it yields a 410 error, read by the next backoff.
     gone: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Whether the last delay was a 410's zero (cleared by [`Backoff::reset`], which the stream
+    /// calls on every item that is not an error).
+    retried_gone: bool,
 }
 
 impl GoneAwareBackoff {
@@ -111,6 +118,7 @@ impl GoneAwareBackoff {
             Self {
                 inner,
                 gone: gone.clone(),
+                retried_gone: false,
             },
             gone,
         )
@@ -121,7 +129,8 @@ impl Iterator for GoneAwareBackoff {
     type Item = Duration;
 
     fn next(&mut self) -> Option<Duration> {
-        if self.gone.swap(false, std::sync::atomic::Ordering::SeqCst) {
+        if self.gone.swap(false, std::sync::atomic::Ordering::SeqCst) && !self.retried_gone {
+            self.retried_gone = true;
             self.inner.reset();
             return Some(Duration::ZERO);
         }
@@ -131,6 +140,7 @@ impl Iterator for GoneAwareBackoff {
 
 impl Backoff for GoneAwareBackoff {
     fn reset(&mut self) {
+        self.retried_gone = false;
         self.inner.reset();
     }
 }
@@ -138,13 +148,12 @@ impl Backoff for GoneAwareBackoff {
 /// Whether a watcher error is the API server's 410 Gone: the resourceVersion to resume from is
 /// older than the history it keeps (compacted, or a restarted API server's watch cache), so the
 /// watcher must list again.
+///
+/// Only a 410 event in the watch counts: the watcher lists again after it. A 410 answer to the
+/// watch request itself leaves the watcher resuming from the same version, so retrying it at
+/// once would only repeat it.
 pub fn is_gone(e: &watcher::Error) -> bool {
-    match e {
-        watcher::Error::WatchError(status) => status.code == 410,
-        watcher::Error::WatchStartFailed(kube::Error::Api(status))
-        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.code == 410,
-        _ => false,
-    }
+    matches!(e, watcher::Error::WatchError(status) if status.code == 410)
 }
 
 fn watch<K>(
@@ -273,14 +282,21 @@ mod tests {
         assert_eq!(b.next(), Some(Duration::ZERO));
         // The flag is spent, and the doubling starts over.
         assert_eq!(b.next(), Some(Duration::from_millis(800)));
+        // A 410 again with nothing in between: no second zero, the doubling goes on.
+        gone.store(true, std::sync::atomic::Ordering::SeqCst);
         assert_eq!(b.next(), Some(Duration::from_millis(1600)));
+        // Once the stream yielded an item (reset), a 410 is retried at once again.
+        b.reset();
+        gone.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(b.next(), Some(Duration::ZERO));
     }
 
     #[test]
     fn only_a_410_counts_as_gone() {
         assert!(is_gone(&watcher::Error::WatchError(status(410))));
         assert!(!is_gone(&watcher::Error::WatchError(status(500))));
-        assert!(is_gone(&watcher::Error::WatchStartFailed(
+        // A 410 answer to the watch request: the watcher would resume from the same version.
+        assert!(!is_gone(&watcher::Error::WatchStartFailed(
             kube::Error::Api(status(410))
         )));
         assert!(!is_gone(&watcher::Error::NoResourceVersion));
