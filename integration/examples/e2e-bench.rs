@@ -196,6 +196,18 @@ fn endpoint_addr(i: usize, j: usize, per_service: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 244, (k / 250) as u8, (k % 250 + 1) as u8)
 }
 
+/// The address update `u` gives a Service that holds `held`: [`update_addr`]`(u)`, or the next
+/// one it does not hold. update_addr repeats every 1,250 updates and the stride comes back to a
+/// Service after N, so at N = 10,000 the plain `update_addr(u)` would put back the address the
+/// Service already has: a PATCH that changes nothing (the first soak churned for 33 minutes,
+/// then only PATCHed).
+fn fresh_update_addr(u: usize, held: &[Ipv4Addr]) -> Ipv4Addr {
+    (u..)
+        .map(update_addr)
+        .find(|a| !held.contains(a))
+        .unwrap_or_else(|| update_addr(u))
+}
+
 /// The new address of update `u`, outside the range [`endpoint_addr`] uses.
 fn update_addr(u: usize) -> Ipv4Addr {
     let k = u % (5 * 250);
@@ -776,7 +788,7 @@ impl Churn {
             .current
             .entry(i)
             .or_insert_with(|| initial_addrs(i, per));
-        addrs[0] = update_addr(u);
+        addrs[0] = fresh_update_addr(u, addrs);
         let want = addrs.clone();
         let patch = serde_json::json!({"endpoints": endpoints_json(&want)});
         let name = slice_name(i);
@@ -919,7 +931,8 @@ fn flush_repair(
 /// /proc/net/ip_vs: a `TCP  0A600001:0050 rr` line per virtual server (address and port in hex),
 /// then one `  -> ...` line per real server.
 fn serving_services(text: &str, wanted: &HashSet<(Ipv4Addr, u16)>) -> usize {
-    let mut serving = 0;
+    // A set, not a count: a virtual server added while the file is read can be listed twice.
+    let mut serving: HashSet<(Ipv4Addr, u16)> = HashSet::new();
     let mut current: Option<(Ipv4Addr, u16)> = None;
     let mut counted = false;
     for line in text.lines() {
@@ -936,14 +949,14 @@ fn serving_services(text: &str, wanted: &HashSet<(Ipv4Addr, u16)>) -> usize {
                 && !counted
                 && wanted.contains(&vs)
             {
-                serving += 1;
+                serving.insert(vs);
                 counted = true;
             }
         } else if !line.starts_with(' ') {
             current = None;
         }
     }
-    serving
+    serving.len()
 }
 
 /// One soak sample of the agent's resources and the update latencies since the last sample.
@@ -952,6 +965,7 @@ fn soak_sample(
     since_start: Duration,
     window: &mut Vec<u64>,
     timeouts: &mut usize,
+    errors: &mut usize,
 ) -> Result<String> {
     let (cpu, _) = agent.usage()?;
     let r = agent.resources()?;
@@ -964,19 +978,21 @@ fn soak_sample(
         window[at.clamp(1, window.len()) - 1]
     };
     let line = format!(
-        "SOAK-SAMPLE t_s={} rss_kib={} fds={} threads={} cpu_s={cpu:.2} updates={} timeouts={} p50_us={} p99_us={} max_us={}",
+        "SOAK-SAMPLE t_s={} rss_kib={} fds={} threads={} cpu_s={cpu:.2} updates={} timeouts={} errors={} p50_us={} p99_us={} max_us={}",
         since_start.as_secs(),
         r.rss_kib,
         r.fds,
         r.threads,
         window.len(),
         timeouts,
+        errors,
         rank(50.0),
         rank(99.0),
         window.last().copied().unwrap_or(0),
     );
     window.clear();
     *timeouts = 0;
+    *errors = 0;
     Ok(line)
 }
 
@@ -992,15 +1008,17 @@ fn soak(opts: &Options, ipvs: &mut Ipvs, agent: &mut Agent, ips: &[Ipv4Addr]) ->
     let mut next_sample = start;
     let mut window = Vec::new();
     let mut timeouts = 0;
+    let mut errors = 0;
     loop {
         agent.check_running()?;
         let now = Instant::now();
         if now >= next_sample {
             println!(
                 "{}",
-                soak_sample(agent, now - start, &mut window, &mut timeouts)?
+                soak_sample(agent, now - start, &mut window, &mut timeouts, &mut errors)?
             );
-            next_sample += opts.sample_every;
+            // After a slow update, no burst of samples with empty windows.
+            next_sample = (next_sample + opts.sample_every).max(now);
             if now - start >= opts.soak {
                 return Ok(churn.sent);
             }
@@ -1011,9 +1029,20 @@ fn soak(opts: &Options, ipvs: &mut Ipvs, agent: &mut Agent, ips: &[Ipv4Addr]) ->
         }
         // A slow update delays the next ones instead of being followed by a burst.
         next_update = (next_update + period).max(now);
-        match churn.update(ipvs, ips)?.kernel_us {
-            Some(us) => window.push(us),
-            None => timeouts += 1,
+        // A failed PATCH (an API server hiccup) is reported and counted, not the end of hours
+        // of soak.
+        match churn.update(ipvs, ips) {
+            Ok(Timed {
+                kernel_us: Some(us),
+                ..
+            }) => window.push(us),
+            Ok(Timed {
+                kernel_us: None, ..
+            }) => timeouts += 1,
+            Err(e) => {
+                eprintln!("e2e-bench: soak update failed: {e:#}");
+                errors += 1;
+            }
         }
     }
 }
@@ -1145,6 +1174,21 @@ mod tests {
             .and_then(|l| l.trim().strip_prefix("value: "))
             .expect("a value line after the name");
         assert_eq!(value, KUBE_IPVS_GLIBC_TUNABLES);
+    }
+
+    #[test]
+    fn a_service_visited_again_gets_an_address_it_does_not_hold() {
+        let n = 10_000;
+        let i = 3;
+        // The stride visits Service i at some u and again at u + n.
+        let u = (0..n).find(|u| (u * 7919) % n == i).expect("visited");
+        assert_eq!((u + n) * 7919 % n, i);
+        let mut held = initial_addrs(i, 10);
+        held[0] = fresh_update_addr(u, &held);
+        let first = held[0];
+        held[0] = fresh_update_addr(u + n, &held);
+        assert_ne!(held[0], first, "the second visit must change the endpoint");
+        assert_eq!(update_addr(u + n), first, "without the check it would not");
     }
 
     #[test]
