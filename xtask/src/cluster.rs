@@ -289,15 +289,23 @@ impl ControlPlane {
         Ok(plane)
     }
 
+    /// Starts kube-apiserver and waits until it is ready; one already running is left as it
+    /// is (a second would fail to bind while readiness answered from the first, orphaning it).
     fn start_apiserver(&self) -> Result<()> {
         let log = self.dir.join("kube-apiserver.log");
-        let child = spawn_logged(&self.apiserver_bin, &self.apiserver_args, &log)?;
         {
             let mut processes = self
                 .processes
                 .lock()
                 .map_err(|_| anyhow::anyhow!("control plane lock poisoned"))?;
-            processes.apiserver = Some(child);
+            let running = processes
+                .apiserver
+                .as_mut()
+                .is_some_and(|c| matches!(c.try_wait(), Ok(None)));
+            if !running {
+                let child = spawn_logged(&self.apiserver_bin, &self.apiserver_args, &log)?;
+                processes.apiserver = Some(child);
+            }
         }
         self.wait_ready(&log)
     }

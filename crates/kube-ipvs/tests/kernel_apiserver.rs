@@ -369,6 +369,18 @@ fn an_api_server_outage_with_compacted_history_costs_no_connection() {
         }
     }
 
+    /// Starts the API server again if the test fails while it is stopped, so the tests after
+    /// this one in the guest still have one (starting a running one does nothing).
+    struct StartOnDrop<'a>(&'a Cluster);
+    impl Drop for StartOnDrop<'_> {
+        fn drop(&mut self) {
+            if let Err(e) = self.0.try_control("start-apiserver") {
+                eprintln!("starting the API server again: {e}");
+            }
+        }
+    }
+    let _start = StartOnDrop(&cluster);
+
     std::thread::scope(|scope| {
         let _stop = StopOnDrop(&stop);
         scope.spawn(|| {

@@ -250,21 +250,27 @@ impl Cluster {
     /// Sends one command to the host's control port (xtask/src/cluster.rs: `restart-apiserver`,
     /// `stop-apiserver`, `start-apiserver`, `compact-etcd`) and returns what follows its `ok`.
     pub(crate) fn control(&self, command: &str) -> String {
-        let mut stream =
-            TcpStream::connect(("127.0.0.1", self.ports.control)).expect("connect control port");
+        self.try_control(command)
+            .unwrap_or_else(|e| panic!("the host could not {command}: {e}"))
+    }
+
+    /// [`Cluster::control`] without panicking (for a drop guard).
+    pub(crate) fn try_control(&self, command: &str) -> Result<String, String> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.ports.control))
+            .map_err(|e| format!("connect the control port: {e}"))?;
         stream
             .set_read_timeout(Some(Duration::from_secs(180)))
-            .expect("timeout");
-        writeln!(stream, "{command}").expect("send the control command");
+            .map_err(|e| e.to_string())?;
+        writeln!(stream, "{command}").map_err(|e| e.to_string())?;
         let mut answer = String::new();
         BufReader::new(stream)
             .read_line(&mut answer)
-            .expect("read the control answer");
+            .map_err(|e| e.to_string())?;
         let answer = answer.trim();
-        match answer.strip_prefix("ok") {
-            Some(rest) => rest.trim().to_owned(),
-            None => panic!("the host could not {command}: {answer}"),
-        }
+        answer
+            .strip_prefix("ok")
+            .map(|rest| rest.trim().to_owned())
+            .ok_or_else(|| answer.to_owned())
     }
 }
 
