@@ -163,23 +163,36 @@ fn probe_iptables() -> (kube_ipvs_host::masquerade::Backend, bool) {
     }
 }
 
-async fn shutdown_signal() {
+/// Completes on SIGTERM or SIGINT. The handlers are installed when this is called, not when the
+/// future is first polled: a SIGTERM that came before the agent's loop first polled it used to
+/// find no handler and kill the process with the signal (exit status 143 instead of 0).
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM"),
-                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    // A signal whose handler could not be installed never completes its half.
+    let wait = |sig: std::io::Result<tokio::signal::unix::Signal>, name: &'static str| async move {
+        match sig {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!("cannot listen for {name} ({e})");
+                std::future::pending::<()>().await;
             }
         }
-        Err(e) => {
-            tracing::warn!("cannot listen for SIGTERM ({e}); only SIGINT stops the agent");
-            let _ = tokio::signal::ctrl_c().await;
+    };
+    async move {
+        tokio::select! {
+            () = wait(term, "SIGTERM") => tracing::info!("SIGTERM"),
+            () = wait(int, "SIGINT") => tracing::info!("SIGINT"),
         }
     }
 }
 
 async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
+    // First, so a SIGTERM at any later point of the startup is a clean stop.
+    let shutdown = shutdown_signal();
     let shared = Arc::new(Shared::new(settings.sync_period));
     shared.set_configz(configz::document(&settings).to_string());
     let healthz = match health::bind(settings.healthz, "--healthz-bind-address").await {
@@ -312,7 +325,7 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
     if let Some(masq) = masq {
         agent = agent.with_masquerade(masq);
     }
-    let result = agent.run(watch.changes, shutdown_signal()).await;
+    let result = agent.run(watch.changes, shutdown).await;
     watch.task.abort();
     match result {
         Ok(()) => {
@@ -320,5 +333,26 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
             ExitCode::from(exit::STOPPED)
         }
         Err(e) => fail(exit::FAILED, e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A SIGTERM that arrives after `shutdown_signal()` is called but before its future is
+    /// first polled is caught, not fatal: with the handler installed at the first poll, as
+    /// before, this test process would be killed by the signal.
+    #[tokio::test]
+    async fn a_sigterm_before_the_first_poll_completes_the_shutdown() {
+        let shutdown = shutdown_signal();
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &std::process::id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+        tokio::time::timeout(std::time::Duration::from_secs(10), shutdown)
+            .await
+            .expect("the SIGTERM completed the shutdown");
     }
 }
