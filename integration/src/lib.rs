@@ -4,3 +4,16 @@
 pub mod apiserver;
 
 pub use apiserver::{Kind, TestApiServer};
+
+/// Sends `SIGTERM` to this test process with `kill(1)`, so that a unit test in a crate that
+/// may not do process or kernel I/O itself (the tidy rule) can prove its signal handling.
+///
+/// # Panics
+/// If `kill` cannot run or fails: the test could prove nothing then.
+pub fn sigterm_this_process() {
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &std::process::id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -TERM {} failed", std::process::id());
+}

@@ -346,11 +346,7 @@ mod tests {
     #[tokio::test]
     async fn a_sigterm_before_the_first_poll_completes_the_shutdown() {
         let shutdown = shutdown_signal();
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &std::process::id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success());
+        kube_ipvs_integration::sigterm_this_process();
         tokio::time::timeout(std::time::Duration::from_secs(10), shutdown)
             .await
             .expect("the SIGTERM completed the shutdown");
