@@ -37,6 +37,10 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
         "the two socket options netlink-sys does not offer",
     ),
     (
+        "crates/host/src/memory.rs",
+        "malloc_trim, which the libc crate declares unsafe like every C function",
+    ),
+    (
         "crates/diff/benches/diff.rs",
         "the benchmark's counting allocator: GlobalAlloc is an unsafe trait",
     ),

@@ -1,6 +1,7 @@
 //! The node's kernel interfaces that are not netlink: the masquerade rules through the iptables tools
 //! ([`masquerade`]: rule text as data, backend choice, the `iptables-restore` runner), the removal of
-//! kube-proxy's leftovers ([`kube_proxy`]), and kernel modules, sysctls and the hostname ([`setup`]).
+//! kube-proxy's leftovers ([`kube_proxy`]), kernel modules, sysctls and the hostname ([`setup`]),
+//! and the allocator's free pages handed back to the kernel ([`memory`]).
 //!
 //! With `kube-ipvs-netlink` this is one of the two kernel-facing crates: nothing else in the workspace spawns a
 //! kernel tool, opens a socket or touches `/proc` (the tidy test, `xtask/tests/tidy.rs`, checks it). It is a
@@ -15,5 +16,6 @@
 pub mod filter;
 pub mod kube_proxy;
 pub mod masquerade;
+pub mod memory;
 pub mod sets;
 pub mod setup;

@@ -663,6 +663,18 @@ impl<K: Kernel> Agent<K> {
         }
         self.programmed(&failures, true);
         self.finish(kind, start, ops.len(), &failures);
+        // The observed table was the sync's big allocation (tens of MiB at 10,000 Services):
+        // its pages go back to the kernel, or the RSS keeps the high-water mark of whichever
+        // sync's memory ended up below a live allocation (a 45-minute soak stepped from 111
+        // to 144 MiB at minute 6 and stayed there).
+        drop(observed);
+        let trim = Instant::now();
+        let released = kube_ipvs_host::memory::release_free_memory();
+        tracing::debug!(
+            "{} sync: returned free memory to the kernel ({released}) in {:.1} ms",
+            kind.label(),
+            trim.elapsed().as_secs_f64() * 1000.0
+        );
     }
 
     /// Logs and counts the draining real servers the engine deleted at the graceful-termination
