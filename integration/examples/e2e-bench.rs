@@ -12,7 +12,9 @@
 //!   latency from an EndpointSlice update to the kernel, and finally the agent's CPU time and
 //!   peak RSS. It prints one `E2E-RESULT key=value ...` line that xtask parses.
 //!
-//! Only IPVS is read, through `kube-ipvs-netlink`, so both agents are judged by the same reader.
+//! The IPVS agents (kube-ipvs, kube-proxy's IPVS mode) are read through `kube-ipvs-netlink`, so
+//! both are judged by the same reader; kube-proxy's nftables and iptables modes keep Services in
+//! rules and are read with `nft` and `iptables` (`kube_ipvs_integration::rules`).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
@@ -27,6 +29,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube_ipvs_integration::rules;
 use kube_ipvs_netlink::ipvs::{Ipvs, ServiceKey};
 
 const NAMESPACE: &str = "bench";
@@ -60,9 +63,9 @@ const UPDATE_POLL: Duration = Duration::from_millis(2);
 const UPDATE_TIMEOUT: Duration = Duration::from_secs(180);
 
 fn usage() -> &'static str {
-    "usage: e2e-bench populate --kubeconfig PATH --services N [--endpoints E] [--concurrency C] --out PATH\n       \
-     e2e-bench guest --agent kube-ipvs|kube-proxy --services-file PATH --kubeconfig PATH \
-     [--endpoints E] [--updates U] [--update-budget SECS] [--converge-timeout SECS] \
+    "usage: e2e-bench populate --kubeconfig PATH --services N [--endpoints E] [--nodes N] [--concurrency C] --out PATH\n       \
+     e2e-bench guest --agent kube-ipvs|kube-proxy-ipvs|kube-proxy-nftables|kube-proxy-iptables --services-file PATH --kubeconfig PATH \
+     [--endpoints E] [--nodes N] [--updates U] [--update-budget SECS] [--converge-timeout SECS] \
      [--flush-repair] [--soak-seconds S [--churn-rate R] [--sample-seconds S]]"
 }
 
@@ -85,6 +88,9 @@ struct Options {
     kubeconfig: Option<PathBuf>,
     services: usize,
     endpoints: usize,
+    /// Nodes the endpoints are spread over (`node-1`, the agent's, is one of them; 1: every
+    /// endpoint is local).
+    nodes: usize,
     concurrency: usize,
     out: Option<PathBuf>,
     agent: Option<String>,
@@ -109,6 +115,7 @@ impl Options {
             kubeconfig: None,
             services: 0,
             endpoints: 10,
+            nodes: 1,
             concurrency: 32,
             out: None,
             agent: None,
@@ -136,6 +143,7 @@ impl Options {
                 "--kubeconfig" => o.kubeconfig = Some(PathBuf::from(value()?)),
                 "--services" => o.services = number(value()?)?,
                 "--endpoints" => o.endpoints = number(value()?)?,
+                "--nodes" => o.nodes = number(value()?)?,
                 "--concurrency" => o.concurrency = number(value()?)?.max(1),
                 "--out" => o.out = Some(PathBuf::from(value()?)),
                 "--agent" => o.agent = Some(value()?.clone()),
@@ -170,6 +178,9 @@ impl Options {
         }
         if o.endpoints == 0 || o.endpoints > 1000 {
             bail!("--endpoints {}: must be 1..=1000", o.endpoints);
+        }
+        if o.nodes == 0 || o.nodes > 5000 {
+            bail!("--nodes {}: must be 1..=5000", o.nodes);
         }
         Ok(o)
     }
@@ -224,21 +235,33 @@ fn service_json(i: usize) -> serde_json::Value {
     })
 }
 
-fn endpoints_json(addrs: &[Ipv4Addr]) -> serde_json::Value {
+/// Node `k` (1-based) of the spread; `node-1` is the agent's.
+fn node_name(k: usize) -> String {
+    format!("node-{k}")
+}
+
+/// The Node of the endpoint at `addr` when endpoints are spread over `nodes` Nodes: consecutive
+/// addresses go round the Nodes, so a Service's endpoints are on different Nodes and about
+/// 1/`nodes` of all endpoints are on the agent's.
+fn node_of(addr: Ipv4Addr, nodes: usize) -> String {
+    node_name(1 + u32::from(addr) as usize % nodes.max(1))
+}
+
+fn endpoints_json(addrs: &[Ipv4Addr], nodes: usize) -> serde_json::Value {
     let list: Vec<serde_json::Value> = addrs
         .iter()
         .map(|a| {
             serde_json::json!({
                 "addresses": [a.to_string()],
                 "conditions": {"ready": true},
-                "nodeName": NODE,
+                "nodeName": node_of(*a, nodes),
             })
         })
         .collect();
     serde_json::Value::Array(list)
 }
 
-fn slice_json(i: usize, addrs: &[Ipv4Addr]) -> serde_json::Value {
+fn slice_json(i: usize, addrs: &[Ipv4Addr], nodes: usize) -> serde_json::Value {
     serde_json::json!({
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
@@ -249,7 +272,7 @@ fn slice_json(i: usize, addrs: &[Ipv4Addr]) -> serde_json::Value {
         },
         "addressType": "IPv4",
         "ports": [{"name": "http", "port": TARGET_PORT, "protocol": "TCP"}],
-        "endpoints": endpoints_json(addrs),
+        "endpoints": endpoints_json(addrs, nodes),
     })
 }
 
@@ -290,24 +313,33 @@ fn populate(opts: &Options) -> Result<()> {
     let started = Instant::now();
     let lines = runtime()?.block_on(async {
         let client = client(kubeconfig).await?;
-        let node: Node = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
-        }))?;
-        match Api::<Node>::all(client.clone())
-            .create(&PostParams::default(), &node)
-            .await
-        {
-            Ok(_) => {}
-            Err(e) if already_exists(&e) => {}
-            Err(e) => return Err(e).context(format!("creating Node {NODE}")),
+        // The agent's Node has the guest's address; the others one of their own.
+        for k in 1..=opts.nodes {
+            let name = node_name(k);
+            let node: Node = serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+            }))?;
+            match Api::<Node>::all(client.clone())
+                .create(&PostParams::default(), &node)
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if already_exists(&e) => {}
+                Err(e) => return Err(e).context(format!("creating Node {name}")),
+            }
+            let address = if name == NODE {
+                NODE_IP.to_owned()
+            } else {
+                format!("10.0.{}.{}", 3 + k / 250, k % 250 + 1)
+            };
+            let status = serde_json::json!({
+                "status": {"addresses": [{"type": "InternalIP", "address": address}]},
+            });
+            Api::<Node>::all(client.clone())
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+                .with_context(|| format!("setting the addresses of Node {name}"))?;
         }
-        let status = serde_json::json!({
-            "status": {"addresses": [{"type": "InternalIP", "address": NODE_IP}]},
-        });
-        Api::<Node>::all(client.clone())
-            .patch_status(NODE, &PatchParams::default(), &Patch::Merge(&status))
-            .await
-            .with_context(|| format!("setting the addresses of Node {NODE}"))?;
         let ns: Namespace = serde_json::from_value(serde_json::json!({
             "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE},
         }))?;
@@ -338,6 +370,7 @@ fn populate(opts: &Options) -> Result<()> {
                 let services = services.clone();
                 let slices = slices.clone();
                 let per = opts.endpoints;
+                let nodes = opts.nodes;
                 async move {
                     let svc: Service = serde_json::from_value(service_json(i))?;
                     match services.create(&PostParams::default(), &svc).await {
@@ -351,7 +384,7 @@ fn populate(opts: &Options) -> Result<()> {
                         }
                     }
                     let slice: EndpointSlice =
-                        serde_json::from_value(slice_json(i, &initial_addrs(i, per)))?;
+                        serde_json::from_value(slice_json(i, &initial_addrs(i, per), nodes))?;
                     match slices.create(&PostParams::default(), &slice).await {
                         Ok(_) => Ok(()),
                         Err(e) if already_exists(&e) => Ok(()),
@@ -454,6 +487,55 @@ fn serves(ipvs: &mut Ipvs, key: &ServiceKey, want: &[Ipv4Addr]) -> Result<bool> 
     Ok(live == wanted.len())
 }
 
+/// Where the agent under test keeps its Services, and the driver's reader for it.
+enum Dataplane {
+    /// kube-ipvs and kube-proxy's IPVS mode: the IPVS table through netlink.
+    Ipvs(Ipvs),
+    /// kube-proxy's nftables and iptables modes: their rules through `nft` / `iptables`.
+    Rules(rules::Reader),
+}
+
+impl Dataplane {
+    /// The reader for `agent` (a name [`Agent::start`] accepts); `ipvs` is the socket already
+    /// opened to check the table is empty.
+    fn for_agent(agent: &str, ipvs: Ipvs) -> Result<Dataplane> {
+        Ok(match agent {
+            "kube-ipvs" | "kube-proxy" | "kube-proxy-ipvs" => Dataplane::Ipvs(ipvs),
+            "kube-proxy-nftables" => Dataplane::Rules(rules::Reader::new(rules::Mode::Nftables)),
+            "kube-proxy-iptables" => Dataplane::Rules(rules::Reader::new(rules::Mode::Iptables)),
+            other => bail!("unknown agent {other:?}"),
+        })
+    }
+
+    /// The IPVS table, for what only makes sense there (the flush repair, the soak).
+    fn ipvs(&mut self, what: &str) -> Result<&mut Ipvs> {
+        match self {
+            Dataplane::Ipvs(ipvs) => Ok(ipvs),
+            Dataplane::Rules(_) => bail!("{what} needs an IPVS agent"),
+        }
+    }
+
+    /// Whether new connections to the Service at `ip` reach only `want` (see [`serves`]).
+    fn serves(&mut self, ip: Ipv4Addr, want: &[Ipv4Addr]) -> Result<bool> {
+        match self {
+            Dataplane::Ipvs(ipvs) => serves(ipvs, &key(ip), want),
+            Dataplane::Rules(reader) => {
+                let got = reader
+                    .service(std::net::SocketAddrV4::new(ip, SERVICE_PORT))
+                    .with_context(|| format!("reading the rules of {ip}:{SERVICE_PORT}"))?;
+                Ok(got == Some(backends(want)))
+            }
+        }
+    }
+}
+
+/// `want` at the target port, as the rules reader gives endpoints.
+fn backends(want: &[Ipv4Addr]) -> rules::Backends {
+    want.iter()
+        .map(|a| std::net::SocketAddrV4::new(*a, TARGET_PORT))
+        .collect()
+}
+
 /// The running agent: its process, and where its output goes.
 struct Agent {
     child: Child,
@@ -479,10 +561,11 @@ impl Agent {
                 c.env("GLIBC_TUNABLES", KUBE_IPVS_GLIBC_TUNABLES);
                 c
             }
-            "kube-proxy" => {
+            "kube-proxy" | "kube-proxy-ipvs" | "kube-proxy-nftables" | "kube-proxy-iptables" => {
+                let mode = name.strip_prefix("kube-proxy-").unwrap_or("ipvs");
                 let mut c = Command::new("/usr/local/bin/kube-proxy");
+                c.arg(format!("--proxy-mode={mode}"));
                 c.args([
-                    "--proxy-mode=ipvs",
                     "--kubeconfig",
                     "/etc/kube-ipvs-test/admin-direct.kubeconfig",
                     "--hostname-override",
@@ -492,7 +575,9 @@ impl Agent {
                 ]);
                 c
             }
-            other => bail!("unknown agent {other:?}: kube-ipvs or kube-proxy"),
+            other => bail!(
+                "unknown agent {other:?}: kube-ipvs, kube-proxy-ipvs, kube-proxy-nftables or kube-proxy-iptables"
+            ),
         };
         let log = PathBuf::from(format!("/tmp/{name}.log"));
         let file =
@@ -632,7 +717,91 @@ struct Converged {
     full_read: Duration,
 }
 
+/// Waits until the agent's dataplane holds every Service with exactly its initial endpoints.
 fn converge(
+    plane: &mut Dataplane,
+    agent: &mut Agent,
+    ips: &[Ipv4Addr],
+    per: usize,
+    started: Instant,
+    timeout: Duration,
+) -> Result<Converged> {
+    match plane {
+        Dataplane::Ipvs(ipvs) => converge_ipvs(ipvs, agent, ips, per, started, timeout),
+        Dataplane::Rules(reader) => converge_rules(reader, agent, ips, per, started, timeout),
+    }
+}
+
+/// [`converge`] for the rules modes: one whole read of the table per poll. The time is taken
+/// when the read that found every Service whole returned, and the uncertainty runs from the
+/// start of the last read that did not.
+fn converge_rules(
+    reader: &mut rules::Reader,
+    agent: &mut Agent,
+    ips: &[Ipv4Addr],
+    per: usize,
+    started: Instant,
+    timeout: Duration,
+) -> Result<Converged> {
+    let want: Vec<(std::net::SocketAddrV4, rules::Backends)> = ips
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| {
+            (
+                std::net::SocketAddrV4::new(*ip, SERVICE_PORT),
+                backends(&initial_addrs(i, per)),
+            )
+        })
+        .collect();
+    let mut last_fail = started;
+    let mut last_progress = started;
+    loop {
+        agent.check_running()?;
+        let poll = Instant::now();
+        let snapshot = reader.snapshot().context("reading the rules")?;
+        let read = poll.elapsed();
+        let whole = want
+            .iter()
+            .filter(|(vip, b)| snapshot.get(vip) == Some(b))
+            .count();
+        if whole == want.len() {
+            let done = Instant::now();
+            return Ok(Converged {
+                at: done - started,
+                uncertainty: done - last_fail,
+                full_read: read,
+            });
+        }
+        last_fail = poll;
+        let present = want
+            .iter()
+            .filter(|(vip, _)| snapshot.contains_key(vip))
+            .count();
+        let what = format!(
+            "{present} of {} Services in the rules, {whole} with all {per} endpoints (a read takes {:.1} s)",
+            want.len(),
+            read.as_secs_f64()
+        );
+        if Instant::now() > started + timeout {
+            bail!("not converged after {} s: {what}", timeout.as_secs());
+        }
+        if last_progress.elapsed() >= PROGRESS_EVERY {
+            last_progress = Instant::now();
+            let log = agent.tail();
+            let last: Vec<&str> = log.lines().rev().take(12).collect();
+            eprintln!(
+                "e2e-bench: {} after {:.0} s: {what}; running children: [{}]; its log ends:\n{}",
+                agent.name,
+                started.elapsed().as_secs_f64(),
+                children(agent.child.id()).join("; "),
+                last.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        std::thread::sleep(CONVERGE_POLL);
+    }
+}
+
+fn converge_ipvs(
     ipvs: &mut Ipvs,
     agent: &mut Agent,
     ips: &[Ipv4Addr],
@@ -751,6 +920,8 @@ struct Churn {
     /// The endpoints each updated Service has now.
     current: HashMap<usize, Vec<Ipv4Addr>>,
     per: usize,
+    /// As `--nodes`: updated endpoints go to Nodes as populate's do.
+    nodes: usize,
     sent: usize,
 }
 
@@ -773,13 +944,14 @@ impl Churn {
             slices: Api::namespaced(client, NAMESPACE),
             current: HashMap::new(),
             per: opts.endpoints,
+            nodes: opts.nodes,
             sent: 0,
         })
     }
 
     /// Replaces the first endpoint of the next Service (a prime stride visits Services spread
     /// over the table, each once per N updates) and waits until the kernel serves the result.
-    fn update(&mut self, ipvs: &mut Ipvs, ips: &[Ipv4Addr]) -> Result<Timed> {
+    fn update(&mut self, plane: &mut Dataplane, ips: &[Ipv4Addr]) -> Result<Timed> {
         let u = self.sent;
         self.sent += 1;
         let i = (u * 7919) % ips.len();
@@ -790,7 +962,7 @@ impl Churn {
             .or_insert_with(|| initial_addrs(i, per));
         addrs[0] = fresh_update_addr(u, addrs);
         let want = addrs.clone();
-        let patch = serde_json::json!({"endpoints": endpoints_json(&want)});
+        let patch = serde_json::json!({"endpoints": endpoints_json(&want, self.nodes)});
         let name = slice_name(i);
         let sent = Instant::now();
         self.rt
@@ -800,9 +972,8 @@ impl Churn {
             )
             .with_context(|| format!("patching EndpointSlice {NAMESPACE}/{name}"))?;
         let patch_us = sent.elapsed().as_micros() as u64;
-        let k = key(ips[i]);
         loop {
-            if serves(ipvs, &k, &want)? {
+            if plane.serves(ips[i], &want)? {
                 return Ok(Timed {
                     kernel_us: Some(sent.elapsed().as_micros() as u64),
                     patch_us,
@@ -834,7 +1005,7 @@ struct Updates {
 
 fn updates(
     opts: &Options,
-    ipvs: &mut Ipvs,
+    plane: &mut Dataplane,
     agent: &mut Agent,
     ips: &[Ipv4Addr],
 ) -> Result<Updates> {
@@ -850,7 +1021,7 @@ fn updates(
             break;
         }
         agent.check_running()?;
-        let timed = churn.update(ipvs, ips)?;
+        let timed = churn.update(plane, ips)?;
         out.patch_us.push(timed.patch_us);
         match timed.kernel_us {
             Some(us) => out.kernel_us.push(us),
@@ -919,7 +1090,7 @@ fn flush_repair(
         std::thread::sleep(CONVERGE_POLL);
     }
     let serving = flushed.elapsed();
-    let whole = converge(ipvs, agent, ips, per, flushed, timeout)?;
+    let whole = converge_ipvs(ipvs, agent, ips, per, flushed, timeout)?;
     Ok(Repair {
         noticed,
         serving,
@@ -1000,7 +1171,12 @@ fn soak_sample(
 /// the kernel, with the agent's RSS, file descriptors, threads and CPU sampled every
 /// `--sample-seconds`. Prints one `SOAK-SAMPLE` line per sample (xtask parses them); returns
 /// how many updates were sent.
-fn soak(opts: &Options, ipvs: &mut Ipvs, agent: &mut Agent, ips: &[Ipv4Addr]) -> Result<usize> {
+fn soak(
+    opts: &Options,
+    plane: &mut Dataplane,
+    agent: &mut Agent,
+    ips: &[Ipv4Addr],
+) -> Result<usize> {
     let mut churn = Churn::new(opts)?;
     let period = Duration::from_secs_f64(1.0 / opts.churn_rate);
     let start = Instant::now();
@@ -1031,7 +1207,7 @@ fn soak(opts: &Options, ipvs: &mut Ipvs, agent: &mut Agent, ips: &[Ipv4Addr]) ->
         next_update = (next_update + period).max(now);
         // A failed PATCH (an API server hiccup) is reported and counted, not the end of hours
         // of soak.
-        match churn.update(ipvs, ips) {
+        match churn.update(plane, ips) {
             Ok(Timed {
                 kernel_us: Some(us),
                 ..
@@ -1074,11 +1250,12 @@ fn guest(opts: &Options) -> Result<()> {
     if before != 0 {
         bail!("the IPVS table is not empty before the agent starts ({before} virtual servers)");
     }
+    let mut plane = Dataplane::for_agent(agent_name, ipvs)?;
     let started = Instant::now();
     let mut agent = Agent::start(agent_name)?;
     let run = (|| -> Result<String> {
         let conv = converge(
-            &mut ipvs,
+            &mut plane,
             &mut agent,
             &ips,
             opts.endpoints,
@@ -1102,7 +1279,7 @@ fn guest(opts: &Options) -> Result<()> {
         );
         if opts.flush_repair {
             let r = flush_repair(
-                &mut ipvs,
+                plane.ipvs("--flush-repair")?,
                 &mut agent,
                 &ips,
                 opts.endpoints,
@@ -1117,12 +1294,12 @@ fn guest(opts: &Options) -> Result<()> {
             );
         }
         let up = if opts.updates > 0 {
-            updates(opts, &mut ipvs, &mut agent, &ips)?
+            updates(opts, &mut plane, &mut agent, &ips)?
         } else {
             Updates::default()
         };
         if !opts.soak.is_zero() {
-            let sent = soak(opts, &mut ipvs, &mut agent, &ips)?;
+            let sent = soak(opts, &mut plane, &mut agent, &ips)?;
             eprintln!(
                 "e2e-bench: soak of {} s sent {sent} updates",
                 opts.soak.as_secs()
@@ -1174,6 +1351,19 @@ mod tests {
             .and_then(|l| l.trim().strip_prefix("value: "))
             .expect("a value line after the name");
         assert_eq!(value, KUBE_IPVS_GLIBC_TUNABLES);
+    }
+
+    #[test]
+    fn spread_endpoints_are_on_different_nodes_and_one_in_a_hundred_is_local() {
+        let all: Vec<Ipv4Addr> = (0..1000).flat_map(|i| initial_addrs(i, 10)).collect();
+        let local = all.iter().filter(|a| node_of(**a, 100) == NODE).count();
+        assert!((90..=110).contains(&local), "{local} of 10,000 local");
+        let nodes: HashSet<String> = initial_addrs(7, 10)
+            .iter()
+            .map(|a| node_of(*a, 100))
+            .collect();
+        assert_eq!(nodes.len(), 10);
+        assert!(all.iter().all(|a| node_of(*a, 1) == NODE));
     }
 
     #[test]

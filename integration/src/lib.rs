@@ -2,6 +2,7 @@
 //! used by the API-server rung of the test ladder (see `tests/`) and by the watch benchmark.
 
 pub mod apiserver;
+pub mod rules;
 
 pub use apiserver::{Kind, TestApiServer};
 

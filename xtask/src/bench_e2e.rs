@@ -23,19 +23,35 @@ use crate::vmtest::cargo_executables;
 
 pub(crate) const DRIVER_PACKAGE: &str = "kube-ipvs-integration";
 pub(crate) const DRIVER: &str = "e2e-bench";
-const AGENTS: &[&str] = &["kube-ipvs", "kube-proxy"];
+/// kube-ipvs and its peers, each run on a fresh guest against the same API server. The
+/// driver reads the IPVS agents' table through netlink and the rule-based modes' rules with
+/// `nft` / `iptables` (`integration/src/rules.rs`).
+const AGENTS: &[&str] = &[
+    "kube-ipvs",
+    "kube-proxy-ipvs",
+    "kube-proxy-nftables",
+    "kube-proxy-iptables",
+];
+/// What `--agents` accepted before the other modes: kube-proxy's IPVS mode.
+const OLD_KUBE_PROXY: &str = "kube-proxy";
 const RESULT_PREFIX: &str = "E2E-RESULT ";
 /// Where the guest finds the `populate --out` list.
 const GUEST_SERVICES: &str = "/etc/e2e-bench/services";
 
 const USAGE: &str = "usage: cargo xtask bench e2e [--sizes 1000,5000,10000] [--updates 100] \
-     [--agents kube-ipvs,kube-proxy] [--update-budget SECS] [--mem MIB]";
+     [--endpoints 10] [--nodes 1] \
+     [--agents kube-ipvs,kube-proxy-ipvs,kube-proxy-nftables,kube-proxy-iptables] \
+     [--update-budget SECS] [--mem MIB]";
 
 #[derive(Debug, Clone, PartialEq)]
 struct Options {
     sizes: Vec<usize>,
     updates: usize,
     agents: Vec<String>,
+    /// Endpoints per Service.
+    endpoints: usize,
+    /// Nodes the endpoints are spread over (1: all on the agent's node, the hairpin worst case).
+    nodes: usize,
     /// Wall-clock cap on the update series per agent (kube-proxy resyncs everything each time).
     update_budget: u64,
     memory_mib: u32,
@@ -47,6 +63,8 @@ impl Default for Options {
             sizes: vec![1000, 5000, 10000],
             updates: 100,
             agents: AGENTS.iter().map(|a| (*a).to_owned()).collect(),
+            endpoints: 10,
+            nodes: 1,
             update_budget: 300,
             memory_mib: 4096,
         }
@@ -70,19 +88,37 @@ fn parse_options(args: &[String]) -> Result<Options> {
                 o.sizes = value.split(',').map(number).collect::<Result<_>>()?;
             }
             "--updates" => o.updates = number(value)?,
+            "--endpoints" => o.endpoints = number(value)?,
+            "--nodes" => o.nodes = number(value)?,
             "--update-budget" => o.update_budget = number(value)? as u64,
             "--mem" => {
                 o.memory_mib = u32::try_from(number(value)?)
                     .with_context(|| format!("bench e2e: --mem {value} is too large"))?;
             }
             "--agents" => {
-                o.agents = value.split(',').map(|a| a.trim().to_owned()).collect();
-                if let Some(bad) = o.agents.iter().find(|a| !AGENTS.contains(&a.as_str())) {
-                    bail!("bench e2e: unknown agent {bad:?} (kube-ipvs, kube-proxy)");
+                o.agents = Vec::new();
+                for a in value.split(',').map(str::trim) {
+                    let a = if a == OLD_KUBE_PROXY {
+                        "kube-proxy-ipvs"
+                    } else {
+                        a
+                    };
+                    if !AGENTS.contains(&a) {
+                        bail!("bench e2e: unknown agent {a:?} ({})", AGENTS.join(", "));
+                    }
+                    if !o.agents.iter().any(|x| x == a) {
+                        o.agents.push(a.to_owned());
+                    }
                 }
             }
             other => bail!("bench e2e: unknown option {other:?}; {USAGE}"),
         }
+    }
+    if !(1..=1000).contains(&o.endpoints) {
+        bail!("bench e2e: --endpoints must be 1..=1000 (one EndpointSlice per Service)");
+    }
+    if !(1..=5000).contains(&o.nodes) {
+        bail!("bench e2e: --nodes must be 1..=5000");
     }
     if o.sizes.is_empty() || o.sizes.contains(&0) {
         bail!("bench e2e: --sizes needs positive numbers");
@@ -204,104 +240,155 @@ fn ms(us: u64) -> String {
     format!("{:.1} ms", us as f64 / 1000.0)
 }
 
-/// `kube-proxy / kube-ipvs`, or `-` when either side is missing or zero.
-fn ratio(ipvs: Option<f64>, proxy: Option<f64>) -> String {
-    match (ipvs, proxy) {
+/// `peer / kube-ipvs`, or `-` when either side is missing or zero.
+fn ratio(ipvs: Option<f64>, peer: Option<f64>) -> String {
+    match (ipvs, peer) {
         (Some(a), Some(b)) if a > 0.0 => format!("{:.1}x", b / a),
         _ => "-".to_owned(),
     }
 }
 
-/// The side-by-side table: one block per size, one row per metric, with the ratio
-/// kube-proxy / kube-ipvs (above 1 means kube-ipvs is faster or smaller).
+/// One metric of a run: its cell text and the value ratios are taken of (`None`: no cell).
+type Metric = dyn Fn(&RunResult) -> Option<(String, f64)>;
+
+/// The side-by-side table: one block per size, one row per metric, a column per agent (in
+/// [`AGENTS`] order) and one ratio column `peer / kube-ipvs` per peer (above 1 means kube-ipvs
+/// is faster or smaller).
 fn table(results: &[RunResult]) -> String {
     let mut sizes: Vec<usize> = results.iter().map(|r| r.services).collect();
     sizes.sort_unstable();
     sizes.dedup();
-    let mut rows: Vec<[String; 5]> = vec![[
-        "size".into(),
-        "metric".into(),
-        "kube-ipvs".into(),
-        "kube-proxy".into(),
-        "kube-proxy / kube-ipvs".into(),
-    ]];
+    let mut agents: Vec<&str> = AGENTS
+        .iter()
+        .copied()
+        .filter(|a| results.iter().any(|r| r.agent == *a))
+        .collect();
+    // Results of an agent this xtask does not know (an old log) still get a column.
+    for r in results {
+        if !agents.contains(&r.agent.as_str()) {
+            agents.push(&r.agent);
+        }
+    }
+    let peers: Vec<&str> = agents
+        .iter()
+        .copied()
+        .filter(|a| *a != "kube-ipvs")
+        .collect();
+    let mut header: Vec<String> = vec!["size".into(), "metric".into()];
+    header.extend(agents.iter().map(|a| (*a).to_owned()));
+    header.extend(peers.iter().map(|p| format!("{p} / kube-ipvs")));
+    let mut rows: Vec<Vec<String>> = vec![header];
+    let metrics: Vec<(&str, Box<Metric>)> = vec![
+        (
+            "converge (+ uncertainty)",
+            Box::new(|r| {
+                Some((
+                    format!(
+                        "{:.2} s (+{:.2} s)",
+                        r.converge_ms as f64 / 1000.0,
+                        r.converge_err_ms as f64 / 1000.0
+                    ),
+                    r.converge_ms as f64,
+                ))
+            }),
+        ),
+        (
+            "idle after converging",
+            Box::new(|r| {
+                let busy = if r.settled { "" } else { " (still busy)" };
+                Some((
+                    format!("{:.1} s{busy}", r.settle_ms as f64 / 1000.0),
+                    r.settle_ms as f64,
+                ))
+            }),
+        ),
+        (
+            "one full table read",
+            Box::new(|r| {
+                Some((
+                    format!("{:.2} s", r.full_read_ms as f64 / 1000.0),
+                    r.full_read_ms as f64,
+                ))
+            }),
+        ),
+        (
+            "update p50",
+            Box::new(|r| percentile(&r.updates_us, 50.0).map(|v| (ms(v), v as f64))),
+        ),
+        (
+            "update p99",
+            Box::new(|r| percentile(&r.updates_us, 99.0).map(|v| (ms(v), v as f64))),
+        ),
+        (
+            "  of which PATCH answered, p50",
+            Box::new(|r| percentile(&r.patch_us, 50.0).map(|v| (ms(v), v as f64))),
+        ),
+        (
+            "update max",
+            Box::new(|r| r.updates_us.iter().max().map(|v| (ms(*v), *v as f64))),
+        ),
+        (
+            "updates measured / asked",
+            Box::new(|r| {
+                (r.updates_requested > 0).then(|| {
+                    let timeouts = if r.update_timeouts > 0 {
+                        format!(" ({} timed out)", r.update_timeouts)
+                    } else {
+                        String::new()
+                    };
+                    (
+                        format!("{} / {}{timeouts}", r.updates_us.len(), r.updates_requested),
+                        0.0,
+                    )
+                })
+            }),
+        ),
+        (
+            "CPU until converged",
+            Box::new(|r| Some((format!("{:.2} s", r.cpu_converge_s), r.cpu_converge_s))),
+        ),
+        (
+            "CPU at the end (user+sys, with children)",
+            Box::new(|r| Some((format!("{:.2} s", r.cpu_s), r.cpu_s))),
+        ),
+        (
+            "peak RSS (VmHWM)",
+            Box::new(|r| {
+                Some((
+                    format!("{:.1} MiB", r.rss_kib as f64 / 1024.0),
+                    r.rss_kib as f64,
+                ))
+            }),
+        ),
+    ];
     for size in sizes {
         let find = |agent: &str| {
             results
                 .iter()
                 .find(|r| r.services == size && r.agent == agent)
         };
-        let (a, b) = (find("kube-ipvs"), find("kube-proxy"));
-        let mut row = |metric: &str, f: &dyn Fn(&RunResult) -> Option<(String, f64)>| {
-            let (ta, va) = a
-                .and_then(f)
-                .map_or(("-".into(), None), |(t, v)| (t, Some(v)));
-            let (tb, vb) = b
-                .and_then(f)
-                .map_or(("-".into(), None), |(t, v)| (t, Some(v)));
-            rows.push([format!("{size}"), metric.to_owned(), ta, tb, ratio(va, vb)]);
-        };
-        row("converge (+ uncertainty)", &|r| {
-            Some((
-                format!(
-                    "{:.2} s (+{:.2} s)",
-                    r.converge_ms as f64 / 1000.0,
-                    r.converge_err_ms as f64 / 1000.0
-                ),
-                r.converge_ms as f64,
-            ))
-        });
-        row("idle after converging", &|r| {
-            let busy = if r.settled { "" } else { " (still busy)" };
-            Some((
-                format!("{:.1} s{busy}", r.settle_ms as f64 / 1000.0),
-                r.settle_ms as f64,
-            ))
-        });
-        row("one full table read", &|r| {
-            Some((
-                format!("{:.2} s", r.full_read_ms as f64 / 1000.0),
-                r.full_read_ms as f64,
-            ))
-        });
-        for (label, p) in [("update p50", 50.0), ("update p99", 99.0)] {
-            row(label, &|r| {
-                percentile(&r.updates_us, p).map(|v| (ms(v), v as f64))
-            });
-        }
-        row("  of which PATCH answered, p50", &|r| {
-            percentile(&r.patch_us, 50.0).map(|v| (ms(v), v as f64))
-        });
-        row("update max", &|r| {
-            r.updates_us.iter().max().map(|v| (ms(*v), *v as f64))
-        });
-        row("updates measured / asked", &|r| {
-            (r.updates_requested > 0).then(|| {
-                let timeouts = if r.update_timeouts > 0 {
-                    format!(" ({} timed out)", r.update_timeouts)
+        for (label, f) in &metrics {
+            let cell = |agent: &str| find(agent).and_then(f);
+            let mut row = vec![format!("{size}"), (*label).to_owned()];
+            row.extend(
+                agents
+                    .iter()
+                    .map(|a| cell(a).map_or_else(|| "-".to_owned(), |(t, _)| t)),
+            );
+            let base = cell("kube-ipvs").map(|(_, v)| v);
+            // A count is not a ratio.
+            let counts = *label == "updates measured / asked";
+            row.extend(peers.iter().map(|p| {
+                if counts {
+                    "-".to_owned()
                 } else {
-                    String::new()
-                };
-                (
-                    format!("{} / {}{timeouts}", r.updates_us.len(), r.updates_requested),
-                    0.0,
-                )
-            })
-        });
-        row("CPU until converged", &|r| {
-            Some((format!("{:.2} s", r.cpu_converge_s), r.cpu_converge_s))
-        });
-        row("CPU at the end (user+sys, with children)", &|r| {
-            Some((format!("{:.2} s", r.cpu_s), r.cpu_s))
-        });
-        row("peak RSS (VmHWM)", &|r| {
-            Some((
-                format!("{:.1} MiB", r.rss_kib as f64 / 1024.0),
-                r.rss_kib as f64,
-            ))
-        });
+                    ratio(base, cell(p).map(|(_, v)| v))
+                }
+            }));
+            rows.push(row);
+        }
     }
-    let mut widths = [0usize; 5];
+    let mut widths = vec![0usize; rows[0].len()];
     for r in &rows {
         for (w, cell) in widths.iter_mut().zip(r) {
             *w = (*w).max(cell.chars().count());
@@ -311,7 +398,7 @@ fn table(results: &[RunResult]) -> String {
     for r in &rows {
         let cells: Vec<String> = r
             .iter()
-            .zip(widths)
+            .zip(&widths)
             .map(|(c, w)| format!("{c:<w$}"))
             .collect();
         let _ = writeln!(out, "| {} |", cells.join(" | "));
@@ -329,12 +416,38 @@ pub(crate) fn release_build(package: &str, what: &[&str], name: &str) -> Result<
         .with_context(|| format!("cargo build produced no {name} executable"))
 }
 
+/// How the Services' endpoints look: how many each, over how many Nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shape {
+    pub(crate) endpoints: usize,
+    pub(crate) nodes: usize,
+}
+
+impl Shape {
+    /// Ten endpoints per Service, all on the agent's node.
+    pub(crate) const LOCAL: Shape = Shape {
+        endpoints: 10,
+        nodes: 1,
+    };
+
+    /// The driver's options for it (populate and guest take the same).
+    pub(crate) fn args(self) -> Vec<String> {
+        vec![
+            "--endpoints".into(),
+            self.endpoints.to_string(),
+            "--nodes".into(),
+            self.nodes.to_string(),
+        ]
+    }
+}
+
 /// Fills the API server with `size` Services (the driver's `populate`, on the host) and returns
 /// the list the guest reads.
 pub(crate) fn populate(
     driver: &Path,
     plane: &ControlPlane,
     size: usize,
+    shape: Shape,
     work: &Path,
 ) -> Result<PathBuf> {
     let list = work.join(format!("services-{size}.txt"));
@@ -343,7 +456,9 @@ pub(crate) fn populate(
         .arg("populate")
         .arg("--kubeconfig")
         .arg(plane.host_kubeconfig()?)
-        .args(["--services", &size.to_string(), "--out"])
+        .args(["--services", &size.to_string()])
+        .args(shape.args())
+        .arg("--out")
         .arg(&list);
     util::run(&mut populate).with_context(|| format!("populating {size} Services"))?;
     Ok(list)
@@ -370,10 +485,14 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
     let plane = ControlPlane::start(&tools, &work.join("control-plane"))?;
     plane.apply_rbac()?;
     let largest = opts.sizes.last().copied().unwrap_or_default();
+    let shape = Shape {
+        endpoints: opts.endpoints,
+        nodes: opts.nodes,
+    };
     let mut results = Vec::new();
     let mut failures = Vec::new();
     for &size in &opts.sizes {
-        let list = populate(&driver, &plane, size, &work)?;
+        let list = populate(&driver, &plane, size, shape, &work)?;
         let updates = if size == largest { opts.updates } else { 0 };
         for agent in &opts.agents {
             match run_agent(
@@ -399,8 +518,9 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
         }
     }
     println!(
-        "\nbench e2e ({} endpoints per Service; TCG guest, 2 vCPUs; kube-proxy {}):\n{}",
-        results.first().map_or(10, |r| r.endpoints),
+        "\nbench e2e ({} endpoints per Service over {} node(s); TCG guest, 2 vCPUs; kube-proxy {}):\n{}",
+        opts.endpoints,
+        opts.nodes,
         tools.kubernetes_version,
         table(&results)
     );
@@ -431,7 +551,7 @@ fn run_agent(
 ) -> Result<RunResult> {
     // Generous: kube-proxy under TCG at 10,000 Services takes many minutes per full sync.
     let converge_timeout = 600 + size as u64 / 4;
-    let args: Vec<String> = vec![
+    let mut args: Vec<String> = vec![
         "--updates".into(),
         updates.to_string(),
         "--update-budget".into(),
@@ -439,6 +559,13 @@ fn run_agent(
         "--converge-timeout".into(),
         converge_timeout.to_string(),
     ];
+    args.extend(
+        Shape {
+            endpoints: opts.endpoints,
+            nodes: opts.nodes,
+        }
+        .args(),
+    );
     let guest = GuestRun {
         plane,
         driver,
@@ -498,6 +625,7 @@ impl GuestRun<'_> {
             host: self.driver.to_owned(),
             guest: PathBuf::from(format!("/usr/local/bin/{DRIVER}")),
         });
+        // Every kube-proxy mode is the one kube-proxy binary.
         let guest = match self.agent {
             "kube-ipvs" => "/usr/local/bin/kube-ipvs",
             _ => "/usr/local/bin/kube-proxy",
@@ -611,18 +739,37 @@ mod tests {
         let ipvs = parse_result_line(LINE)?;
         let proxy = parse_result_line(
             &LINE
-                .replace("agent=kube-ipvs", "agent=kube-proxy")
+                .replace("agent=kube-ipvs", "agent=kube-proxy-ipvs")
                 .replace("converge_ms=5230", "converge_ms=52300")
                 .replace("rss_kib=51200", "rss_kib=153600"),
         )?;
-        let text = table(&[proxy, ipvs]);
+        let nft = parse_result_line(
+            &LINE
+                .replace("agent=kube-ipvs", "agent=kube-proxy-nftables")
+                .replace("converge_ms=5230", "converge_ms=10460"),
+        )?;
+        let text = table(&[nft, proxy, ipvs]);
+        let header = text.lines().next().context("no header")?;
+        let columns: Vec<&str> = header.split('|').map(str::trim).collect();
+        assert_eq!(
+            columns[3..7],
+            [
+                "kube-ipvs",
+                "kube-proxy-ipvs",
+                "kube-proxy-nftables",
+                "kube-proxy-ipvs / kube-ipvs"
+            ],
+            "{header}"
+        );
         let converge = text
             .lines()
             .find(|l| l.contains("converge"))
             .context("no converge row")?;
         assert!(converge.contains("5.23 s"), "{converge}");
         assert!(converge.contains("52.30 s"), "{converge}");
-        assert_eq!(last_cell(converge), "10.0x", "{converge}");
+        let cells: Vec<&str> = converge.split('|').map(str::trim).collect();
+        assert_eq!(cells[6..8], ["10.0x", "2.0x"], "{converge}");
+        assert_eq!(last_cell(converge), "2.0x", "{converge}");
         let rss = text
             .lines()
             .find(|l| l.contains("peak RSS"))
@@ -637,7 +784,9 @@ mod tests {
 
     #[test]
     fn a_missing_agent_leaves_dashes_not_ratios() -> Result<()> {
-        let text = table(&[parse_result_line(LINE)?]);
+        let text = table(&[parse_result_line(
+            &LINE.replace("agent=kube-ipvs", "agent=kube-proxy-iptables"),
+        )?]);
         let converge = text
             .lines()
             .find(|l| l.contains("converge"))
@@ -649,10 +798,20 @@ mod tests {
     #[test]
     fn options_sort_sizes_and_reject_unknown_agents() -> Result<()> {
         let args = |s: &str| s.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
-        let o = parse_options(&args("--sizes 5000,1000 --updates 7 --agents kube-proxy"))?;
+        let o = parse_options(&args(
+            "--sizes 5000,1000 --updates 7 --agents kube-proxy,kube-proxy-iptables,kube-proxy-ipvs",
+        ))?;
         assert_eq!(o.sizes, vec![1000, 5000]);
         assert_eq!(o.updates, 7);
-        assert_eq!(o.agents, vec!["kube-proxy".to_owned()]);
+        // The old name is the IPVS mode, once.
+        assert_eq!(
+            o.agents,
+            vec![
+                "kube-proxy-ipvs".to_owned(),
+                "kube-proxy-iptables".to_owned()
+            ]
+        );
+        assert_eq!(parse_options(&[])?.agents.len(), 4);
         assert!(parse_options(&args("--agents cilium")).is_err());
         assert!(parse_options(&args("--sizes 0")).is_err());
         assert!(parse_options(&args("--updates")).is_err());

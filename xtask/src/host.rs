@@ -19,6 +19,7 @@ const PACKAGES: &[&str] = &[
     "kmod",
     "socat",
     "ipset",
+    "nftables",
 ];
 
 /// Each tool with the reason we need it, for the error message.
@@ -31,6 +32,10 @@ const TOOLS: &[(&str, &str)] = &[
     ("ip", "shipped into the guest (iproute2)"),
     ("socat", "shipped into the guest, and forwards guest ports"),
     ("ipset", "shipped into the guest for kube-proxy (bench e2e)"),
+    (
+        "nft",
+        "shipped into the guest for kube-proxy's nftables mode (bench e2e)",
+    ),
     ("depmod", "indexes the guest kernel's modules"),
     ("cpio", "only for inspecting images by hand"),
     ("apt-get", "downloads the guest kernel"),

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use crate::bench_e2e::{self, GuestRun, fields, number};
+use crate::bench_e2e::{self, GuestRun, Shape, fields, number};
 use crate::cluster::ControlPlane;
 use crate::util;
 
@@ -305,7 +305,7 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
     std::fs::create_dir_all(&work)?;
     let plane = ControlPlane::start(&tools, &work.join("control-plane"))?;
     plane.apply_rbac()?;
-    let list = bench_e2e::populate(&driver, &plane, opts.services, &work)?;
+    let list = bench_e2e::populate(&driver, &plane, opts.services, Shape::LOCAL, &work)?;
     let run = Duration::from_secs(opts.minutes * 60);
     let converge_timeout = 600 + opts.services as u64 / 4;
     let extra: Vec<String> = vec![

@@ -56,6 +56,8 @@ const HOST_TOOLS: &[&str] = &[
     "/usr/sbin/ip6tables-nft-restore",
     "/usr/bin/socat",
     "/usr/sbin/ipset",
+    // kube-proxy's nftables mode runs it; `bench e2e` reads that mode's rules with it.
+    "/usr/sbin/nft",
     // util-linux's, for running the agent with a reduced capability set (busybox's has no
     // --bounding-set).
     "/usr/bin/setpriv",
