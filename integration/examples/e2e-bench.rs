@@ -30,6 +30,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube_ipvs_integration::rules;
+#[path = "e2e-bench/datapath.rs"]
+mod datapath;
 use kube_ipvs_netlink::ipvs::{Ipvs, ServiceKey};
 
 const NAMESPACE: &str = "bench";
@@ -66,7 +68,30 @@ fn usage() -> &'static str {
     "usage: e2e-bench populate --kubeconfig PATH --services N [--endpoints E] [--nodes N] [--concurrency C] --out PATH\n       \
      e2e-bench guest --agent kube-ipvs|kube-proxy-ipvs|kube-proxy-nftables|kube-proxy-iptables --services-file PATH --kubeconfig PATH \
      [--endpoints E] [--nodes N] [--updates U] [--update-budget SECS] [--converge-timeout SECS] \
-     [--flush-repair] [--soak-seconds S [--churn-rate R] [--sample-seconds S]]"
+     [--flush-repair] [--soak-seconds S [--churn-rate R] [--sample-seconds S]] [--datapath N]\n       \
+     e2e-bench serve --port P                      (the data path's server, run by guest)\n       \
+     e2e-bench connect --targets IP:P,... --count N (the data path's client, run by guest)"
+}
+
+/// `serve` and `connect`: the data path's two ends, each run by `guest` in its namespace.
+fn datapath_mode(mode: &str, args: &[String]) -> Result<()> {
+    let value = |flag: &str| -> Result<&str> {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .map(String::as_str)
+            .with_context(|| format!("{mode} needs {flag}\n{}", usage()))
+    };
+    match mode {
+        "serve" => datapath::serve(value("--port")?.parse().context("--port")?),
+        _ => {
+            let targets = value("--targets")?
+                .split(',')
+                .map(|t| t.parse().with_context(|| format!("--targets: {t:?}")))
+                .collect::<Result<Vec<std::net::SocketAddrV4>>>()?;
+            datapath::connect(&targets, value("--count")?.parse().context("--count")?)
+        }
+    }
 }
 
 fn main() -> Result<()> {
@@ -74,6 +99,9 @@ fn main() -> Result<()> {
     let Some((mode, rest)) = args.split_first() else {
         bail!("{}", usage());
     };
+    if mode == "serve" || mode == "connect" {
+        return datapath_mode(mode, rest);
+    }
     let opts = Options::parse(rest)?;
     match mode.as_str() {
         "populate" => populate(&opts),
@@ -107,6 +135,8 @@ struct Options {
     churn_rate: f64,
     /// Soak: how often the agent's resources are sampled.
     sample_every: Duration,
+    /// Data path: connections per measured Service after converging (0: not measured).
+    datapath: usize,
 }
 
 impl Options {
@@ -128,6 +158,7 @@ impl Options {
             soak: Duration::ZERO,
             churn_rate: 5.0,
             sample_every: Duration::from_secs(60),
+            datapath: 0,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -159,6 +190,7 @@ impl Options {
                     o.converge_timeout = Duration::from_secs(number(value()?)? as u64);
                 }
                 "--flush-repair" => o.flush_repair = true,
+                "--datapath" => o.datapath = number(value()?)?,
                 "--soak-seconds" => o.soak = Duration::from_secs(number(value()?)? as u64),
                 "--sample-seconds" => {
                     o.sample_every = Duration::from_secs(number(value()?)?.max(1) as u64);
@@ -994,6 +1026,63 @@ impl Churn {
     }
 }
 
+/// The data path to the first, middle and last Service (see `datapath.rs`); prints one
+/// `E2E-DATAPATH` line each.
+fn measure_datapath(agent_name: &str, ips: &[Ipv4Addr], opts: &Options) -> Result<()> {
+    let mut picks = vec![
+        ("first", 0),
+        ("middle", ips.len() / 2),
+        ("last", ips.len() - 1),
+    ];
+    picks.dedup_by_key(|(_, i)| *i);
+    let endpoints: Vec<Ipv4Addr> = picks
+        .iter()
+        .flat_map(|(_, i)| initial_addrs(*i, opts.endpoints))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let mut targets: Vec<std::net::SocketAddrV4> = picks
+        .iter()
+        .map(|(_, i)| std::net::SocketAddrV4::new(ips[*i], SERVICE_PORT))
+        .collect();
+    // The baseline: straight to one endpoint of the last Service, no Service rules on the way.
+    picks.push(("direct", ips.len() - 1));
+    targets.push(std::net::SocketAddrV4::new(
+        initial_addrs(ips.len() - 1, opts.endpoints)[0],
+        TARGET_PORT,
+    ));
+    let lab = datapath::Lab::up(&endpoints, TARGET_PORT).context("building the data path lab")?;
+    let measured = lab
+        .measure(&targets, opts.datapath)
+        .with_context(|| format!("measuring the data path ({})", lab.program().display()))?;
+    if measured.len() != picks.len() {
+        bail!(
+            "the data path client measured {} of {} targets",
+            measured.len(),
+            picks.len()
+        );
+    }
+    if measured.iter().any(|m| m.failed == m.conns) {
+        eprintln!(
+            "e2e-bench: data path: every connection to a target failed:\n{}",
+            lab.diagnose(&targets)
+        );
+    }
+    for ((which, i), m) in picks.iter().zip(&measured) {
+        println!(
+            "E2E-DATAPATH agent={agent_name} services={} which={which} index={i} target={} conns={} failed={} p50_us={} p99_us={} rate={:.1}",
+            ips.len(),
+            m.target,
+            m.conns,
+            m.failed,
+            m.p50_us,
+            m.p99_us,
+            m.rate
+        );
+    }
+    Ok(())
+}
+
 /// What the update series measured.
 #[derive(Default)]
 struct Updates {
@@ -1277,6 +1366,9 @@ fn guest(opts: &Options) -> Result<()> {
             if settled { "idle" } else { "still busy" },
             settle_time.as_secs_f64()
         );
+        if opts.datapath > 0 {
+            measure_datapath(agent_name, &ips, opts)?;
+        }
         if opts.flush_repair {
             let r = flush_repair(
                 plane.ipvs("--flush-repair")?,

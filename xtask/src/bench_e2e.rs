@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
+use crate::charts;
 use crate::cluster::{ControlPlane, GUEST_DIR};
 use crate::util::{self, secs, shell_quote};
 use crate::vm::{self, GuestFile, Job};
@@ -39,7 +40,7 @@ const RESULT_PREFIX: &str = "E2E-RESULT ";
 const GUEST_SERVICES: &str = "/etc/e2e-bench/services";
 
 const USAGE: &str = "usage: cargo xtask bench e2e [--sizes 1000,5000,10000] [--updates 100] \
-     [--endpoints 10] [--nodes 1] \
+     [--endpoints 10] [--nodes 1] [--datapath 300] [--charts DIR] \
      [--agents kube-ipvs,kube-proxy-ipvs,kube-proxy-nftables,kube-proxy-iptables] \
      [--update-budget SECS] [--mem MIB]";
 
@@ -52,6 +53,11 @@ struct Options {
     endpoints: usize,
     /// Nodes the endpoints are spread over (1: all on the agent's node, the hairpin worst case).
     nodes: usize,
+    /// New connections timed per measured Service (first, middle, last) after converging; 0:
+    /// the data path is not measured.
+    datapath: usize,
+    /// Where the SVG charts go (besides the run's directory under `target/`).
+    charts: Option<PathBuf>,
     /// Wall-clock cap on the update series per agent (kube-proxy resyncs everything each time).
     update_budget: u64,
     memory_mib: u32,
@@ -65,6 +71,8 @@ impl Default for Options {
             agents: AGENTS.iter().map(|a| (*a).to_owned()).collect(),
             endpoints: 10,
             nodes: 1,
+            datapath: 300,
+            charts: None,
             update_budget: 300,
             memory_mib: 4096,
         }
@@ -90,6 +98,8 @@ fn parse_options(args: &[String]) -> Result<Options> {
             "--updates" => o.updates = number(value)?,
             "--endpoints" => o.endpoints = number(value)?,
             "--nodes" => o.nodes = number(value)?,
+            "--datapath" => o.datapath = number(value)?,
+            "--charts" => o.charts = Some(PathBuf::from(value)),
             "--update-budget" => o.update_budget = number(value)? as u64,
             "--mem" => {
                 o.memory_mib = u32::try_from(number(value)?)
@@ -155,6 +165,38 @@ struct RunResult {
     settled: bool,
     cpu_s: f64,
     rss_kib: u64,
+    /// The data path to the first, middle and last Service (`E2E-DATAPATH` lines).
+    datapath: Vec<Datapath>,
+}
+
+/// One `E2E-DATAPATH` line: new connections to one Service's ClusterIP from a client namespace.
+#[derive(Debug, Clone, PartialEq)]
+struct Datapath {
+    /// `first`, `middle` or `last` of the Services.
+    which: String,
+    conns: usize,
+    failed: usize,
+    p50_us: u64,
+    p99_us: u64,
+    /// Connections per second, one after another from one client.
+    rate: f64,
+}
+
+const DATAPATH_PREFIX: &str = "E2E-DATAPATH ";
+
+fn parse_datapath_line(line: &str) -> Result<Datapath> {
+    let f = fields(line, DATAPATH_PREFIX)?;
+    Ok(Datapath {
+        which: f
+            .get("which")
+            .with_context(|| format!("{line:?} lacks which"))?
+            .to_string(),
+        conns: number(&f, "conns")?,
+        failed: number(&f, "failed")?,
+        p50_us: number(&f, "p50_us")?,
+        p99_us: number(&f, "p99_us")?,
+        rate: number(&f, "rate")?,
+    })
 }
 
 /// The `key=value` words after `prefix` in a console line.
@@ -222,6 +264,7 @@ fn parse_result_line(line: &str) -> Result<RunResult> {
         settled: num("settled", get("settled")?)?,
         cpu_s: num("cpu_s", get("cpu_s")?)?,
         rss_kib: num("rss_kib", get("rss_kib")?)?,
+        datapath: Vec::new(),
     })
 }
 
@@ -246,6 +289,18 @@ fn ratio(ipvs: Option<f64>, peer: Option<f64>) -> String {
         (Some(a), Some(b)) if a > 0.0 => format!("{:.1}x", b / a),
         _ => "-".to_owned(),
     }
+}
+
+/// `a / b / c` ms over the data path's Services; ratios are of the last Service's figure (the
+/// deepest in iptables' list).
+fn datapath_cell(r: &RunResult, f: impl Fn(&Datapath) -> u64) -> Option<(String, f64)> {
+    let last = r.datapath.iter().find(|d| d.which == "last")?;
+    let cells: Vec<String> = r
+        .datapath
+        .iter()
+        .map(|d| format!("{:.2}", f(d) as f64 / 1000.0))
+        .collect();
+    Some((format!("{} ms", cells.join(" / ")), f(last) as f64))
 }
 
 /// One metric of a run: its cell text and the value ratios are taken of (`None`: no cell).
@@ -350,6 +405,26 @@ fn table(results: &[RunResult]) -> String {
         (
             "CPU at the end (user+sys, with children)",
             Box::new(|r| Some((format!("{:.2} s", r.cpu_s), r.cpu_s))),
+        ),
+        (
+            "new connection p50, first / middle / last Service",
+            Box::new(|r| datapath_cell(r, |d| d.p50_us)),
+        ),
+        (
+            "new connection p99, first / middle / last Service",
+            Box::new(|r| datapath_cell(r, |d| d.p99_us)),
+        ),
+        (
+            "connections/s from one client, last Service (ratio: time per connection)",
+            Box::new(|r| {
+                let d = r.datapath.iter().find(|d| d.which == "last")?;
+                let failed = if d.failed > 0 {
+                    format!(" ({} of {} failed)", d.failed, d.conns)
+                } else {
+                    String::new()
+                };
+                Some((format!("{:.0}{failed}", d.rate), 1.0 / d.rate.max(1e-9)))
+            }),
         ),
         (
             "peak RSS (VmHWM)",
@@ -524,6 +599,11 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
         tools.kubernetes_version,
         table(&results)
     );
+    for dir in std::iter::once(work.join("charts")).chain(opts.charts.clone()) {
+        for path in write_charts(&dir, &results)? {
+            println!("xtask: bench e2e: chart {}", path.display());
+        }
+    }
     if !failures.is_empty() {
         bail!(
             "bench e2e: {} run(s) failed:\n{}",
@@ -532,6 +612,61 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The charts of a run: convergence, update p99, peak RSS and the data path against the Service
+/// count, one line per agent.
+fn write_charts(dir: &Path, results: &[RunResult]) -> Result<Vec<PathBuf>> {
+    type Figure = dyn Fn(&RunResult) -> Option<f64>;
+    let series = |f: &Figure| -> Vec<charts::Series> {
+        AGENTS
+            .iter()
+            .map(|agent| charts::Series {
+                agent: (*agent).to_owned(),
+                points: results
+                    .iter()
+                    .filter(|r| r.agent == *agent)
+                    .filter_map(|r| f(r).map(|v| (r.services as f64, v)))
+                    .collect(),
+            })
+            .filter(|s| !s.points.is_empty())
+            .collect()
+    };
+    let specs: [(&str, &str, &str, &Figure); 4] = [
+        (
+            "converge.svg",
+            "Converge from empty (agent start to every Service whole)",
+            "seconds",
+            &|r| Some(r.converge_ms as f64 / 1000.0),
+        ),
+        (
+            "update-p99.svg",
+            "EndpointSlice update to the kernel, p99",
+            "milliseconds",
+            &|r| percentile(&r.updates_us, 99.0).map(|v| v as f64 / 1000.0),
+        ),
+        ("rss.svg", "Peak RSS of the agent", "MiB", &|r| {
+            Some(r.rss_kib as f64 / 1024.0)
+        }),
+        (
+            "connect-p50.svg",
+            "New connection to the last Service's ClusterIP, p50",
+            "milliseconds",
+            &|r| {
+                r.datapath
+                    .iter()
+                    .find(|d| d.which == "last")
+                    .map(|d| d.p50_us as f64 / 1000.0)
+            },
+        ),
+    ];
+    let mut written = Vec::new();
+    for (file, title, unit, f) in specs {
+        if let Some(path) = charts::write(dir, file, title, unit, &series(f))? {
+            written.push(path);
+        }
+    }
+    Ok(written)
 }
 
 #[allow(
@@ -566,6 +701,7 @@ fn run_agent(
         }
         .args(),
     );
+    args.extend(["--datapath".into(), opts.datapath.to_string()]);
     let guest = GuestRun {
         plane,
         driver,
@@ -580,7 +716,16 @@ fn run_agent(
     // The driver's own limits (convergence, 600 s to settle, the update budget) plus boot.
     let timeout = Duration::from_secs(converge_timeout + 600 + opts.update_budget + 600);
     let lines = guest.run(&format!("bench e2e {agent} {size}"), &args, timeout)?;
-    parse_result_line(result_line(&lines, RESULT_PREFIX)?)
+    let mut result = parse_result_line(result_line(&lines, RESULT_PREFIX)?)?;
+    for line in &lines {
+        if let Some(at) = line.find(DATAPATH_PREFIX) {
+            result.datapath.push(parse_datapath_line(&line[at..])?);
+        }
+    }
+    if opts.datapath > 0 && result.datapath.is_empty() {
+        bail!("the driver printed no {DATAPATH_PREFIX}line");
+    }
+    Ok(result)
 }
 
 /// One VM running the driver in `guest` mode against the host's control plane.
@@ -720,6 +865,25 @@ mod tests {
             .next()
             .unwrap_or_default()
             .trim()
+    }
+
+    #[test]
+    fn data_path_lines_fill_the_connection_rows() -> Result<()> {
+        let mut r = parse_result_line(LINE)?;
+        for (which, p50) in [("first", 400), ("middle", 420), ("last", 900)] {
+            r.datapath.push(parse_datapath_line(&format!(
+                "E2E-DATAPATH agent=kube-ipvs services=1000 which={which} index=0 \
+                 target=10.96.0.5:80 conns=300 failed=0 p50_us={p50} p99_us=2000 rate=1500.0"
+            ))?);
+        }
+        let text = table(&[r]);
+        let row = text
+            .lines()
+            .find(|l| l.contains("new connection p50"))
+            .context("no data path row")?;
+        assert!(row.contains("0.40 / 0.42 / 0.90 ms"), "{row}");
+        assert!(parse_datapath_line("E2E-DATAPATH which=last conns=x").is_err());
+        Ok(())
     }
 
     #[test]

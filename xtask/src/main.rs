@@ -4,6 +4,7 @@
 
 mod bench;
 mod bench_e2e;
+mod charts;
 mod ci;
 mod cluster;
 mod demo;
