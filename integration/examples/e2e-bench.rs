@@ -68,7 +68,8 @@ fn usage() -> &'static str {
     "usage: e2e-bench populate --kubeconfig PATH --services N [--endpoints E] [--nodes N] [--concurrency C] --out PATH\n       \
      e2e-bench guest --agent kube-ipvs|kube-proxy-ipvs|kube-proxy-nftables|kube-proxy-iptables --services-file PATH --kubeconfig PATH \
      [--endpoints E] [--nodes N] [--updates U] [--update-budget SECS] [--converge-timeout SECS] \
-     [--flush-repair] [--soak-seconds S [--churn-rate R] [--sample-seconds S]] [--datapath N]\n       \
+     [--flush-repair] [--soak-seconds S [--churn-rate R] [--sample-seconds S]] [--datapath N] \
+     [--churn-seconds S [--churn-rate R]]\n       \
      e2e-bench serve --port P                      (the data path's server, run by guest)\n       \
      e2e-bench connect --targets IP:P,... --count N (the data path's client, run by guest)"
 }
@@ -137,6 +138,8 @@ struct Options {
     sample_every: Duration,
     /// Data path: connections per measured Service after converging (0: not measured).
     datapath: usize,
+    /// Open-loop churn at `--churn-rate` for this long after the update series (zero: none).
+    churn: Duration,
 }
 
 impl Options {
@@ -159,6 +162,7 @@ impl Options {
             churn_rate: 5.0,
             sample_every: Duration::from_secs(60),
             datapath: 0,
+            churn: Duration::ZERO,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -191,6 +195,7 @@ impl Options {
                 }
                 "--flush-repair" => o.flush_repair = true,
                 "--datapath" => o.datapath = number(value()?)?,
+                "--churn-seconds" => o.churn = Duration::from_secs(number(value()?)? as u64),
                 "--soak-seconds" => o.soak = Duration::from_secs(number(value()?)? as u64),
                 "--sample-seconds" => {
                     o.sample_every = Duration::from_secs(number(value()?)?.max(1) as u64);
@@ -809,8 +814,20 @@ fn converge_rules(
             .iter()
             .filter(|(vip, _)| snapshot.contains_key(vip))
             .count();
+        // The first Service not whole, with what the reader found for it.
+        let example = want
+            .iter()
+            .find(|(vip, b)| snapshot.get(vip) != Some(b))
+            .map(|(vip, b)| {
+                let got: Vec<String> = snapshot
+                    .get(vip)
+                    .map(|g| g.iter().map(ToString::to_string).collect())
+                    .unwrap_or_default();
+                format!("{vip} has [{}] of {} wanted", got.join(" "), b.len())
+            })
+            .unwrap_or_default();
         let what = format!(
-            "{present} of {} Services in the rules, {whole} with all {per} endpoints (a read takes {:.1} s)",
+            "{present} of {} Services in the rules, {whole} with all {per} endpoints (a read takes {:.1} s; {example})",
             want.len(),
             read.as_secs_f64()
         );
@@ -981,6 +998,37 @@ impl Churn {
         })
     }
 
+    /// The next update of the open-loop churn: its Service, endpoint set, and the PATCH
+    /// running on the runtime.
+    fn start_update(
+        &mut self,
+        ips: &[Ipv4Addr],
+    ) -> (
+        usize,
+        Vec<Ipv4Addr>,
+        tokio::task::JoinHandle<std::result::Result<EndpointSlice, kube::Error>>,
+    ) {
+        let u = self.sent;
+        self.sent += 1;
+        let i = (u * 7919) % ips.len();
+        let per = self.per;
+        let addrs = self
+            .current
+            .entry(i)
+            .or_insert_with(|| initial_addrs(i, per));
+        addrs[0] = fresh_update_addr(u, addrs);
+        let want = addrs.clone();
+        let patch = serde_json::json!({"endpoints": endpoints_json(&want, self.nodes)});
+        let slices = self.slices.clone();
+        let name = slice_name(i);
+        let task = self.rt.spawn(async move {
+            slices
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+        });
+        (i, want, task)
+    }
+
     /// Replaces the first endpoint of the next Service (a prime stride visits Services spread
     /// over the table, each once per N updates) and waits until the kernel serves the result.
     fn update(&mut self, plane: &mut Dataplane, ips: &[Ipv4Addr]) -> Result<Timed> {
@@ -1081,6 +1129,113 @@ fn measure_datapath(agent_name: &str, ips: &[Ipv4Addr], opts: &Options) -> Resul
         );
     }
     Ok(())
+}
+
+/// An update sent by the open-loop churn and not yet seen in the kernel.
+struct Pending {
+    service: usize,
+    want: Vec<Ipv4Addr>,
+    sent: Instant,
+    /// The PATCH in flight (`None` once the API server accepted it).
+    patch: Option<tokio::task::JoinHandle<std::result::Result<EndpointSlice, kube::Error>>>,
+}
+
+/// What the open-loop churn measured.
+#[derive(Default)]
+struct OpenLoop {
+    sent: usize,
+    kernel_us: Vec<u64>,
+    /// Not in the kernel within [`UPDATE_TIMEOUT`].
+    timeouts: usize,
+    /// Replaced by a later update to the same Service before the kernel showed them.
+    superseded: usize,
+    /// PATCHes the API server refused.
+    errors: usize,
+    /// The reader's cost: checks of one pending update, their total time, and the most
+    /// updates in flight at once (a check per update per round, so with slow checks the
+    /// latencies include waiting for the reader).
+    checks: usize,
+    check_time: Duration,
+    max_pending: usize,
+}
+
+/// Open-loop churn (`--churn-seconds`): EndpointSlice updates go out at `--churn-rate` per
+/// second whether or not the agent keeps up (each PATCH in flight on the runtime, so a slow
+/// API server answer does not hold the next one back), and every update is timed from its
+/// PATCH until the kernel serves its endpoint set, many in flight at once.
+fn open_loop(
+    opts: &Options,
+    plane: &mut Dataplane,
+    agent: &mut Agent,
+    ips: &[Ipv4Addr],
+) -> Result<OpenLoop> {
+    let mut churn = Churn::new(opts)?;
+    let period = Duration::from_secs_f64(1.0 / opts.churn_rate);
+    let start = Instant::now();
+    let mut next = start;
+    let mut pending: Vec<Pending> = Vec::new();
+    let mut out = OpenLoop::default();
+    loop {
+        agent.check_running()?;
+        let now = Instant::now();
+        let sending = now - start < opts.churn;
+        if sending && now >= next {
+            let (service, want, patch) = churn.start_update(ips);
+            if let Some(at) = pending.iter().position(|p| p.service == service) {
+                pending.swap_remove(at);
+                out.superseded += 1;
+            }
+            pending.push(Pending {
+                service,
+                want,
+                sent: now,
+                patch: Some(patch),
+            });
+            out.sent += 1;
+            out.max_pending = out.max_pending.max(pending.len());
+            next += period;
+            continue;
+        }
+        if !sending && pending.is_empty() {
+            return Ok(out);
+        }
+        let mut k = 0;
+        while k < pending.len() {
+            if let Some(task) = pending[k].patch.take_if(|t| t.is_finished()) {
+                // A refused PATCH changes nothing in the kernel: count it and stop waiting.
+                if !matches!(churn.rt.block_on(task), Ok(Ok(_))) {
+                    out.errors += 1;
+                    pending.swap_remove(k);
+                    continue;
+                }
+            }
+            let p = &pending[k];
+            let check = Instant::now();
+            let served = plane.serves(ips[p.service], &p.want)?;
+            out.checks += 1;
+            out.check_time += check.elapsed();
+            if served {
+                out.kernel_us.push(p.sent.elapsed().as_micros() as u64);
+                pending.swap_remove(k);
+            } else if p.sent.elapsed() > UPDATE_TIMEOUT {
+                out.timeouts += 1;
+                pending.swap_remove(k);
+            } else {
+                k += 1;
+            }
+            // Sending stays on schedule while many are in flight.
+            if sending && Instant::now() >= next {
+                break;
+            }
+        }
+        let pause = if sending {
+            next.saturating_duration_since(Instant::now())
+                .min(UPDATE_POLL)
+        } else {
+            UPDATE_POLL
+        };
+        std::thread::sleep(pause);
+    }
 }
 
 /// What the update series measured.
@@ -1390,6 +1545,22 @@ fn guest(opts: &Options) -> Result<()> {
         } else {
             Updates::default()
         };
+        if !opts.churn.is_zero() {
+            let c = open_loop(opts, &mut plane, &mut agent, &ips)?;
+            println!(
+                "E2E-CHURN agent={agent_name} services={} rate={} seconds={} sent={} timeouts={} superseded={} errors={} check_us={} max_pending={} updates_us={}",
+                ips.len(),
+                opts.churn_rate,
+                opts.churn.as_secs(),
+                c.sent,
+                c.timeouts,
+                c.superseded,
+                c.errors,
+                c.check_time.as_micros() / c.checks.max(1) as u128,
+                c.max_pending,
+                list(&c.kernel_us)
+            );
+        }
         if !opts.soak.is_zero() {
             let sent = soak(opts, &mut plane, &mut agent, &ips)?;
             eprintln!(

@@ -200,20 +200,31 @@ fn chain_backends(words: &[&str]) -> Backends {
 
 /// `nft list table ip kube-proxy`: the `service-ips` elements and each chain's endpoints.
 fn parse_nft_table(text: &str) -> Parsed {
-    // Chain bodies: from `chain NAME {` to the `}` closing it (rules hold no lines of their own
-    // that are a bare `}`; anonymous maps close on the rule's line).
+    // Chain bodies: from `chain NAME {` to the brace closing it. Braces are counted, since nft
+    // wraps a long anonymous map over several lines and closes it on a line of its own.
     let mut bodies: HashMap<&str, Vec<&str>> = HashMap::new();
-    let mut current: Option<&str> = None;
+    let mut current: Option<(&str, i64)> = None;
     for line in text.lines() {
         let t = line.trim();
-        if let Some(rest) = t.strip_prefix("chain ") {
-            let name = rest.trim_end_matches('{').trim().trim_matches('"');
-            current = Some(name);
-            bodies.entry(name).or_default();
-        } else if t == "}" {
-            current = None;
-        } else if let Some(chain) = current {
-            bodies.entry(chain).or_default().push(line);
+        let opens = line.matches('{').count() as i64;
+        let closes = line.matches('}').count() as i64;
+        match current {
+            None => {
+                if let Some(rest) = t.strip_prefix("chain ") {
+                    let name = rest.trim_end_matches('{').trim().trim_matches('"');
+                    bodies.entry(name).or_default();
+                    current = Some((name, opens - closes));
+                }
+            }
+            Some((chain, depth)) => {
+                let depth = depth + opens - closes;
+                if depth <= 0 {
+                    current = None;
+                } else {
+                    bodies.entry(chain).or_default().push(line);
+                    current = Some((chain, depth));
+                }
+            }
         }
     }
     // `10.96.0.5 . tcp . 80 : goto CHAIN` anywhere (the map's elements).
@@ -335,7 +346,8 @@ mod tests {
     }
 
     /// As `nft list table ip kube-proxy` prints kube-proxy's table (abridged: the chains that
-    /// matter here, one Service with two endpoints, one with one, one with affinity).
+    /// matter here, one Service with two endpoints, one with one, one with affinity, one whose map
+    /// nft wrapped).
     const NFT_TABLE_TEXT: &str = r#"table ip kube-proxy {
 	comment "rules for kube-proxy"
 	map service-ips {
@@ -343,7 +355,8 @@ mod tests {
 		comment "ClusterIP, ExternalIP and LoadBalancer IP traffic"
 		elements = { 10.96.0.5 . tcp . 80 : goto service-AAAAAAAA-bench/svc-00000/tcp/http,
 			     10.96.0.6 . tcp . 80 : goto service-BBBBBBBB-bench/svc-00001/tcp/http,
-			     10.96.0.7 . tcp . 80 : goto service-CCCCCCCC-bench/svc-00002/tcp/http }
+			     10.96.0.7 . tcp . 80 : goto service-CCCCCCCC-bench/svc-00002/tcp/http,
+			     10.96.0.8 . tcp . 80 : goto service-EEEEEEEE-bench/svc-00003/tcp/http }
 	}
 
 	chain services {
@@ -357,6 +370,13 @@ mod tests {
 
 	chain service-BBBBBBBB-bench/svc-00001/tcp/http {
 		meta l4proto tcp dnat to 10.244.0.11:8080
+	}
+
+	chain service-EEEEEEEE-bench/svc-00003/tcp/http {
+		meta l4proto tcp dnat to numgen random mod 3 map { 0 : 10.244.123.201 . 8080, 1 : 10.244.123.202 . 8080,
+								   2 : 10.244.123.203 . 8080
+		}
+		counter packets 0 bytes 0
 	}
 
 	chain service-CCCCCCCC-bench/svc-00002/tcp/http {
@@ -374,7 +394,7 @@ mod tests {
     #[test]
     fn nft_services_map_to_their_chains_endpoints() {
         let p = parse_nft_table(NFT_TABLE_TEXT);
-        assert_eq!(p.services.len(), 3);
+        assert_eq!(p.services.len(), 4);
         assert_eq!(
             p.services[&addr("10.96.0.5:80")],
             set(&["10.244.0.1:8080", "10.244.0.2:8080"])

@@ -40,7 +40,8 @@ const RESULT_PREFIX: &str = "E2E-RESULT ";
 const GUEST_SERVICES: &str = "/etc/e2e-bench/services";
 
 const USAGE: &str = "usage: cargo xtask bench e2e [--sizes 1000,5000,10000] [--updates 100] \
-     [--endpoints 10] [--nodes 1] [--datapath 300] [--charts DIR] \
+     [--endpoints 10] [--nodes 1] [--datapath 300] [--churn-rate 50] [--churn-seconds 60] \
+     [--charts DIR] \
      [--agents kube-ipvs,kube-proxy-ipvs,kube-proxy-nftables,kube-proxy-iptables] \
      [--update-budget SECS] [--mem MIB]";
 
@@ -58,6 +59,9 @@ struct Options {
     datapath: usize,
     /// Where the SVG charts go (besides the run's directory under `target/`).
     charts: Option<PathBuf>,
+    /// Open-loop churn at the largest size: updates per second, for this many seconds (0: none).
+    churn_rate: f64,
+    churn_seconds: u64,
     /// Wall-clock cap on the update series per agent (kube-proxy resyncs everything each time).
     update_budget: u64,
     memory_mib: u32,
@@ -73,6 +77,8 @@ impl Default for Options {
             nodes: 1,
             datapath: 300,
             charts: None,
+            churn_rate: 50.0,
+            churn_seconds: 60,
             update_budget: 300,
             memory_mib: 4096,
         }
@@ -100,6 +106,19 @@ fn parse_options(args: &[String]) -> Result<Options> {
             "--nodes" => o.nodes = number(value)?,
             "--datapath" => o.datapath = number(value)?,
             "--charts" => o.charts = Some(PathBuf::from(value)),
+            "--churn-seconds" => o.churn_seconds = number(value)? as u64,
+            "--churn-rate" => {
+                o.churn_rate = value
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|r| r.is_finite() && *r > 0.0 && *r <= 1000.0)
+                    .with_context(|| {
+                        format!(
+                            "bench e2e: --churn-rate {value:?}: updates per second, 0 < R <= 1000"
+                        )
+                    })?;
+            }
             "--update-budget" => o.update_budget = number(value)? as u64,
             "--mem" => {
                 o.memory_mib = u32::try_from(number(value)?)
@@ -167,6 +186,59 @@ struct RunResult {
     rss_kib: u64,
     /// The data path to the first, middle and last Service (`E2E-DATAPATH` lines).
     datapath: Vec<Datapath>,
+    /// The open-loop churn (`E2E-CHURN`), at the largest size.
+    churn: Option<ChurnRun>,
+}
+
+/// One `E2E-CHURN` line: updates sent at a fixed rate, each timed to the kernel.
+#[derive(Debug, Clone, PartialEq)]
+struct ChurnRun {
+    rate: f64,
+    seconds: u64,
+    sent: usize,
+    timeouts: usize,
+    superseded: usize,
+    errors: usize,
+    /// The reader's mean time to check one pending update, and the most in flight at once.
+    check_us: u64,
+    max_pending: usize,
+    updates_us: Vec<u64>,
+}
+
+const CHURN_PREFIX: &str = "E2E-CHURN ";
+
+fn parse_churn_line(line: &str) -> Result<ChurnRun> {
+    let f = fields(line, CHURN_PREFIX)?;
+    let updates = f
+        .get("updates_us")
+        .with_context(|| format!("{line:?} lacks updates_us"))?;
+    let updates_us = match *updates {
+        "-" => Vec::new(),
+        list => list
+            .split(',')
+            .map(|v| v.parse().with_context(|| format!("updates_us {v:?}")))
+            .collect::<Result<_>>()?,
+    };
+    Ok(ChurnRun {
+        rate: number(&f, "rate")?,
+        seconds: number(&f, "seconds")?,
+        sent: number(&f, "sent")?,
+        timeouts: number(&f, "timeouts")?,
+        superseded: number(&f, "superseded")?,
+        errors: number(&f, "errors")?,
+        // (Absent from the first churn lines.)
+        check_us: if f.contains_key("check_us") {
+            number(&f, "check_us")?
+        } else {
+            0
+        },
+        max_pending: if f.contains_key("max_pending") {
+            number(&f, "max_pending")?
+        } else {
+            0
+        },
+        updates_us,
+    })
 }
 
 /// One `E2E-DATAPATH` line: new connections to one Service's ClusterIP from a client namespace.
@@ -265,6 +337,7 @@ fn parse_result_line(line: &str) -> Result<RunResult> {
         cpu_s: num("cpu_s", get("cpu_s")?)?,
         rss_kib: num("rss_kib", get("rss_kib")?)?,
         datapath: Vec::new(),
+        churn: None,
     })
 }
 
@@ -399,6 +472,51 @@ fn table(results: &[RunResult]) -> String {
             }),
         ),
         (
+            "churn: p50 / p99 / max (open loop)",
+            Box::new(|r| {
+                let c = r.churn.as_ref()?;
+                let p99 = percentile(&c.updates_us, 99.0)?;
+                Some((
+                    format!(
+                        "{} / {} / {} at {}/s",
+                        ms(percentile(&c.updates_us, 50.0)?),
+                        ms(p99),
+                        ms(c.updates_us.iter().copied().max()?),
+                        c.rate
+                    ),
+                    p99 as f64,
+                ))
+            }),
+        ),
+        (
+            "churn: in the kernel / sent (timed out, superseded, refused)",
+            Box::new(|r| {
+                let c = r.churn.as_ref()?;
+                Some((
+                    format!(
+                        "{} / {} in {} s ({}, {}, {})",
+                        c.updates_us.len(),
+                        c.sent,
+                        c.seconds,
+                        c.timeouts,
+                        c.superseded,
+                        c.errors
+                    ),
+                    0.0,
+                ))
+            }),
+        ),
+        (
+            "churn: reader's check of one update, mean (most in flight)",
+            Box::new(|r| {
+                let c = r.churn.as_ref()?;
+                Some((
+                    format!("{} ({})", ms(c.check_us), c.max_pending),
+                    c.check_us as f64,
+                ))
+            }),
+        ),
+        (
             "CPU until converged",
             Box::new(|r| Some((format!("{:.2} s", r.cpu_converge_s), r.cpu_converge_s))),
         ),
@@ -452,7 +570,7 @@ fn table(results: &[RunResult]) -> String {
             );
             let base = cell("kube-ipvs").map(|(_, v)| v);
             // A count is not a ratio.
-            let counts = *label == "updates measured / asked";
+            let counts = label.contains(" / sent") || *label == "updates measured / asked";
             row.extend(peers.iter().map(|p| {
                 if counts {
                     "-".to_owned()
@@ -702,6 +820,14 @@ fn run_agent(
         .args(),
     );
     args.extend(["--datapath".into(), opts.datapath.to_string()]);
+    if updates > 0 && opts.churn_seconds > 0 {
+        args.extend([
+            "--churn-seconds".into(),
+            opts.churn_seconds.to_string(),
+            "--churn-rate".into(),
+            opts.churn_rate.to_string(),
+        ]);
+    }
     let guest = GuestRun {
         plane,
         driver,
@@ -720,6 +846,9 @@ fn run_agent(
     for line in &lines {
         if let Some(at) = line.find(DATAPATH_PREFIX) {
             result.datapath.push(parse_datapath_line(&line[at..])?);
+        }
+        if let Some(at) = line.find(CHURN_PREFIX) {
+            result.churn = Some(parse_churn_line(&line[at..])?);
         }
     }
     if opts.datapath > 0 && result.datapath.is_empty() {
@@ -883,6 +1012,14 @@ mod tests {
             .context("no data path row")?;
         assert!(row.contains("0.40 / 0.42 / 0.90 ms"), "{row}");
         assert!(parse_datapath_line("E2E-DATAPATH which=last conns=x").is_err());
+        let churn = parse_churn_line(
+            "E2E-CHURN agent=kube-ipvs services=1000 rate=50 seconds=60 sent=3000 timeouts=1 \
+             superseded=0 errors=0 updates_us=1000,2000,30000",
+        )?;
+        assert_eq!(
+            (churn.sent, churn.timeouts, churn.updates_us.len()),
+            (3000, 1, 3)
+        );
         Ok(())
     }
 
