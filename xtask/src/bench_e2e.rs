@@ -685,9 +685,13 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
     let mut results = Vec::new();
     let mut failures = Vec::new();
     for &size in &opts.sizes {
-        let list = populate(&driver, &plane, size, shape, &work)?;
         let updates = if size == largest { opts.updates } else { 0 };
         for agent in &opts.agents {
+            // Before every agent, not once per size: it also puts back the endpoints the
+            // previous agent's updates changed (each agent is timed until it holds the initial
+            // ones; without this, an agent after one that ran updates waited forever at the
+            // first updated Service).
+            let list = populate(&driver, &plane, size, shape, &work)?;
             match run_agent(
                 &opts,
                 &plane,
