@@ -1204,6 +1204,8 @@ struct Pending {
     sent: Instant,
     /// The PATCH in flight (`None` once the API server accepted it).
     patch: Option<tokio::task::JoinHandle<std::result::Result<EndpointSlice, kube::Error>>>,
+    /// When the driver saw the API server's answer (at its next look: an upper bound).
+    answered_us: Option<u64>,
 }
 
 /// What the open-loop churn measured.
@@ -1211,6 +1213,9 @@ struct Pending {
 struct OpenLoop {
     sent: usize,
     kernel_us: Vec<u64>,
+    /// Of each update in `kernel_us`, until the driver saw the PATCH answered (part of it):
+    /// a slow API server or connection, not the agent.
+    patch_us: Vec<u64>,
     /// Not in the kernel within [`UPDATE_TIMEOUT`].
     timeouts: usize,
     /// Replaced by a later update to the same Service before the kernel showed them.
@@ -1256,6 +1261,7 @@ fn open_loop(
                 want,
                 sent: now,
                 patch: Some(patch),
+                answered_us: None,
             });
             out.sent += 1;
             out.max_pending = out.max_pending.max(pending.len());
@@ -1286,6 +1292,7 @@ fn open_loop(
                     pending.swap_remove(k);
                     continue;
                 }
+                pending[k].answered_us = Some(pending[k].sent.elapsed().as_micros() as u64);
             }
             let p = &pending[k];
             let served = match &snapshot {
@@ -1302,7 +1309,9 @@ fn open_loop(
                 }
             };
             if served {
-                out.kernel_us.push(p.sent.elapsed().as_micros() as u64);
+                let us = p.sent.elapsed().as_micros() as u64;
+                out.kernel_us.push(us);
+                out.patch_us.push(p.answered_us.unwrap_or(us));
                 pending.swap_remove(k);
             } else if p.sent.elapsed() > UPDATE_TIMEOUT {
                 out.timeouts += 1;
@@ -1635,7 +1644,7 @@ fn guest(opts: &Options) -> Result<()> {
         if !opts.churn.is_zero() {
             let c = open_loop(opts, &mut plane, &mut agent, &ips)?;
             println!(
-                "E2E-CHURN agent={agent_name} services={} rate={} seconds={} sent={} timeouts={} superseded={} errors={} check_us={} max_pending={} updates_us={}",
+                "E2E-CHURN agent={agent_name} services={} rate={} seconds={} sent={} timeouts={} superseded={} errors={} check_us={} max_pending={} updates_us={} patch_us={}",
                 ips.len(),
                 opts.churn_rate,
                 opts.churn.as_secs(),
@@ -1645,7 +1654,8 @@ fn guest(opts: &Options) -> Result<()> {
                 c.errors,
                 c.check_time.as_micros() / c.checks.max(1) as u128,
                 c.max_pending,
-                list(&c.kernel_us)
+                list(&c.kernel_us),
+                list(&c.patch_us)
             );
         }
         if !opts.soak.is_zero() {

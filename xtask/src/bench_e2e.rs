@@ -203,22 +203,28 @@ struct ChurnRun {
     check_us: u64,
     max_pending: usize,
     updates_us: Vec<u64>,
+    /// Until the driver saw each PATCH answered (absent from the first churn lines).
+    patch_us: Vec<u64>,
 }
 
 const CHURN_PREFIX: &str = "E2E-CHURN ";
 
 fn parse_churn_line(line: &str) -> Result<ChurnRun> {
     let f = fields(line, CHURN_PREFIX)?;
-    let updates = f
-        .get("updates_us")
-        .with_context(|| format!("{line:?} lacks updates_us"))?;
-    let updates_us = match *updates {
-        "-" => Vec::new(),
-        list => list
-            .split(',')
-            .map(|v| v.parse().with_context(|| format!("updates_us {v:?}")))
-            .collect::<Result<_>>()?,
+    let samples = |key: &str| -> Result<Vec<u64>> {
+        match f.get(key).copied() {
+            None | Some("-") => Ok(Vec::new()),
+            Some(list) => list
+                .split(',')
+                .map(|v| v.parse().with_context(|| format!("{key} {v:?}")))
+                .collect(),
+        }
     };
+    if !f.contains_key("updates_us") {
+        bail!("{line:?} lacks updates_us");
+    }
+    let updates_us = samples("updates_us")?;
+    let patch_us = samples("patch_us")?;
     Ok(ChurnRun {
         rate: number(&f, "rate")?,
         seconds: number(&f, "seconds")?,
@@ -238,6 +244,7 @@ fn parse_churn_line(line: &str) -> Result<ChurnRun> {
             0
         },
         updates_us,
+        patch_us,
     })
 }
 
@@ -507,6 +514,17 @@ fn table(results: &[RunResult]) -> String {
             }),
         ),
         (
+            "churn: of which PATCH answered, p50 / p99",
+            Box::new(|r| {
+                let c = r.churn.as_ref()?;
+                let p99 = percentile(&c.patch_us, 99.0)?;
+                Some((
+                    format!("{} / {}", ms(percentile(&c.patch_us, 50.0)?), ms(p99)),
+                    p99 as f64,
+                ))
+            }),
+        ),
+        (
             "churn: reader's check of one update, mean (most in flight)",
             Box::new(|r| {
                 let c = r.churn.as_ref()?;
@@ -525,11 +543,11 @@ fn table(results: &[RunResult]) -> String {
             Box::new(|r| Some((format!("{:.2} s", r.cpu_s), r.cpu_s))),
         ),
         (
-            "new connection p50, first / middle / last Service",
+            "new connection p50: first / middle / last Service / an endpoint directly",
             Box::new(|r| datapath_cell(r, |d| d.p50_us)),
         ),
         (
-            "new connection p99, first / middle / last Service",
+            "new connection p99: first / middle / last Service / an endpoint directly",
             Box::new(|r| datapath_cell(r, |d| d.p99_us)),
         ),
         (
