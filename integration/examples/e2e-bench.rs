@@ -1060,6 +1060,24 @@ impl Churn {
         })
     }
 
+    /// The next change: the next Service (a prime stride visits Services spread over the
+    /// table, each once per N updates) with its first endpoint replaced, its new endpoint set,
+    /// and the merge patch that sets it.
+    fn next_change(&mut self, services: usize) -> (usize, Vec<Ipv4Addr>, serde_json::Value) {
+        let u = self.sent;
+        self.sent += 1;
+        let i = (u * 7919) % services;
+        let per = self.per;
+        let addrs = self
+            .current
+            .entry(i)
+            .or_insert_with(|| initial_addrs(i, per));
+        addrs[0] = fresh_update_addr(u, addrs);
+        let want = addrs.clone();
+        let patch = serde_json::json!({"endpoints": endpoints_json(&want, self.nodes)});
+        (i, want, patch)
+    }
+
     /// The next update of the open-loop churn: its Service, endpoint set, and the PATCH
     /// running on the runtime.
     fn start_update(
@@ -1070,17 +1088,7 @@ impl Churn {
         Vec<Ipv4Addr>,
         tokio::task::JoinHandle<std::result::Result<EndpointSlice, kube::Error>>,
     ) {
-        let u = self.sent;
-        self.sent += 1;
-        let i = (u * 7919) % ips.len();
-        let per = self.per;
-        let addrs = self
-            .current
-            .entry(i)
-            .or_insert_with(|| initial_addrs(i, per));
-        addrs[0] = fresh_update_addr(u, addrs);
-        let want = addrs.clone();
-        let patch = serde_json::json!({"endpoints": endpoints_json(&want, self.nodes)});
+        let (i, want, patch) = self.next_change(ips.len());
         let slices = self.slices.clone();
         let name = slice_name(i);
         let task = self.rt.spawn(async move {
@@ -1091,20 +1099,10 @@ impl Churn {
         (i, want, task)
     }
 
-    /// Replaces the first endpoint of the next Service (a prime stride visits Services spread
-    /// over the table, each once per N updates) and waits until the kernel serves the result.
+    /// Sends the next change (see [`Churn::next_change`]) and waits until the kernel serves it.
     fn update(&mut self, plane: &mut Dataplane, ips: &[Ipv4Addr]) -> Result<Timed> {
         let u = self.sent;
-        self.sent += 1;
-        let i = (u * 7919) % ips.len();
-        let per = self.per;
-        let addrs = self
-            .current
-            .entry(i)
-            .or_insert_with(|| initial_addrs(i, per));
-        addrs[0] = fresh_update_addr(u, addrs);
-        let want = addrs.clone();
-        let patch = serde_json::json!({"endpoints": endpoints_json(&want, self.nodes)});
+        let (i, want, patch) = self.next_change(ips.len());
         let name = slice_name(i);
         let sent = Instant::now();
         self.rt
