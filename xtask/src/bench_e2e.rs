@@ -211,20 +211,13 @@ const CHURN_PREFIX: &str = "E2E-CHURN ";
 
 fn parse_churn_line(line: &str) -> Result<ChurnRun> {
     let f = fields(line, CHURN_PREFIX)?;
-    let samples = |key: &str| -> Result<Vec<u64>> {
-        match f.get(key).copied() {
-            None | Some("-") => Ok(Vec::new()),
-            Some(list) => list
-                .split(',')
-                .map(|v| v.parse().with_context(|| format!("{key} {v:?}")))
-                .collect(),
-        }
-    };
-    if !f.contains_key("updates_us") {
-        bail!("{line:?} lacks updates_us");
-    }
-    let updates_us = samples("updates_us")?;
-    let patch_us = samples("patch_us")?;
+    let updates_us = samples(
+        "updates_us",
+        f.get("updates_us")
+            .with_context(|| format!("{line:?} lacks updates_us"))?,
+    )?;
+    // (Absent from the first churn lines.)
+    let patch_us = samples("patch_us", f.get("patch_us").copied().unwrap_or("-"))?;
     Ok(ChurnRun {
         rate: number(&f, "rate")?,
         seconds: number(&f, "seconds")?,
@@ -321,12 +314,6 @@ fn parse_result_line(line: &str) -> Result<RunResult> {
         v.parse()
             .map_err(|_| anyhow::anyhow!("result field {k}={v:?} is not a number"))
     }
-    let samples = |k: &str| -> Result<Vec<u64>> {
-        match get(k)? {
-            "-" => Ok(Vec::new()),
-            list => list.split(',').map(|v| num(k, v)).collect(),
-        }
-    };
     Ok(RunResult {
         agent: get("agent")?.to_owned(),
         services: num("services", get("services")?)?,
@@ -336,8 +323,8 @@ fn parse_result_line(line: &str) -> Result<RunResult> {
         full_read_ms: num("full_read_ms", get("full_read_ms")?)?,
         updates_requested: num("updates_requested", get("updates_requested")?)?,
         update_timeouts: num("update_timeouts", get("update_timeouts")?)?,
-        updates_us: samples("updates_us")?,
-        patch_us: samples("patch_us")?,
+        updates_us: samples("updates_us", get("updates_us")?)?,
+        patch_us: samples("patch_us", get("patch_us")?)?,
         cpu_converge_s: num("cpu_converge_s", get("cpu_converge_s")?)?,
         settle_ms: num("settle_ms", get("settle_ms")?)?,
         settled: num("settled", get("settled")?)?,
@@ -346,6 +333,19 @@ fn parse_result_line(line: &str) -> Result<RunResult> {
         datapath: Vec::new(),
         churn: None,
     })
+}
+
+/// A result field holding microsecond samples: a comma list, or `-` for none.
+fn samples(key: &str, list: &str) -> Result<Vec<u64>> {
+    if list == "-" {
+        return Ok(Vec::new());
+    }
+    list.split(',')
+        .map(|v| {
+            v.parse()
+                .map_err(|_| anyhow::anyhow!("result field {key}={v:?} is not a number"))
+        })
+        .collect()
 }
 
 /// Nearest-rank percentile (`p` in 0..=100) of unsorted samples; `None` without samples.
@@ -363,10 +363,13 @@ fn ms(us: u64) -> String {
     format!("{:.1} ms", us as f64 / 1000.0)
 }
 
-/// `peer / kube-ipvs`, or `-` when either side is missing or zero.
+/// The value of a metric that is a count, not a figure to compare: its ratio is `-`.
+const NO_RATIO: f64 = f64::NAN;
+
+/// `peer / kube-ipvs`, or `-` when either side is missing, zero or [`NO_RATIO`].
 fn ratio(ipvs: Option<f64>, peer: Option<f64>) -> String {
     match (ipvs, peer) {
-        (Some(a), Some(b)) if a > 0.0 => format!("{:.1}x", b / a),
+        (Some(a), Some(b)) if a > 0.0 && b.is_finite() => format!("{:.1}x", b / a),
         _ => "-".to_owned(),
     }
 }
@@ -473,7 +476,7 @@ fn table(results: &[RunResult]) -> String {
                     };
                     (
                         format!("{} / {}{timeouts}", r.updates_us.len(), r.updates_requested),
-                        0.0,
+                        NO_RATIO,
                     )
                 })
             }),
@@ -509,7 +512,7 @@ fn table(results: &[RunResult]) -> String {
                         c.superseded,
                         c.errors
                     ),
-                    0.0,
+                    NO_RATIO,
                 ))
             }),
         ),
@@ -587,15 +590,7 @@ fn table(results: &[RunResult]) -> String {
                     .map(|a| cell(a).map_or_else(|| "-".to_owned(), |(t, _)| t)),
             );
             let base = cell("kube-ipvs").map(|(_, v)| v);
-            // A count is not a ratio.
-            let counts = label.contains(" / sent") || *label == "updates measured / asked";
-            row.extend(peers.iter().map(|p| {
-                if counts {
-                    "-".to_owned()
-                } else {
-                    ratio(base, cell(p).map(|(_, v)| v))
-                }
-            }));
+            row.extend(peers.iter().map(|p| ratio(base, cell(p).map(|(_, v)| v))));
             rows.push(row);
         }
     }
