@@ -346,6 +346,19 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("starting the tokio runtime")
 }
 
+/// Creates `obj` unless it exists already (populate resumes and builds on earlier sizes);
+/// errors name `what`.
+async fn create_if_missing<K>(api: &Api<K>, obj: &K, what: &str) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    match api.create(&PostParams::default(), obj).await {
+        Ok(_) => Ok(()),
+        Err(e) if already_exists(&e) => Ok(()),
+        Err(e) => Err(e).context(format!("creating {what}")),
+    }
+}
+
 /// Whether a create failed only because the object is there already (a resumed populate).
 fn already_exists(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(status) if status.code == 409)
@@ -366,14 +379,8 @@ fn populate(opts: &Options) -> Result<()> {
             let node: Node = serde_json::from_value(serde_json::json!({
                 "apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
             }))?;
-            match Api::<Node>::all(client.clone())
-                .create(&PostParams::default(), &node)
-                .await
-            {
-                Ok(_) => {}
-                Err(e) if already_exists(&e) => {}
-                Err(e) => return Err(e).context(format!("creating Node {name}")),
-            }
+            create_if_missing(&Api::<Node>::all(client.clone()), &node, &format!("Node {name}"))
+                .await?;
             let address = if name == NODE {
                 NODE_IP.to_owned()
             } else {
@@ -390,14 +397,12 @@ fn populate(opts: &Options) -> Result<()> {
         let ns: Namespace = serde_json::from_value(serde_json::json!({
             "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE},
         }))?;
-        match Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-        {
-            Ok(_) => {}
-            Err(e) if already_exists(&e) => {}
-            Err(e) => return Err(e).context(format!("creating Namespace {NAMESPACE}")),
-        }
+        create_if_missing(
+            &Api::<Namespace>::all(client.clone()),
+            &ns,
+            &format!("Namespace {NAMESPACE}"),
+        )
+        .await?;
         let services: Api<Service> = Api::namespaced(client.clone(), NAMESPACE);
         let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NAMESPACE);
         let existing: HashSet<String> = services
@@ -420,26 +425,20 @@ fn populate(opts: &Options) -> Result<()> {
                 let nodes = opts.nodes;
                 async move {
                     let svc: Service = serde_json::from_value(service_json(i))?;
-                    match services.create(&PostParams::default(), &svc).await {
-                        Ok(_) => {}
-                        Err(e) if already_exists(&e) => {}
-                        Err(e) => {
-                            return Err(e).context(format!(
-                                "creating Service {NAMESPACE}/{}",
-                                service_name(i)
-                            ));
-                        }
-                    }
+                    create_if_missing(
+                        &services,
+                        &svc,
+                        &format!("Service {NAMESPACE}/{}", service_name(i)),
+                    )
+                    .await?;
                     let slice: EndpointSlice =
                         serde_json::from_value(slice_json(i, &initial_addrs(i, per), nodes))?;
-                    match slices.create(&PostParams::default(), &slice).await {
-                        Ok(_) => Ok(()),
-                        Err(e) if already_exists(&e) => Ok(()),
-                        Err(e) => Err(e).context(format!(
-                            "creating EndpointSlice {NAMESPACE}/{}",
-                            slice_name(i)
-                        )),
-                    }
+                    create_if_missing(
+                        &slices,
+                        &slice,
+                        &format!("EndpointSlice {NAMESPACE}/{}", slice_name(i)),
+                    )
+                    .await
                 }
             })
             .buffer_unordered(opts.concurrency)
@@ -1479,13 +1478,7 @@ fn soak_sample(
     let (cpu, _) = agent.usage()?;
     let r = agent.resources()?;
     window.sort_unstable();
-    let rank = |p: f64| -> u64 {
-        if window.is_empty() {
-            return 0;
-        }
-        let at = ((p / 100.0) * window.len() as f64).ceil() as usize;
-        window[at.clamp(1, window.len()) - 1]
-    };
+    let rank = |p: f64| datapath::rank(window, p);
     let line = format!(
         "SOAK-SAMPLE t_s={} rss_kib={} fds={} threads={} cpu_s={cpu:.2} updates={} timeouts={} errors={} p50_us={} p99_us={} max_us={}",
         since_start.as_secs(),

@@ -107,8 +107,7 @@ impl Reader {
             Mode::Iptables => parse_iptables_save(&run(IPTABLES_SAVE, &["-t", "nat"])?),
         };
         self.chains = parsed.chains;
-        self.endpoint_chains
-            .extend(parsed.endpoints.iter().map(|(c, a)| (c.clone(), *a)));
+        self.endpoint_chains.extend(parsed.endpoints);
         Ok(parsed.services)
     }
 

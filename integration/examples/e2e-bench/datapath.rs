@@ -90,8 +90,8 @@ pub(crate) fn serve(port: u16) -> Result<()> {
     Ok(())
 }
 
-/// Nearest-rank percentile of sorted samples.
-fn rank(sorted: &[u64], p: f64) -> u64 {
+/// Nearest-rank percentile of sorted samples (0 without any); the soak's samples use it too.
+pub(crate) fn rank(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
     }
@@ -199,48 +199,26 @@ impl Lab {
     pub(crate) fn up(endpoints: &[Ipv4Addr], port: u16) -> Result<Lab> {
         let exe = std::env::current_exe().context("this program's path")?;
         std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").context("enabling forwarding")?;
-        let client_gw = format!("{CLIENT_GATEWAY}/24");
-        let client = format!("{CLIENT_ADDR}/24");
-        let server_gw = format!("{SERVER_GATEWAY}/24");
-        let server = format!("{SERVER_ADDR}/24");
-        let client_gw_ip = CLIENT_GATEWAY.to_string();
-        let server_gw_ip = SERVER_GATEWAY.to_string();
-        for ns in [CLIENT_NS, SERVER_NS] {
+        // Each namespace: a veth to the root namespace, the gateway address on the root's end,
+        // its own on the other, and a default route back through the root.
+        for (ns, outer, inner, gateway, own) in [
+            (CLIENT_NS, "dpc0", "dpc1", CLIENT_GATEWAY, CLIENT_ADDR),
+            (SERVER_NS, "dps0", "dps1", SERVER_GATEWAY, SERVER_ADDR),
+        ] {
+            let gateway_cidr = format!("{gateway}/24");
+            let own_cidr = format!("{own}/24");
+            let gateway = gateway.to_string();
             ip(&["netns", "add", ns])?;
             ip(&["-n", ns, "link", "set", "lo", "up"])?;
+            ip(&[
+                "link", "add", outer, "type", "veth", "peer", "name", inner, "netns", ns,
+            ])?;
+            ip(&["addr", "add", &gateway_cidr, "dev", outer])?;
+            ip(&["link", "set", outer, "up"])?;
+            ip(&["-n", ns, "addr", "add", &own_cidr, "dev", inner])?;
+            ip(&["-n", ns, "link", "set", inner, "up"])?;
+            ip(&["-n", ns, "route", "add", "default", "via", &gateway])?;
         }
-        ip(&[
-            "link", "add", "dpc0", "type", "veth", "peer", "name", "dpc1", "netns", CLIENT_NS,
-        ])?;
-        ip(&[
-            "link", "add", "dps0", "type", "veth", "peer", "name", "dps1", "netns", SERVER_NS,
-        ])?;
-        ip(&["addr", "add", &client_gw, "dev", "dpc0"])?;
-        ip(&["link", "set", "dpc0", "up"])?;
-        ip(&["addr", "add", &server_gw, "dev", "dps0"])?;
-        ip(&["link", "set", "dps0", "up"])?;
-        ip(&["-n", CLIENT_NS, "addr", "add", &client, "dev", "dpc1"])?;
-        ip(&["-n", CLIENT_NS, "link", "set", "dpc1", "up"])?;
-        ip(&[
-            "-n",
-            CLIENT_NS,
-            "route",
-            "add",
-            "default",
-            "via",
-            &client_gw_ip,
-        ])?;
-        ip(&["-n", SERVER_NS, "addr", "add", &server, "dev", "dps1"])?;
-        ip(&["-n", SERVER_NS, "link", "set", "dps1", "up"])?;
-        ip(&[
-            "-n",
-            SERVER_NS,
-            "route",
-            "add",
-            "default",
-            "via",
-            &server_gw_ip,
-        ])?;
         let mut addrs = String::new();
         let mut routes = String::new();
         for ep in endpoints {
