@@ -43,7 +43,7 @@ const USAGE: &str = "usage: cargo xtask bench e2e [--sizes 1000,5000,10000] [--u
      [--endpoints 10] [--nodes 1] [--datapath 300] [--churn-rate 50] [--churn-seconds 60] \
      [--charts DIR] \
      [--agents kube-ipvs,kube-proxy-ipvs,kube-proxy-nftables,kube-proxy-iptables] \
-     [--update-budget SECS] [--mem MIB]";
+     [--update-budget SECS] [--settle-timeout SECS] [--converge-timeout SECS] [--mem MIB]";
 
 #[derive(Debug, Clone, PartialEq)]
 struct Options {
@@ -64,6 +64,11 @@ struct Options {
     churn_seconds: u64,
     /// Wall-clock cap on the update series per agent (kube-proxy resyncs everything each time).
     update_budget: u64,
+    /// How long the driver waits for an agent to go idle after converging.
+    settle_timeout: u64,
+    /// How long the driver waits for an agent to converge (`None`: 600 s plus a second per 4
+    /// Services).
+    converge_timeout: Option<u64>,
     memory_mib: u32,
 }
 
@@ -80,6 +85,8 @@ impl Default for Options {
             churn_rate: 50.0,
             churn_seconds: 60,
             update_budget: 300,
+            settle_timeout: 600,
+            converge_timeout: None,
             memory_mib: 4096,
         }
     }
@@ -120,6 +127,8 @@ fn parse_options(args: &[String]) -> Result<Options> {
                     })?;
             }
             "--update-budget" => o.update_budget = number(value)? as u64,
+            "--settle-timeout" => o.settle_timeout = number(value)? as u64,
+            "--converge-timeout" => o.converge_timeout = Some(number(value)? as u64),
             "--mem" => {
                 o.memory_mib = u32::try_from(number(value)?)
                     .with_context(|| format!("bench e2e: --mem {value} is too large"))?;
@@ -820,7 +829,7 @@ fn run_agent(
     list: &Path,
 ) -> Result<RunResult> {
     // Generous: kube-proxy under TCG at 10,000 Services takes many minutes per full sync.
-    let converge_timeout = 600 + size as u64 / 4;
+    let converge_timeout = opts.converge_timeout.unwrap_or(600 + size as u64 / 4);
     let mut args: Vec<String> = vec![
         "--updates".into(),
         updates.to_string(),
@@ -828,6 +837,8 @@ fn run_agent(
         opts.update_budget.to_string(),
         "--converge-timeout".into(),
         converge_timeout.to_string(),
+        "--settle-timeout".into(),
+        opts.settle_timeout.to_string(),
     ];
     args.extend(
         Shape {
@@ -856,8 +867,9 @@ fn run_agent(
         list,
         memory_mib: opts.memory_mib,
     };
-    // The driver's own limits (convergence, 600 s to settle, the update budget) plus boot.
-    let timeout = Duration::from_secs(converge_timeout + 600 + opts.update_budget + 600);
+    // The driver's own limits (convergence, settling, the update budget) plus boot.
+    let timeout =
+        Duration::from_secs(converge_timeout + opts.settle_timeout + opts.update_budget + 600);
     let lines = guest.run(&format!("bench e2e {agent} {size}"), &args, timeout)?;
     let mut result = parse_result_line(result_line(&lines, RESULT_PREFIX)?)?;
     for line in &lines {
@@ -1133,6 +1145,9 @@ mod tests {
         assert!(parse_options(&args("--agents cilium")).is_err());
         assert!(parse_options(&args("--sizes 0")).is_err());
         assert!(parse_options(&args("--updates")).is_err());
+        let o = parse_options(&args("--settle-timeout 120 --converge-timeout 900"))?;
+        assert_eq!((o.settle_timeout, o.converge_timeout), (120, Some(900)));
+        assert_eq!(parse_options(&[])?.converge_timeout, None);
         Ok(())
     }
 }

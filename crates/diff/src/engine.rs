@@ -513,6 +513,64 @@ impl Engine {
         t
     }
 
+    /// The size of [`Engine::desired_table`], virtual servers and real servers (draining
+    /// ones included), without building it: one walk, no allocation.
+    pub fn desired_size(&self) -> (usize, usize) {
+        let mut services = 0;
+        let mut dests = 0;
+        for (_, d) in self.applied.values().flat_map(|st| &st.servers) {
+            services += 1;
+            dests += d.len();
+        }
+        // A draining real server counts where `desired_table` keeps it: under a virtual server
+        // the engine still asks for, and not twice if it is wanted again.
+        dests += self
+            .draining
+            .keys()
+            .filter(|(s, d)| {
+                self.entry_dests(s)
+                    .is_some_and(|wanted| !wanted.iter().any(|r| r.key == *d))
+            })
+            .count();
+        (services, dests)
+    }
+
+    /// The real servers the engine asks for under one virtual server, if it asks for it.
+    fn entry_dests(&self, key: &VirtualKey) -> Option<&[RealServer]> {
+        let owner = self.owners.get(key)?;
+        self.applied
+            .get(owner)?
+            .servers
+            .iter()
+            .find(|(s, _)| s.key == *key)
+            .map(|(_, d)| d.as_slice())
+    }
+
+    /// What the engine last asked the kernel to hold for one virtual server, draining real
+    /// servers at weight 0 included; `None` if it asked for none. Costs that virtual server
+    /// only. The agent puts it in place of a virtual server it changed while a background read
+    /// of the kernel was under way, since the read may have seen it half changed.
+    pub fn entry(&self, key: &VirtualKey) -> Option<ServiceEntry> {
+        let owner = self.owners.get(key)?;
+        let (server, dests) = self
+            .applied
+            .get(owner)?
+            .servers
+            .iter()
+            .find(|(s, _)| s.key == *key)?;
+        let mut entry = ServiceEntry {
+            server: *server,
+            dests: dests.iter().map(|d| (d.key, *d)).collect(),
+        };
+        for ((_, d), dr) in self
+            .draining
+            .range((*key, DestKey::MIN)..=(*key, DestKey::MAX))
+        {
+            entry.dests.insert(*d, dr.dest);
+        }
+        Some(entry)
+    }
+
     /// Full resync against what the kernel holds: brings the per-Service state up to date (every
     /// Service on a new engine, the changed ones otherwise), then diffs the whole desired table against `observed`, managing only what the engine owns
     /// ([`Ownership::of`] the node options). Real servers the kernel has and

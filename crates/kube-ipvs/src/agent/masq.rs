@@ -33,8 +33,10 @@
 //! wait behind it. The hairpin set's members are not rules: their deltas are applied on the
 //! caller's thread, before any rules are handed over. A change hands the worker the new rules and
 //! returns at once; the worker applies the newest rules it was given (intermediate ones are
-//! skipped: each is a whole state). Forced applies (startup, reconcile) wait for the worker, so
-//! they keep their order with the changes before them and report their own errors. An error of
+//! skipped: each is a whole state). The startup's forced apply waits for the worker, so it
+//! keeps its order with the changes before it and reports its own error (and the fallbacks
+//! without the sets can be tried); a reconcile's waits only when the last apply failed, since
+//! otherwise it re-ensures rules already in place and its loop has changes to program. An error of
 //! a background apply is reported by the next call, which treats the rules as not applied.
 
 use std::collections::{HashMap, HashSet};
@@ -47,7 +49,9 @@ use kube_ipvs_host::masquerade::{
 };
 use kube_ipvs_netlink::nfnl::ipset::{self, Entry, Member, SetKind};
 
-use super::sets::{Change, RefCounts, ServiceSets, sorted_changes, swap_contribution};
+use super::sets::{
+    Change, ObservedSets, RefCounts, ServiceSets, sorted_changes, swap_contribution,
+};
 use crate::kernel::{Kernel, KernelError};
 
 /// What one Service contributes to the rules.
@@ -467,6 +471,19 @@ pub struct Masq {
     /// The service sets' members, when they exist (Service traffic is then marked by set
     /// membership and the `filter` table is programmed).
     pub sets_for_services: Option<ServiceSets>,
+    /// How long the last sync took, by part.
+    pub timing: Timing,
+}
+
+/// How long a sync's parts took (the agent logs a reconcile's).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timing {
+    /// The hairpin sets.
+    pub hairpin_sets: std::time::Duration,
+    /// The service sets.
+    pub service_sets: std::time::Duration,
+    /// The rules (handing them over, or applying them and waiting).
+    pub rules: std::time::Duration,
 }
 
 impl Masq {
@@ -481,6 +498,7 @@ impl Masq {
             sets: false,
             sets_synced: false,
             sets_for_services: None,
+            timing: Timing::default(),
         }
     }
 
@@ -635,23 +653,71 @@ impl Masq {
         inputs: &Inputs,
         force: bool,
     ) -> Result<bool, String> {
+        self.sync_with(kernel, inputs, force, force, None)
+    }
+
+    /// A reconcile's forced sync: the sets made exact and the rules ensured, but the rules
+    /// handed to the worker without waiting when the last apply succeeded (a reconcile re-ensures
+    /// the same rules; an error comes with a later call, like a change's). After a failure it
+    /// waits, so the fallbacks without the sets can be tried.
+    ///
+    /// `read`: the service sets as the reconcile's background read found them, after
+    /// [`Masq::begin_read`]; without it they are read here.
+    pub fn repair(
+        &mut self,
+        kernel: &mut dyn Kernel,
+        inputs: &Inputs,
+        read: Option<&ObservedSets>,
+    ) -> Result<bool, String> {
+        let wait = self.applied.is_none();
+        self.sync_with(kernel, inputs, true, wait, read)
+    }
+
+    /// A background read of the service sets starts now (see [`ServiceSets::sync_read`]).
+    /// Says whether there are service sets to read.
+    pub fn begin_read(&mut self) -> bool {
+        match &mut self.sets_for_services {
+            Some(f) => {
+                f.begin_read();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn sync_with(
+        &mut self,
+        kernel: &mut dyn Kernel,
+        inputs: &Inputs,
+        force: bool,
+        wait: bool,
+        read: Option<&ObservedSets>,
+    ) -> Result<bool, String> {
         // The sets first: the rules reference them, and a set failure must not keep the other
         // rules from being repaired.
+        let start = std::time::Instant::now();
         let mut sets = self.sync_sets(kernel, force);
+        self.timing.hairpin_sets = start.elapsed();
+        let start = std::time::Instant::now();
         if let Some(f) = &mut self.sets_for_services {
             if f.node_changed(inputs) {
                 f.update_all(inputs);
             }
-            let filter = f
-                .sync(kernel, force)
-                .map_err(|e| format!("filter sets: {e}"));
+            let filter = match read {
+                Some(observed) if force => f.sync_read(kernel, observed),
+                _ => f.sync(kernel, force),
+            }
+            .map_err(|e| format!("filter sets: {e}"));
             sets = match (sets, filter) {
                 (Ok(a), Ok(b)) => Ok(a || b),
                 (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
                 (Err(a), Err(b)) => Err(format!("{a}; {b}")),
             };
         }
-        let rules = self.sync_rules(kernel, inputs, force);
+        self.timing.service_sets = start.elapsed();
+        let start = std::time::Instant::now();
+        let rules = self.sync_rules(kernel, inputs, force, wait);
+        self.timing.rules = start.elapsed();
         match (sets, rules) {
             (Ok(a), Ok(b)) => Ok(a || b),
             (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
@@ -664,6 +730,7 @@ impl Masq {
         kernel: &mut dyn Kernel,
         inputs: &Inputs,
         force: bool,
+        wait: bool,
     ) -> Result<bool, String> {
         // A background apply that failed since the last call: the rules are not in place.
         if let Applier::Worker(w) = &self.rules
@@ -703,7 +770,7 @@ impl Masq {
             Applier::Inline => kernel.ensure_rules(&cfg).map_err(|e| e.to_string()),
             Applier::Worker(w) => {
                 let seq = w.submit(cfg);
-                if force {
+                if wait {
                     // Errors of earlier background applies are superseded by this one's.
                     match w.wait(seq).into_iter().find(|(s, _)| *s == seq) {
                         Some((_, e)) => Err(e),
@@ -787,7 +854,7 @@ impl Masq {
         let Some(kept) = self.sets_for_services.take() else {
             return Err(first);
         };
-        match self.sync_rules(kernel, inputs, true) {
+        match self.sync_rules(kernel, inputs, true, true) {
             Ok(changed) => {
                 tracing::warn!(
                     "service sets: the rules matching them were refused ({first}); are the \
@@ -1051,6 +1118,54 @@ mod tests {
             "the reconcile retries"
         );
         assert_eq!(calls(), n + 1);
+    }
+
+    /// A reconcile's repair hands the same rules to a busy worker and returns (the agent's loop
+    /// has changes to program); after a failed apply it waits for its own, so it can report
+    /// it and try the fallbacks.
+    #[test]
+    fn a_repair_waits_for_the_worker_only_after_a_failure() {
+        let rec = MemKernel::default();
+        let mut m = Masq::new(fixed(&[]))
+            .in_background(Box::new(rec.clone()))
+            .expect("worker");
+        let inputs = inputs();
+        let calls = || rec.state().rules.len();
+        assert_eq!(m.sync(&mut rec.clone(), &inputs, true), Ok(true));
+        assert_eq!(calls(), 1);
+
+        // Held inside `ensure`: a repair that waited would not return until released.
+        std::thread::scope(|s| {
+            let held = rec.hold_rules();
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (m, inputs, mut k) = (&mut m, &inputs, rec.clone());
+            s.spawn(move || tx.send(m.repair(&mut k, inputs, None)));
+            let repaired = rx
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .expect("the repair returned while the worker was busy");
+            drop(held);
+            assert_eq!(repaired, Ok(true));
+        });
+        assert_eq!(m.settle(), Ok(()));
+        assert_eq!(calls(), 2, "the repair's rules were applied after all");
+
+        // A failed repair is reported by the next call; the repair after it waits and says
+        // whether its own apply worked.
+        rec.state().fail_rules = true;
+        assert_eq!(
+            m.repair(&mut rec.clone(), &inputs, None),
+            Ok(true),
+            "handed over"
+        );
+        assert!(m.settle().is_err(), "the background apply failed");
+        assert!(
+            m.repair(&mut rec.clone(), &inputs, None).is_err(),
+            "waited for its own apply, which failed"
+        );
+        rec.state().fail_rules = false;
+        let n = calls();
+        assert_eq!(m.repair(&mut rec.clone(), &inputs, None), Ok(true));
+        assert_eq!(calls(), n + 1, "applied before the repair returned");
     }
 
     fn cluster_ip(addr: &str) -> ServiceInfo {

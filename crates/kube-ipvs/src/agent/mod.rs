@@ -319,6 +319,20 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
         None
     };
     let mut agent = Agent::new(kernel, inputs, cfg, shared).with_health_checks(health_checks);
+    // Reconciles read the kernel on a thread with a handle of its own, so a whole-table read
+    // never holds up the programming of a change; without it they read on the loop.
+    agent = match RealKernel::open(DEFAULT_DUMMY) {
+        Ok(reader) => match agent.with_background_reads(Box::new(reader)) {
+            Ok(a) => a,
+            Err(e) => {
+                return fail(
+                    exit::START,
+                    format!("starting the kernel reader thread: {e}"),
+                );
+            }
+        },
+        Err(e) => return fail(exit::START, format!("the kernel reader: {e}")),
+    };
     if let Some(signals) = address_changes {
         agent = agent.with_address_changes(signals);
     }

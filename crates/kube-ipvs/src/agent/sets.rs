@@ -231,6 +231,9 @@ pub struct ServiceSets {
     /// The marks claimed for each Local-policy external virtual server, with how many Services
     /// claim each: only an address all its claimants give the same mark is in the set.
     local_claims: HashMap<LocalKey, BTreeMap<u32, u32>>,
+    /// While a background read of the sets is under way: the members whose deltas were
+    /// applied since it started (the read may have seen them either way).
+    since_read: Option<HashSet<Keyed>>,
 }
 
 /// A [`ServiceSet::LocalMarks`] member without its mark: the set, address, protocol and port
@@ -399,9 +402,46 @@ impl ServiceSets {
             return Ok(false);
         }
         let result = if force {
+            self.since_read = None;
             self.sync_exact(kernel)
         } else {
+            if let Some(since) = &mut self.since_read {
+                since.extend(self.counts.delta().iter().copied());
+            }
             self.sync_delta(kernel)
+        };
+        self.counts.clear_delta();
+        self.synced = result.is_ok();
+        result
+    }
+
+    /// From now until [`ServiceSets::sync_read`], remembers the members whose deltas reach the
+    /// kernel: the sets are being read in the background.
+    pub fn begin_read(&mut self) {
+        self.since_read = Some(HashSet::new());
+    }
+
+    /// The forced sync against `observed`, the sets as read in the background since
+    /// [`ServiceSets::begin_read`]: the pending delta is applied, then each set made exactly its
+    /// members except those a delta changed since the read started, which the deltas keep
+    /// right. Reads the sets on the caller's thread instead ([`ServiceSets::sync`], forced)
+    /// when no read was begun, a delta failed meanwhile or a set was missing from the read.
+    pub fn sync_read(
+        &mut self,
+        kernel: &mut dyn Kernel,
+        observed: &ObservedSets,
+    ) -> Result<bool, KernelError> {
+        let since = self.since_read.take();
+        let result = match since {
+            Some(mut touched) if self.synced && observed.values().all(Option::is_some) => (|| {
+                touched.extend(self.counts.delta().iter().copied());
+                let mut changed = self.sync_delta(kernel)?;
+                Self::create(kernel)?;
+                changed |= self.exact_against(kernel, observed, &touched)?;
+                Ok(changed)
+            })(
+            ),
+            _ => self.sync_exact(kernel),
         };
         self.counts.clear_delta();
         self.synced = result.is_ok();
@@ -413,6 +453,17 @@ impl ServiceSets {
     fn sync_exact(&self, kernel: &mut dyn Kernel) -> Result<bool, KernelError> {
         Self::create(kernel)?;
         let observed = read_sets(kernel)?;
+        self.exact_against(kernel, &observed, &HashSet::new())
+    }
+
+    /// Makes each set of `observed` exactly its members, leaving the members in `leave` as
+    /// they are.
+    fn exact_against(
+        &self,
+        kernel: &mut dyn Kernel,
+        observed: &ObservedSets,
+        leave: &HashSet<Keyed>,
+    ) -> Result<bool, KernelError> {
         let have = |k: &Keyed| {
             observed
                 .get(k.0)
@@ -420,17 +471,24 @@ impl ServiceSets {
                 .is_some_and(|set| set.contains(&k.1))
         };
         let mut add: HashMap<&'static str, Vec<Member>> = HashMap::new();
-        for k in self.counts.members().filter(|k| !have(k)) {
+        for k in self
+            .counts
+            .members()
+            .filter(|k| !have(k) && !leave.contains(*k))
+        {
             add.entry(k.0).or_default().push(k.1);
         }
         let mut changed = false;
-        for (name, members) in &observed {
+        for (name, members) in observed {
             let members = members
                 .as_ref()
                 .ok_or_else(|| KernelError::Refused(format!("ipset {name}: the set is gone")))?;
             let del: Vec<Member> = members
                 .iter()
-                .filter(|m| !self.counts.held(&(*name, **m)))
+                .filter(|m| {
+                    let k = (*name, **m);
+                    !self.counts.held(&k) && !leave.contains(&k)
+                })
                 .copied()
                 .collect();
             let add = add.remove(name).unwrap_or_default();
@@ -865,6 +923,51 @@ mod tests {
                 format!("203.0.113.7,tcp:80 skbmark {a_mark:#x}"),
             ]
         );
+    }
+
+    /// A forced sync against sets read before a change neither undoes the change (a member
+    /// the read lacks is not added twice, one it has is not deleted again) nor misses drift
+    /// elsewhere (a member someone deleted is added back).
+    #[test]
+    fn a_sync_against_a_stale_read_keeps_the_changes_since_and_repairs_the_rest() {
+        let mut inputs = inputs("192.168.1.10");
+        let mut k = MemKernel::default();
+        let a = ServiceName::new("default", "a");
+        inputs
+            .upsert_service(a.clone(), lb(&["198.51.100.0/24"]))
+            .expect("a");
+        let mut sets = ServiceSets::default();
+        sets.update_all(&inputs);
+        assert!(sets.sync(&mut k, true).expect("forced"));
+
+        // Someone deletes a member; then the read is taken; then a's ranges change.
+        let drift = "203.0.113.7,tcp:80";
+        k.state()
+            .sets
+            .get_mut("KUBE-IPVS-LB-FW")
+            .expect("the set exists")
+            .1
+            .clear();
+        sets.begin_read();
+        let read = read_sets(&mut k).expect("read");
+        inputs
+            .upsert_service(a.clone(), lb(&["192.0.2.0/24"]))
+            .expect("a");
+        sets.update([&a], &inputs);
+        assert!(sets.sync(&mut k, false).expect("delta"));
+        k.state().set_log.clear();
+
+        assert!(sets.sync_read(&mut k, &read).expect("against the read"));
+        assert_eq!(
+            k.state().set_log,
+            [format!("add KUBE-IPVS-LB-FW {drift}")],
+            "only the drift is repaired"
+        );
+        assert_eq!(
+            members(&k, "KUBE-IPVS-LB-SRC"),
+            ["203.0.113.7,tcp:80,192.0.2.0/24"]
+        );
+        assert_eq!(members(&k, "KUBE-IPVS-LB-FW"), [drift]);
     }
 
     #[test]

@@ -9,6 +9,16 @@
 //! exponential backoff per Service; the other operations of the same batch still apply, so one
 //! broken Service never blocks the others. Stopping leaves the kernel as it is.
 //!
+//! The reconcile's read of the kernel (every virtual and real server: seconds at 10,000
+//! Services under emulation) runs on a thread of its own with a kernel handle of its own
+//! ([`Agent::with_background_reads`]), so change sets keep being programmed while it runs.
+//! The loop records what it changes meanwhile. A virtual server it changed may have been read
+//! half changed, so the engine's own view of it ([`Engine::entry`]) stands in for what was
+//! read: its drift is repaired at the next reconcile. A read during which a virtual server or
+//! an address came or went is discarded and read again (the kernel dumps by position, so such
+//! a read may have skipped an entry nobody touched); after [`BACKGROUND_READS`] such reads the
+//! reconcile reads on the loop, as the startup sync and the retries always do.
+//!
 //! The kernel is reached through the one [`Kernel`] trait (`crate::kernel`), so the
 //! loop runs against an in-memory kernel in tests, and time is tokio's, so tests pause it. This
 //! module decides nothing about the table itself: the engine does.
@@ -39,12 +49,70 @@ use tokio::time::Instant;
 
 use super::health::Shared;
 use super::metrics::SyncKind;
+use super::sets::{ObservedSets, read_sets};
 use crate::apply::{self, Owners, names_label};
-use crate::kernel::{Counts, Kernel, UdpFlush};
+use crate::kernel::observe::Observed;
+use crate::kernel::{Counts, Kernel, KernelError, UdpFlush};
 use crate::words::count;
 
 /// How often the connections of draining real servers are re-read (see the sync loop).
 const DRAIN_POLL: Duration = Duration::from_secs(1);
+
+/// Background reads a reconcile tries before it reads on the loop, when virtual servers or
+/// addresses keep coming and going during them.
+const BACKGROUND_READS: u32 = 3;
+
+/// What a background read of the kernel found.
+struct Read {
+    observed: Observed,
+    counts: Counts,
+    /// The service sets, when asked for.
+    sets: Option<Result<ObservedSets, KernelError>>,
+}
+
+/// What a background read of the kernel answers.
+type ReadResult = Result<Read, KernelError>;
+
+/// The thread that reads the kernel for reconciles, with a kernel handle of its own. A request
+/// says whether to read the service sets too.
+struct Reader {
+    requests: std::sync::mpsc::Sender<bool>,
+    results: mpsc::Receiver<ReadResult>,
+}
+
+impl Reader {
+    fn start(mut kernel: Box<dyn Kernel>) -> std::io::Result<Reader> {
+        let (requests, asked) = std::sync::mpsc::channel::<bool>();
+        let (answer, results) = mpsc::channel(1);
+        std::thread::Builder::new()
+            .name("kernel-reader".to_owned())
+            .spawn(move || {
+                while let Ok(sets) = asked.recv() {
+                    let read = kernel.observe().map(|(observed, counts)| Read {
+                        observed,
+                        counts,
+                        sets: sets.then(|| read_sets(&mut *kernel)),
+                    });
+                    if answer.blocking_send(read).is_err() {
+                        return;
+                    }
+                }
+            })?;
+        Ok(Reader { requests, results })
+    }
+}
+
+/// A background read under way, and what the loop changed since it started.
+#[derive(Debug)]
+struct ReadInFlight {
+    started: Instant,
+    /// Virtual servers an op named since the read started (applied or failed).
+    touched: BTreeSet<VirtualKey>,
+    /// Whether an op added or deleted a virtual server or an address since the read started.
+    moved: bool,
+    /// How many reads this reconcile discarded before this one.
+    discarded: u32,
+}
 
 /// The conntrack cleanups the applied (not failed) ops call for: one per deleted UDP real
 /// server and one per deleted UDP virtual server, in order, without repeats.
@@ -175,6 +243,18 @@ fn seconds_between(from: SystemTime, to: SystemTime) -> f64 {
     }
 }
 
+/// Why the masquerade rules and sets are synced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MasqSync<'a> {
+    /// A change set or an address change: only what changed.
+    Change,
+    /// After the startup sync: everything, waiting for the rules.
+    Startup,
+    /// A reconcile: everything, waiting for the rules only if their last apply failed, against
+    /// the service sets as its background read found them, if it read them.
+    Reconcile(Option<&'a ObservedSets>),
+}
+
 /// A Service (or group of Services) waiting for a failed operation to be retried.
 #[derive(Debug, Clone, Copy)]
 struct Pending {
@@ -220,6 +300,10 @@ pub struct Agent<K> {
     marks_short: usize,
     /// Whether kube-proxy's leftovers are still to be removed.
     kube_proxy_leftovers_pending: bool,
+    /// The reconcile's background reader, if one was started.
+    reader: Option<Reader>,
+    /// The background read under way, if any.
+    reading: Option<ReadInFlight>,
 }
 
 impl<K: Kernel> Agent<K> {
@@ -246,7 +330,17 @@ impl<K: Kernel> Agent<K> {
             unprogrammed_unknown: false,
             marks_short: 0,
             kube_proxy_leftovers_pending: cfg_removes_leftovers,
+            reader: None,
+            reading: None,
         }
+    }
+
+    /// Reads the kernel for reconciles on a thread of its own through `kernel`, a handle of
+    /// its own, so the loop keeps programming changes meanwhile (see the module docs). An
+    /// error if the thread cannot be started.
+    pub fn with_background_reads(mut self, kernel: Box<dyn Kernel>) -> std::io::Result<Self> {
+        self.reader = Some(Reader::start(kernel)?);
+        Ok(self)
     }
 
     /// Measures wall-clock time with `clock` instead of the system's (for tests).
@@ -305,11 +399,12 @@ impl<K: Kernel> Agent<K> {
         );
         self.take(cs);
         self.full_sync(SyncKind::Startup);
-        self.sync_masquerade(true);
+        self.sync_masquerade(MasqSync::Startup);
         let period = self.cfg.sync_period;
         let mut reconcile = tokio::time::interval_at(Instant::now() + period, period);
         reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut address_changes = self.address_changes.take();
+        let mut reader = self.reader.take();
         loop {
             let retry_due = self.retry.values().map(|p| p.due).min();
             let drain_due = self
@@ -338,7 +433,7 @@ impl<K: Kernel> Agent<K> {
                         self.take(more);
                     }
                     self.incremental_sync();
-                    self.sync_masquerade(false);
+                    self.sync_masquerade(MasqSync::Change);
                 }
                 signal = next_signal(&mut address_changes) => {
                     if signal.is_none() {
@@ -355,12 +450,34 @@ impl<K: Kernel> Agent<K> {
                     }
                     if self.refresh_node_addresses() {
                         self.incremental_sync();
-                        self.sync_masquerade(false);
+                        self.sync_masquerade(MasqSync::Change);
                     }
                 }
                 _ = reconcile.tick() => {
-                    self.full_sync(SyncKind::Reconcile);
-                    self.sync_masquerade(true);
+                    match &reader {
+                        // A tick while the last read is still under way waits for it.
+                        Some(_) if self.reading.is_some() => {}
+                        Some(r) => self.start_read(r, 0),
+                        None => {
+                            self.full_sync(SyncKind::Reconcile);
+                            self.reconcile_masquerade(None);
+                        }
+                    }
+                }
+                read = next_read(&mut reader) => {
+                    match read {
+                        Some(result) => self.finish_read(result, reader.as_ref()),
+                        None => {
+                            tracing::warn!(
+                                "the kernel reader stopped; reconciles read the kernel on the loop"
+                            );
+                            reader = None;
+                            if self.reading.take().is_some() {
+                                self.full_sync(SyncKind::Reconcile);
+                                self.reconcile_masquerade(None);
+                            }
+                        }
+                    }
                 }
                 () = sleep_until(wake) => {
                     if retry_due.is_some_and(|d| d <= Instant::now()) {
@@ -370,6 +487,111 @@ impl<K: Kernel> Agent<K> {
                     }
                 }
             }
+        }
+    }
+
+    /// Starts a reconcile's background read, after bringing the node's addresses up to date
+    /// (a NodePort they move is programmed now, before the read starts).
+    fn start_read(&mut self, reader: &Reader, discarded: u32) {
+        if self.refresh_node_addresses() {
+            self.incremental_sync();
+        }
+        self.reading = Some(ReadInFlight {
+            started: Instant::now(),
+            touched: BTreeSet::new(),
+            moved: false,
+            discarded,
+        });
+        let sets = self
+            .masq
+            .as_mut()
+            .is_some_and(super::masq::Masq::begin_read);
+        if reader.requests.send(sets).is_err() {
+            // The thread is gone; `next_read` reports it and the reconcile reads on the loop.
+            tracing::debug!("the kernel reader did not take the request");
+        }
+    }
+
+    /// A background read came back: the reconcile diffs against it, with what the loop changed
+    /// meanwhile taken from the engine (see the module docs).
+    fn finish_read(&mut self, result: ReadResult, reader: Option<&Reader>) {
+        let Some(flight) = self.reading.take() else {
+            return;
+        };
+        let read = flight.started.elapsed();
+        let Read {
+            mut observed,
+            counts,
+            sets,
+        } = match result {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!("reconcile sync: reading the kernel: {e}");
+                self.shared.with_metrics(|m| m.kernel_errors += 1);
+                self.schedule_retry("(reading the kernel)".to_owned());
+                return;
+            }
+        };
+        if flight.moved {
+            let discarded = flight.discarded + 1;
+            match reader {
+                Some(r) if discarded < BACKGROUND_READS => {
+                    tracing::debug!(
+                        "reconcile: virtual servers or addresses came or went during the read; reading again"
+                    );
+                    self.start_read(r, discarded);
+                }
+                _ => {
+                    tracing::info!(
+                        "reconcile: virtual servers or addresses came or went during {}; reading on the loop",
+                        count(discarded, "background read", "background reads")
+                    );
+                    self.full_sync(SyncKind::Reconcile);
+                    self.reconcile_masquerade(None);
+                }
+            }
+            return;
+        }
+        for key in &flight.touched {
+            match self.engine.entry(key) {
+                Some(entry) => {
+                    observed.table.services.insert(*key, entry);
+                }
+                None => {
+                    observed.table.services.remove(key);
+                }
+            }
+        }
+        self.resync_observed(SyncKind::Reconcile, read, true, observed, &counts);
+        let sets = match sets {
+            Some(Ok(sets)) => Some(sets),
+            Some(Err(e)) => {
+                tracing::debug!("reconcile: reading the service sets in the background: {e}");
+                None
+            }
+            None => None,
+        };
+        self.reconcile_masquerade(sets.as_ref());
+    }
+
+    /// The reconcile's forced masquerade sync, timed; `read`: the service sets as its
+    /// background read found them, if it read them.
+    fn reconcile_masquerade(&mut self, read: Option<&ObservedSets>) {
+        if self.masq.is_none() {
+            return;
+        }
+        let start = Instant::now();
+        self.sync_masquerade(MasqSync::Reconcile(read));
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        if let Some(m) = &self.masq {
+            tracing::info!(
+                "reconcile: masquerade rules and sets ensured in {:.1} ms (hairpin sets {:.1} ms, \
+                 service sets {:.1} ms, rules {:.1} ms)",
+                ms(start.elapsed()),
+                ms(m.timing.hairpin_sets),
+                ms(m.timing.service_sets),
+                ms(m.timing.rules)
+            );
         }
     }
 
@@ -431,13 +653,20 @@ impl<K: Kernel> Agent<K> {
         }
     }
 
-    /// Applies the masquerade rules when `force` or when their inputs changed; a failure is
-    /// logged and counted and left for the next reconcile.
-    fn sync_masquerade(&mut self, force: bool) {
+    /// Applies the masquerade rules and sets: all of them at startup and at a reconcile, else
+    /// when their inputs changed; a failure is logged and counted and left for the next
+    /// reconcile.
+    fn sync_masquerade(&mut self, how: MasqSync<'_>) {
         let Some(m) = &mut self.masq else {
             return;
         };
-        match m.sync(&mut self.kernel, &self.inputs, force) {
+        let force = how != MasqSync::Change;
+        let result = match how {
+            MasqSync::Change => m.sync(&mut self.kernel, &self.inputs, false),
+            MasqSync::Startup => m.sync(&mut self.kernel, &self.inputs, true),
+            MasqSync::Reconcile(read) => m.repair(&mut self.kernel, &self.inputs, read),
+        };
+        match result {
             Ok(true) => tracing::debug!("masquerade rules applied"),
             Ok(false) => {}
             Err(e) => {
@@ -588,7 +817,7 @@ impl<K: Kernel> Agent<K> {
         self.finish(SyncKind::Incremental, start, ops.len(), &failures);
     }
 
-    /// Dumps the kernel and applies the whole difference.
+    /// Dumps the kernel on the loop and applies the whole difference.
     fn full_sync(&mut self, kind: SyncKind) {
         let start = Instant::now();
         self.refresh_node_addresses();
@@ -601,8 +830,21 @@ impl<K: Kernel> Agent<K> {
                 return;
             }
         };
+        self.resync_observed(kind, start.elapsed(), false, observed, &counts);
+    }
+
+    /// Applies the whole difference between the desired table and `observed`, read in `read`
+    /// (in the background or on the loop).
+    fn resync_observed(
+        &mut self,
+        kind: SyncKind,
+        read: Duration,
+        background: bool,
+        observed: Observed,
+        counts: &Counts,
+    ) {
+        let start = Instant::now();
         self.adopted = true;
-        let read = start.elapsed();
         let now = self.now();
         // Real servers that were draining and are deleted now finished their graceful
         // termination: expected work, not drift.
@@ -610,15 +852,22 @@ impl<K: Kernel> Agent<K> {
             self.engine.draining().map(|(s, d, _)| (*s, *d)).collect();
         let ops = self
             .engine
-            .resync(&mut self.inputs, &observed.table, now, &counts);
+            .resync(&mut self.inputs, &observed.table, now, counts);
         self.note_drain_timeouts();
         let diffed = start.elapsed();
         let failures = self.apply(&ops);
-        if kind == SyncKind::Startup {
+        if matches!(kind, SyncKind::Startup | SyncKind::Reconcile) {
             tracing::info!(
-                "startup sync: read the kernel in {:.1} ms, diffed in {:.1} ms, applied in {:.1} ms",
+                "{} sync: read the kernel in {:.1} ms ({}), diffed in {:.1} ms, applied {} in {:.1} ms",
+                kind.label(),
                 read.as_secs_f64() * 1000.0,
-                (diffed - read).as_secs_f64() * 1000.0,
+                if background {
+                    "in the background"
+                } else {
+                    "on the loop"
+                },
+                diffed.as_secs_f64() * 1000.0,
+                count(ops.len(), "operation", "operations"),
                 (start.elapsed() - diffed).as_secs_f64() * 1000.0
             );
         }
@@ -629,7 +878,7 @@ impl<K: Kernel> Agent<K> {
                     && !failures.iter().any(|f| &f.op == *op)
             })
             .count() as u64;
-        let desired = self.engine.desired_table();
+        let (services, real_servers) = self.engine.desired_size();
         let failed: BTreeSet<String> = failures.iter().map(|f| names_label(&f.services)).collect();
         // A full sync retried everything: what did not fail again is done.
         self.retry.retain(|label, _| failed.contains(label));
@@ -640,14 +889,14 @@ impl<K: Kernel> Agent<K> {
         let drift = applied - drained;
         let no_local = no_local_endpoints(&self.inputs);
         self.shared.with_metrics(|m| {
-            m.services = desired.services.len() as u64;
-            m.real_servers = desired.dest_count() as u64;
+            m.services = services as u64;
+            m.real_servers = real_servers as u64;
             m.foreign_entries = observed.foreign.len() as u64;
             m.no_local_endpoints = no_local;
             if kind == SyncKind::Reconcile {
                 m.drift_repaired += drift;
             }
-            m.full_sync_duration.observe(start.elapsed());
+            m.full_sync_duration.observe(read + start.elapsed());
         });
         if kind == SyncKind::Reconcile && drift > 0 {
             tracing::warn!(
@@ -662,7 +911,13 @@ impl<K: Kernel> Agent<K> {
             );
         }
         self.programmed(&failures, true);
-        self.finish(kind, start, ops.len(), &failures);
+        // The sync's own duration is the time the loop spent on it: the read too when it read.
+        let on_loop = if background {
+            start
+        } else {
+            start.checked_sub(read).unwrap_or(start)
+        };
+        self.finish(kind, on_loop, ops.len(), &failures);
         // The observed table was the sync's big allocation (tens of MiB at 10,000 Services):
         // its pages go back to the kernel, or the RSS keeps the high-water mark of whichever
         // sync's memory ended up below a live allocation (a 45-minute soak stepped from 111
@@ -699,6 +954,20 @@ impl<K: Kernel> Agent<K> {
 
     /// Applies ops; failures are logged with their Services and counted.
     fn apply(&mut self, ops: &[Op]) -> Vec<apply::Failure> {
+        if let Some(flight) = &mut self.reading {
+            for op in ops {
+                flight.moved |= matches!(
+                    op,
+                    Op::AddService(_)
+                        | Op::DeleteService(_)
+                        | Op::AddAddress(_)
+                        | Op::RemoveAddress(_)
+                );
+                if let Some(key) = op.service() {
+                    flight.touched.insert(*key);
+                }
+            }
+        }
         // Owners cost a walk over every Service, so they are only worked out for failures.
         let mut failures = apply::apply(&mut self.kernel, ops, &Owners::default());
         if !failures.is_empty() {
@@ -844,6 +1113,15 @@ impl<K: Kernel> Agent<K> {
                 elapsed.as_secs_f64() * 1000.0
             );
         }
+    }
+}
+
+/// The next answer of the kernel reader; never completes without one. `None` when the reader's
+/// thread is gone.
+async fn next_read(reader: &mut Option<Reader>) -> Option<ReadResult> {
+    match reader {
+        Some(r) => r.results.recv().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -1055,6 +1333,12 @@ mod tests {
     impl Latency {
         /// Starts the agent (tracker started at `at(0)`) and waits for its startup sync.
         async fn start() -> Self {
+            Self::start_with(Duration::from_secs(3600), false).await
+        }
+
+        /// The same with this sync period, reading the kernel for reconciles on a thread of
+        /// its own if `background`.
+        async fn start_with(period: Duration, background: bool) -> Self {
             let m = examples();
             let mut tracker = kube_ipvs_watch::Tracker::started_at(
                 kube_ipvs_watch::TranslateOptions::default(),
@@ -1065,7 +1349,6 @@ mod tests {
             let cs = tracker.take_change_set().expect("an initial change set");
             let kernel = MemKernel::default();
             let clock = Arc::new(Mutex::new(at(1.0)));
-            let period = Duration::from_secs(3600);
             let shared = Arc::new(Shared::new(period));
             let cfg = AgentConfig {
                 sync_period: period,
@@ -1080,6 +1363,11 @@ mod tests {
             let wall = clock.clone();
             let mut agent = Agent::new(kernel.clone(), inputs, cfg, shared.clone())
                 .with_wall_clock(Arc::new(move || *wall.lock().expect("lock")));
+            if background {
+                agent = agent
+                    .with_background_reads(Box::new(kernel.clone()))
+                    .expect("the reader thread starts");
+            }
             let (changes, rx) = mpsc::channel(4);
             changes.send(cs).await.expect("send");
             // The agent stops when the test drops its sender.
@@ -1226,6 +1514,112 @@ mod tests {
             "{text}"
         );
         assert_eq!(l.shared.with_metrics(|m| m.pending_retries), 0);
+    }
+
+    /// Waits (at most 10 s) until the in-memory kernel has taken a read's snapshot.
+    async fn read_taken(rx: std::sync::mpsc::Receiver<()>) -> std::sync::mpsc::Receiver<()> {
+        tokio::task::spawn_blocking(move || {
+            rx.recv_timeout(Duration::from_secs(10))
+                .expect("a reconcile read the kernel within 10 s");
+            rx
+        })
+        .await
+        .expect("the waiting task")
+    }
+
+    /// The in-memory kernel's table and the engine's view of one virtual server.
+    fn shop_dests(k: &MemKernel) -> Vec<IpAddr> {
+        k.state()
+            .table
+            .services
+            .get(&key(Protocol::Tcp, "10.96.0.30", 80))
+            .map(|e| e.dests.keys().map(|d| d.addr).collect())
+            .unwrap_or_default()
+    }
+
+    /// A change programmed while a reconcile's background read is under way is neither undone
+    /// nor counted as drift when the read, taken before it, comes back: the reconcile repairs
+    /// nothing and fails nothing. (Diffing against the read as it is re-adds the new real
+    /// server, which the kernel refuses: a kernel error and a retry.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[expect(
+        clippy::await_holding_lock,
+        reason = "the guard holds the reader thread, not this task, while the loop runs"
+    )]
+    async fn a_change_made_during_a_background_read_is_not_undone_by_the_reconcile() {
+        let mut l = Latency::start_with(Duration::from_millis(200), true).await;
+        let (tx, rx) = std::sync::mpsc::channel();
+        l.kernel.state().read_taken = Some(tx);
+        let before = shop_dests(&l.kernel);
+        assert!(
+            !before.is_empty(),
+            "the example's shop Service has endpoints"
+        );
+        let synced = *l.syncs.borrow();
+        let gate = l.kernel.clone();
+        let held = gate.hold_reads();
+        let _rx = read_taken(rx).await;
+        l.add_shop_endpoint("10.244.3.30", "2026-01-01T00:00:10Z")
+            .await;
+        wait_syncs(&mut l.syncs, synced + 1).await;
+        assert!(
+            shop_dests(&l.kernel).contains(&ip("10.244.3.30")),
+            "programmed while the read is held"
+        );
+        drop(held);
+        // The reconcile whose read was taken before the change.
+        wait_syncs(&mut l.syncs, synced + 2).await;
+        let (errors, drift, retries) = l
+            .shared
+            .with_metrics(|m| (m.kernel_errors, m.drift_repaired, m.pending_retries));
+        assert_eq!((errors, drift, retries), (0, 0, 0));
+        assert!(shop_dests(&l.kernel).contains(&ip("10.244.3.30")));
+        assert_eq!(shop_dests(&l.kernel).len(), before.len() + 1);
+    }
+
+    /// A background read during which a virtual server was added may have skipped one in the
+    /// kernel's positional dump: it is discarded and the kernel read again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[expect(
+        clippy::await_holding_lock,
+        reason = "the guard holds the reader thread, not this task, while the loop runs"
+    )]
+    async fn a_read_during_which_a_virtual_server_came_is_read_again() {
+        let mut l = Latency::start_with(Duration::from_millis(200), true).await;
+        let (tx, rx) = std::sync::mpsc::channel();
+        l.kernel.state().read_taken = Some(tx);
+        let gate = l.kernel.clone();
+        let held = gate.hold_reads();
+        let rx = read_taken(rx).await;
+        let reads = l.kernel.state().reads;
+        let synced = *l.syncs.borrow();
+        // A new port on the shop Service: a new virtual server.
+        let mut svc = examples()
+            .services
+            .into_iter()
+            .find(|s| s.metadata.name.as_deref() == Some("shop"))
+            .expect("the example has shop");
+        let spec = svc.spec.as_mut().expect("spec");
+        let mut port = spec.ports.as_ref().expect("ports")[0].clone();
+        port.name = Some("extra".to_owned());
+        port.port = 8443;
+        port.node_port = None;
+        spec.ports.as_mut().expect("ports").push(port);
+        l.tracker.apply_service(&svc);
+        let cs = l.tracker.take_change_set().expect("the Service changed");
+        l.changes.send(cs).await.expect("send");
+        wait_syncs(&mut l.syncs, synced + 1).await;
+        drop(held);
+        let _rx = read_taken(rx).await;
+        wait_syncs(&mut l.syncs, synced + 2).await;
+        assert!(
+            l.kernel.state().reads > reads,
+            "the read that saw the table before the new virtual server was taken again"
+        );
+        let (errors, drift) = l
+            .shared
+            .with_metrics(|m| (m.kernel_errors, m.drift_repaired));
+        assert_eq!((errors, drift), (0, 0));
     }
 
     fn key(protocol: Protocol, addr: &str, port: u16) -> VirtualKey {

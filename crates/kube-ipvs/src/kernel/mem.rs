@@ -60,6 +60,11 @@ pub struct MemState {
     pub refuse_set_rules: bool,
     /// Rules matching the service sets are refused (iptables without a match they use).
     pub refuse_service_set_rules: bool,
+    /// How many times `observe` took its snapshot.
+    pub reads: usize,
+    /// Told each time `observe` has taken its snapshot (before it waits for
+    /// [`MemKernel::hold_reads`]), so a test knows a read is under way.
+    pub read_taken: Option<std::sync::mpsc::Sender<()>>,
     /// kube-proxy's leftovers [`Kernel::remove_kube_proxy_leftovers`] finds (and removes).
     pub kube_proxy_leftovers: Vec<String>,
     /// How many times they were asked to be removed, and how many rule sets had been
@@ -91,6 +96,9 @@ pub struct MemKernel {
     state: Arc<Mutex<MemState>>,
     /// Held by a test to keep `ensure_rules` waiting (the masquerade worker's tests).
     gate: Arc<Mutex<()>>,
+    /// Held by a test to keep `observe` from answering the snapshot it took (a background
+    /// read that the agent's loop overtakes).
+    read_gate: Arc<Mutex<()>>,
 }
 
 impl MemKernel {
@@ -102,6 +110,14 @@ impl MemKernel {
     /// Holds `ensure_rules` until the guard is dropped.
     pub fn hold_rules(&self) -> MutexGuard<'_, ()> {
         self.gate.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Holds `observe`'s answer, taken from the table as it was when it was called, until the
+    /// guard is dropped.
+    pub fn hold_reads(&self) -> MutexGuard<'_, ()> {
+        self.read_gate
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn refused(what: impl Into<String>) -> KernelError {
@@ -167,12 +183,19 @@ impl Kernel for MemKernel {
     }
 
     fn observe(&mut self) -> Result<(Observed, Counts), KernelError> {
-        let st = self.state();
+        let mut st = self.state();
         let table = if st.observe_empty {
             Table::default()
         } else {
             st.table.clone()
         };
+        st.reads += 1;
+        let interface = st.interface;
+        if let Some(tx) = &st.read_taken {
+            let _ = tx.send(());
+        }
+        drop(st);
+        drop(self.hold_reads());
         // No connections anywhere: stale real servers can go at once.
         let counts = table
             .services
@@ -183,7 +206,7 @@ impl Kernel for MemKernel {
             Observed {
                 table,
                 foreign: Vec::new(),
-                interface_exists: st.interface,
+                interface_exists: interface,
             },
             counts,
         ))
