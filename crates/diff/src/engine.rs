@@ -4,8 +4,8 @@
 //!
 //! **Invariant**: the incremental path ([`Engine::sync`]) does work proportional to the changed
 //! Services and the pending terminations, never to the cluster. Whole-table walks happen only
-//! in [`Engine::resync`] (startup, drift repair) and [`Engine::desired_table`] (plan/check), or
-//! when the node context changes.
+//! in [`Engine::resync`] (startup, drift repair), [`Engine::desired_table`] (plan/check) and
+//! [`Engine::desired_size`] (after a full sync), or when the node context changes.
 //!
 //! The engine assumes the executor applies every op it returns. If an op fails, the caller
 //! should run [`Engine::resync`] against a fresh dump.
@@ -544,31 +544,6 @@ impl Engine {
             .iter()
             .find(|(s, _)| s.key == *key)
             .map(|(_, d)| d.as_slice())
-    }
-
-    /// What the engine last asked the kernel to hold for one virtual server, draining real
-    /// servers at weight 0 included; `None` if it asked for none. Costs that virtual server
-    /// only. The agent puts it in place of a virtual server it changed while a background read
-    /// of the kernel was under way, since the read may have seen it half changed.
-    pub fn entry(&self, key: &VirtualKey) -> Option<ServiceEntry> {
-        let owner = self.owners.get(key)?;
-        let (server, dests) = self
-            .applied
-            .get(owner)?
-            .servers
-            .iter()
-            .find(|(s, _)| s.key == *key)?;
-        let mut entry = ServiceEntry {
-            server: *server,
-            dests: dests.iter().map(|d| (d.key, *d)).collect(),
-        };
-        for ((_, d), dr) in self
-            .draining
-            .range((*key, DestKey::MIN)..=(*key, DestKey::MAX))
-        {
-            entry.dests.insert(*d, dr.dest);
-        }
-        Some(entry)
     }
 
     /// Full resync against what the kernel holds: brings the per-Service state up to date (every

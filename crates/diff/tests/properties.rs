@@ -473,10 +473,7 @@ proptest! {
             let ops = engine.sync(&mut inputs, now, &Idle);
             kernel.apply_all(&ops).map_err(|e| TestCaseError::fail(e.to_string()))?;
             prop_assert_eq!(&kernel, &engine.desired_table());
-            // A contested virtual server's view is its owner's.
-            for (key, entry) in &kernel.services {
-                prop_assert_eq!(Some(entry.clone()), engine.entry(key), "{}", key);
-            }
+            prop_assert_eq!(engine.desired_size(), (kernel.services.len(), kernel.dest_count()));
             let mut wanted: HashMap<VirtualKey, Vec<ServiceEntry>> = HashMap::new();
             for i in 0..usize::from(N) {
                 let n = svc_name(i);
@@ -538,10 +535,6 @@ proptest! {
                 prop_assert_eq!(d.dest.weight, 0);
             }
             prop_assert_eq!(engine.desired_size(), (kernel.services.len(), kernel.dest_count()));
-            // One virtual server's view is that server of the kernel, draining included.
-            for (key, entry) in &kernel.services {
-                prop_assert_eq!(Some(entry.clone()), engine.entry(key), "{}", key);
-            }
         }
         now += Duration::from_secs(900);
         let ops = engine.sync(&mut inputs, now, &counts);

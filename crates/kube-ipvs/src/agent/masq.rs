@@ -443,6 +443,20 @@ impl Worker {
     fn take_errors(&self) -> Vec<(u64, String)> {
         std::mem::take(&mut self.lock().errors)
     }
+
+    /// Waits until everything handed over is applied, leaving its errors to be read (tests).
+    #[cfg(test)]
+    fn wait_finished(&self) {
+        let mut st = self.lock();
+        let seq = st.submitted;
+        while st.finished < seq {
+            st = self
+                .shared
+                .1
+                .wait(st)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
 }
 
 impl Drop for Worker {
@@ -473,6 +487,9 @@ pub struct Masq {
     pub sets_for_services: Option<ServiceSets>,
     /// How long the last sync took, by part.
     pub timing: Timing,
+    /// Background applies that failed and were applied again by a forced sync (which then
+    /// reported only its own outcome), not yet counted by the caller.
+    pub retried_failures: u64,
 }
 
 /// How long a sync's parts took (the agent logs a reconcile's).
@@ -499,6 +516,7 @@ impl Masq {
             sets_synced: false,
             sets_for_services: None,
             timing: Timing::default(),
+            retried_failures: 0,
         }
     }
 
@@ -732,12 +750,22 @@ impl Masq {
         force: bool,
         wait: bool,
     ) -> Result<bool, String> {
-        // A background apply that failed since the last call: the rules are not in place.
+        // A background apply that failed since the last call: the rules are not in place. A
+        // change reports it and leaves the rules to the next forced sync; a forced sync applies
+        // them again now, waiting, so the fallbacks can be tried.
+        let mut wait = wait;
         if let Applier::Worker(w) = &self.rules
             && let Some((_, e)) = w.take_errors().pop()
         {
             self.applied = None;
-            return Err(e);
+            if !force {
+                return Err(e);
+            }
+            tracing::warn!(
+                "masquerade rules: a background apply failed ({e}); applying them again"
+            );
+            self.retried_failures += 1;
+            wait = true;
         }
         // Nothing the rules are built from changed: the common case of an endpoint change on
         // another node, answered without walking every Service.
@@ -1149,8 +1177,24 @@ mod tests {
         assert_eq!(m.settle(), Ok(()));
         assert_eq!(calls(), 2, "the repair's rules were applied after all");
 
-        // A failed repair is reported by the next call; the repair after it waits and says
-        // whether its own apply worked.
+        // A repair whose background apply failed: the next repair applies the rules again at
+        // once, waiting, and counts the failure it retried.
+        rec.state().fail_rules = true;
+        assert_eq!(
+            m.repair(&mut rec.clone(), &inputs, None),
+            Ok(true),
+            "handed over"
+        );
+        if let Applier::Worker(w) = &m.rules {
+            w.wait_finished();
+        }
+        rec.state().fail_rules = false;
+        let n = calls();
+        assert_eq!(m.repair(&mut rec.clone(), &inputs, None), Ok(true));
+        assert!(calls() > n, "applied again before the repair returned");
+        assert_eq!(m.retried_failures, 1);
+
+        // After a failure the repair waits and reports its own outcome.
         rec.state().fail_rules = true;
         assert_eq!(
             m.repair(&mut rec.clone(), &inputs, None),

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use kube_ipvs_diff::{Table, VirtualKey};
+use kube_ipvs_diff::{ServiceEntry, Table, VirtualKey};
 use kube_ipvs_host::masquerade::{self, Family, Hairpin};
 use kube_ipvs_netlink::ipvs::{Request, ServiceKey};
 use kube_ipvs_netlink::nfnl::ipset::{self, Member, SetKind};
@@ -62,9 +62,11 @@ pub struct MemState {
     pub refuse_service_set_rules: bool,
     /// How many times `observe` took its snapshot.
     pub reads: usize,
-    /// Told each time `observe` has taken its snapshot (before it waits for
-    /// [`MemKernel::hold_reads`]), so a test knows a read is under way.
-    pub read_taken: Option<std::sync::mpsc::Sender<()>>,
+    /// How many `observe` calls took their snapshot and wait for [`MemKernel::hold_reads`].
+    pub reads_waiting: usize,
+    /// The next `observe` to get past [`MemKernel::hold_reads`] leaves this virtual server out
+    /// of its answer, as the kernel's positional dump can when entries come and go during it.
+    pub omit_from_read: Option<VirtualKey>,
     /// kube-proxy's leftovers [`Kernel::remove_kube_proxy_leftovers`] finds (and removes).
     pub kube_proxy_leftovers: Vec<String>,
     /// How many times they were asked to be removed, and how many rule sets had been
@@ -190,12 +192,18 @@ impl Kernel for MemKernel {
             st.table.clone()
         };
         st.reads += 1;
+        st.reads_waiting += 1;
         let interface = st.interface;
-        if let Some(tx) = &st.read_taken {
-            let _ = tx.send(());
-        }
         drop(st);
         drop(self.hold_reads());
+        let mut table = table;
+        {
+            let mut st = self.state();
+            st.reads_waiting -= 1;
+            if let Some(k) = st.omit_from_read.take() {
+                table.services.remove(&k);
+            }
+        }
         // No connections anywhere: stale real servers can go at once.
         let counts = table
             .services
@@ -214,6 +222,24 @@ impl Kernel for MemKernel {
 
     fn connection_counts(&mut self, _: &BTreeSet<VirtualKey>) -> Counts {
         Counts::new()
+    }
+
+    fn observe_services(
+        &mut self,
+        keys: &BTreeSet<VirtualKey>,
+    ) -> Result<(BTreeMap<VirtualKey, Option<ServiceEntry>>, Counts), KernelError> {
+        let st = self.state();
+        let entries: BTreeMap<VirtualKey, Option<ServiceEntry>> = keys
+            .iter()
+            .map(|k| (*k, st.table.services.get(k).cloned()))
+            .collect();
+        // No connections anywhere, as `observe` answers.
+        let counts = entries
+            .iter()
+            .filter_map(|(k, e)| e.as_ref().map(|e| (k, e)))
+            .flat_map(|(k, e)| e.dests.keys().map(move |d| ((*k, *d), 0)))
+            .collect();
+        Ok((entries, counts))
     }
 
     fn node_addresses(&mut self) -> Result<Vec<IpAddr>, KernelError> {

@@ -36,10 +36,10 @@ pub(crate) mod test_support {
     }
 }
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
-use kube_ipvs_diff::{DestKey, VirtualKey};
+use kube_ipvs_diff::{DestKey, ServiceEntry, VirtualKey};
 use kube_ipvs_host::masquerade::{self, Family, MasqueradeError};
 use kube_ipvs_netlink::ipvs::{Destination, Ipvs, Request};
 use kube_ipvs_netlink::link::Rtnl;
@@ -130,6 +130,13 @@ pub trait Kernel: Send {
     fn observe(&mut self) -> Result<(Observed, Counts), KernelError>;
     /// The connections of the real servers of these virtual servers (for draining).
     fn connection_counts(&mut self, services: &BTreeSet<VirtualKey>) -> Counts;
+    /// Reads these virtual servers, each with its real servers and their connections: `None`
+    /// for one the kernel does not hold, or holds in a form the engine cannot represent (as
+    /// [`Kernel::observe`] leaves it out of its table).
+    fn observe_services(
+        &mut self,
+        keys: &BTreeSet<VirtualKey>,
+    ) -> Result<(BTreeMap<VirtualKey, Option<ServiceEntry>>, Counts), KernelError>;
     /// The node's own addresses (not `kube-ipvs0`'s, not loopback, not link-local).
     fn node_addresses(&mut self) -> Result<Vec<IpAddr>, KernelError>;
     /// Deletes the UDP conntrack entries a deleted real or virtual server leaves behind, so
@@ -287,6 +294,27 @@ impl Kernel for RealKernel {
             }
         }
         counts
+    }
+
+    fn observe_services(
+        &mut self,
+        keys: &BTreeSet<VirtualKey>,
+    ) -> Result<(BTreeMap<VirtualKey, Option<ServiceEntry>>, Counts), KernelError> {
+        let mut entries = BTreeMap::new();
+        let mut counts = Counts::new();
+        for key in keys {
+            let sk = convert::service_key(key);
+            let entry = match self.ipvs.service(&sk)? {
+                None => None,
+                Some(svc) => {
+                    let dests = self.ipvs.destinations(&sk)?;
+                    dest_counts(&mut counts, *key, &dests);
+                    convert::entry_from_kernel(&svc, &dests).ok()
+                }
+            };
+            entries.insert(*key, entry);
+        }
+        Ok((entries, counts))
     }
 
     fn node_addresses(&mut self) -> Result<Vec<IpAddr>, KernelError> {
