@@ -428,6 +428,11 @@ impl Worker {
     /// Waits until the apply `seq` (or a later one) finished; the errors of finished applies
     /// not yet read.
     fn wait(&self, seq: u64) -> Vec<(u64, String)> {
+        std::mem::take(&mut self.finished(seq).errors)
+    }
+
+    /// The state once the apply `seq` (or a later one) finished.
+    fn finished(&self, seq: u64) -> std::sync::MutexGuard<'_, WorkerState> {
         let mut st = self.lock();
         while st.finished < seq {
             st = self
@@ -436,7 +441,7 @@ impl Worker {
                 .wait(st)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
-        std::mem::take(&mut st.errors)
+        st
     }
 
     /// The errors of finished applies not yet read, without waiting.
@@ -447,15 +452,8 @@ impl Worker {
     /// Waits until everything handed over is applied, leaving its errors to be read (tests).
     #[cfg(test)]
     fn wait_finished(&self) {
-        let mut st = self.lock();
-        let seq = st.submitted;
-        while st.finished < seq {
-            st = self
-                .shared
-                .1
-                .wait(st)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-        }
+        let seq = self.lock().submitted;
+        drop(self.finished(seq));
     }
 }
 

@@ -431,18 +431,15 @@ impl ServiceSets {
         kernel: &mut dyn Kernel,
         observed: &ObservedSets,
     ) -> Result<bool, KernelError> {
-        let since = self.since_read.take();
-        let result = match since {
-            Some(mut touched) if self.synced && observed.values().all(Option::is_some) => (|| {
-                touched.extend(self.counts.delta().iter().copied());
-                let mut changed = self.sync_delta(kernel)?;
-                Self::create(kernel)?;
-                changed |= self.exact_against(kernel, observed, &touched)?;
-                Ok(changed)
-            })(
-            ),
-            _ => self.sync_exact(kernel),
+        let usable = self.synced && observed.values().all(Option::is_some);
+        let Some(mut leave) = self.since_read.take().filter(|_| usable) else {
+            return self.sync(kernel, true);
         };
+        leave.extend(self.counts.delta().iter().copied());
+        let result = self.sync_delta(kernel).and_then(|delta| {
+            Self::create(kernel)?;
+            Ok(self.exact_against(kernel, observed, &leave)? || delta)
+        });
         self.counts.clear_delta();
         self.synced = result.is_ok();
         result

@@ -69,8 +69,9 @@ const BACKGROUND_READS: u32 = 3;
 struct Read {
     observed: Observed,
     counts: Counts,
-    /// The service sets, when asked for.
-    sets: Option<Result<ObservedSets, KernelError>>,
+    /// The service sets, when asked for and readable (otherwise the reconcile reads them on
+    /// the loop).
+    sets: Option<ObservedSets>,
 }
 
 /// What a background read of the kernel answers.
@@ -94,7 +95,14 @@ impl Reader {
                     let read = kernel.observe().map(|(observed, counts)| Read {
                         observed,
                         counts,
-                        sets: sets.then(|| read_sets(&mut *kernel)),
+                        sets: sets.then(|| read_sets(&mut *kernel)).and_then(|r| {
+                            r.map_err(|e| {
+                                tracing::debug!(
+                                    "reconcile: reading the service sets in the background: {e}"
+                                );
+                            })
+                            .ok()
+                        }),
                     });
                     if answer.blocking_send(read).is_err() {
                         return;
@@ -461,10 +469,7 @@ impl<K: Kernel> Agent<K> {
                         // A tick while the last read is still under way waits for it.
                         Some(_) if self.reading.is_some() => {}
                         Some(r) => self.start_read(r, 0),
-                        None => {
-                            self.full_sync(SyncKind::Reconcile);
-                            self.reconcile_masquerade(None);
-                        }
+                        None => self.reconcile_on_loop(),
                     }
                 }
                 read = next_read(&mut reader) => {
@@ -476,8 +481,7 @@ impl<K: Kernel> Agent<K> {
                             );
                             reader = None;
                             if self.reading.take().is_some() {
-                                self.full_sync(SyncKind::Reconcile);
-                                self.reconcile_masquerade(None);
+                                self.reconcile_on_loop();
                             }
                         }
                     }
@@ -522,18 +526,14 @@ impl<K: Kernel> Agent<K> {
             return;
         };
         let read = flight.started.elapsed();
+        let loop_start = Instant::now();
         let Read {
             mut observed,
-            counts,
+            mut counts,
             sets,
         } = match result {
             Ok(v) => v,
-            Err(e) => {
-                tracing::warn!("reconcile sync: reading the kernel: {e}");
-                self.shared.with_metrics(|m| m.kernel_errors += 1);
-                self.schedule_retry("(reading the kernel)".to_owned());
-                return;
-            }
+            Err(e) => return self.read_failed(SyncKind::Reconcile, &e),
         };
         if flight.moved {
             let discarded = flight.discarded + 1;
@@ -549,25 +549,28 @@ impl<K: Kernel> Agent<K> {
                         "reconcile: virtual servers or addresses came or went during {}; reading on the loop",
                         count(discarded, "background read", "background reads")
                     );
-                    self.full_sync(SyncKind::Reconcile);
-                    self.reconcile_masquerade(None);
+                    self.reconcile_on_loop();
                 }
             }
             return;
         }
-        let mut counts = counts;
         if !flight.touched.is_empty() {
-            let again = Instant::now();
             let (entries, fresh) = match self.kernel.observe_services(&flight.touched) {
                 Ok(v) => v,
-                Err(e) => {
-                    tracing::warn!("reconcile sync: reading the kernel: {e}");
-                    self.shared.with_metrics(|m| m.kernel_errors += 1);
-                    self.schedule_retry("(reading the kernel)".to_owned());
-                    return;
-                }
+                Err(e) => return self.read_failed(SyncKind::Reconcile, &e),
             };
-            counts.retain(|(k, _), _| !flight.touched.contains(k));
+            // The read's counts of those virtual servers' real servers go with their entries.
+            for key in &flight.touched {
+                for dest in observed
+                    .table
+                    .services
+                    .get(key)
+                    .into_iter()
+                    .flat_map(|e| e.dests.keys())
+                {
+                    counts.remove(&(*key, *dest));
+                }
+            }
             counts.extend(fresh);
             for (key, entry) in entries {
                 match entry {
@@ -582,19 +585,31 @@ impl<K: Kernel> Agent<K> {
             tracing::info!(
                 "reconcile: read {} the loop changed during the read again in {:.1} ms",
                 count(flight.touched.len(), "virtual server", "virtual servers"),
-                again.elapsed().as_secs_f64() * 1000.0
+                loop_start.elapsed().as_secs_f64() * 1000.0
             );
         }
-        self.resync_observed(SyncKind::Reconcile, read, true, observed, &counts);
-        let sets = match sets {
-            Some(Ok(sets)) => Some(sets),
-            Some(Err(e)) => {
-                tracing::debug!("reconcile: reading the service sets in the background: {e}");
-                None
-            }
-            None => None,
-        };
+        self.resync_observed(
+            SyncKind::Reconcile,
+            read,
+            Some(loop_start),
+            observed,
+            &counts,
+        );
         self.reconcile_masquerade(sets.as_ref());
+    }
+
+    /// A reconcile that reads the kernel on the loop (no reader, or reads kept being
+    /// overtaken).
+    fn reconcile_on_loop(&mut self) {
+        self.full_sync(SyncKind::Reconcile);
+        self.reconcile_masquerade(None);
+    }
+
+    /// A read of the kernel failed: logged, counted, and retried with backoff.
+    fn read_failed(&mut self, kind: SyncKind, e: &KernelError) {
+        tracing::warn!("{} sync: reading the kernel: {e}", kind.label());
+        self.shared.with_metrics(|m| m.kernel_errors += 1);
+        self.schedule_retry("(reading the kernel)".to_owned());
     }
 
     /// The reconcile's forced masquerade sync, timed; `read`: the service sets as its
@@ -851,27 +866,24 @@ impl<K: Kernel> Agent<K> {
         self.refresh_node_addresses();
         let (observed, counts) = match self.kernel.observe() {
             Ok(v) => v,
-            Err(e) => {
-                tracing::warn!("{} sync: reading the kernel: {e}", kind.label());
-                self.shared.with_metrics(|m| m.kernel_errors += 1);
-                self.schedule_retry("(reading the kernel)".to_owned());
-                return;
-            }
+            Err(e) => return self.read_failed(kind, &e),
         };
-        self.resync_observed(kind, start.elapsed(), false, observed, &counts);
+        self.resync_observed(kind, start.elapsed(), None, observed, &counts);
     }
 
-    /// Applies the whole difference between the desired table and `observed`, read in `read`
-    /// (in the background or on the loop).
+    /// Applies the whole difference between the desired table and `observed`, read in `read`:
+    /// on the loop, or in the background when `background` gives the time the loop took the
+    /// read back (so the sync's own duration is the loop's time on it either way).
     fn resync_observed(
         &mut self,
         kind: SyncKind,
         read: Duration,
-        background: bool,
+        background: Option<Instant>,
         observed: Observed,
         counts: &Counts,
     ) {
         let start = Instant::now();
+        let on_loop = background.unwrap_or_else(|| start.checked_sub(read).unwrap_or(start));
         self.adopted = true;
         let now = self.now();
         // Real servers that were draining and are deleted now finished their graceful
@@ -889,7 +901,7 @@ impl<K: Kernel> Agent<K> {
                 "{} sync: read the kernel in {:.1} ms ({}), diffed in {:.1} ms, applied {} in {:.1} ms",
                 kind.label(),
                 read.as_secs_f64() * 1000.0,
-                if background {
+                if background.is_some() {
                     "in the background"
                 } else {
                     "on the loop"
@@ -924,7 +936,10 @@ impl<K: Kernel> Agent<K> {
             if kind == SyncKind::Reconcile {
                 m.drift_repaired += drift;
             }
-            m.full_sync_duration.observe(read + start.elapsed());
+            m.full_sync_duration.observe(match background {
+                Some(_) => read + on_loop.elapsed(),
+                None => on_loop.elapsed(),
+            });
         });
         if kind == SyncKind::Reconcile && drift > 0 {
             tracing::warn!(
@@ -940,11 +955,6 @@ impl<K: Kernel> Agent<K> {
         }
         self.programmed(&failures, true);
         // The sync's own duration is the time the loop spent on it: the read too when it read.
-        let on_loop = if background {
-            start
-        } else {
-            start.checked_sub(read).unwrap_or(start)
-        };
         self.finish(kind, on_loop, ops.len(), &failures);
         // The observed table was the sync's big allocation (tens of MiB at 10,000 Services):
         // its pages go back to the kernel, or the RSS keeps the high-water mark of whichever
@@ -1553,6 +1563,21 @@ mod tests {
         }
     }
 
+    /// Holds the next reconcile read of an agent started with background reads and a short
+    /// period, once it has taken its snapshot: the loop goes on while the read waits.
+    #[expect(
+        clippy::await_holding_lock,
+        reason = "the guard holds the reader thread, not this task, while the loop runs"
+    )]
+    async fn hold_a_read<'g>(gate: &'g MemKernel) -> std::sync::MutexGuard<'g, ()> {
+        let held = gate.hold_reads();
+        until("a reconcile's read to wait", || {
+            gate.state().reads_waiting == 1
+        })
+        .await;
+        held
+    }
+
     /// How many full syncs have finished.
     fn full_syncs(shared: &Shared) -> u64 {
         shared.with_metrics(|m| m.full_sync_duration.count())
@@ -1590,11 +1615,7 @@ mod tests {
             "the example's shop Service has endpoints"
         );
         let gate = l.kernel.clone();
-        let held = gate.hold_reads();
-        until("a reconcile's read to wait", || {
-            l.kernel.state().reads_waiting == 1
-        })
-        .await;
+        let held = hold_a_read(&gate).await;
         let full = full_syncs(&l.shared);
         l.add_shop_endpoint("10.244.3.30", "2026-01-01T00:00:10Z")
             .await;
@@ -1633,11 +1654,7 @@ mod tests {
             .find(|k| **k != shop)
             .expect("the examples have other virtual servers");
         let gate = l.kernel.clone();
-        let held = gate.hold_reads();
-        until("a reconcile's read to wait", || {
-            l.kernel.state().reads_waiting == 1
-        })
-        .await;
+        let held = hold_a_read(&gate).await;
         let (reads, full) = (l.kernel.state().reads, full_syncs(&l.shared));
         // The held read will answer without `skipped`, as a dump overtaken by an add can.
         l.kernel.state().omit_from_read = Some(skipped);

@@ -186,7 +186,7 @@ impl Kernel for MemKernel {
 
     fn observe(&mut self) -> Result<(Observed, Counts), KernelError> {
         let mut st = self.state();
-        let table = if st.observe_empty {
+        let mut table = if st.observe_empty {
             Table::default()
         } else {
             st.table.clone()
@@ -196,7 +196,6 @@ impl Kernel for MemKernel {
         let interface = st.interface;
         drop(st);
         drop(self.hold_reads());
-        let mut table = table;
         {
             let mut st = self.state();
             st.reads_waiting -= 1;
