@@ -708,6 +708,13 @@ impl Agent {
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
 
+    /// The first lines of the agent's log: where its startup's time went (kube-ipvs logs the
+    /// list, the startup sync and its apply with timestamps).
+    fn head(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        text.lines().take(25).collect::<Vec<_>>().join("\n")
+    }
+
     /// Fails, with the end of the agent's log, if it has exited.
     fn check_running(&mut self) -> Result<()> {
         if let Some(status) = self.child.try_wait()? {
@@ -1614,7 +1621,12 @@ fn guest(opts: &Options) -> Result<()> {
             conv.uncertainty.as_secs_f64(),
             conv.full_read.as_secs_f64()
         );
-        let (cpu_converged, _) = agent.usage()?;
+        let (cpu_converged, rss_converged) = agent.usage()?;
+        eprintln!(
+            "e2e-bench: {agent_name} peak RSS when converged {:.1} MiB\n--- {agent_name} log (start) ---\n{}\n---",
+            rss_converged as f64 / 1024.0,
+            agent.head()
+        );
         let (settle_time, settled) = settle(&mut agent, opts.settle_timeout)?;
         eprintln!(
             "e2e-bench: {agent_name} {} {:.1} s after converging",

@@ -23,6 +23,19 @@ pub fn release_free_memory() -> bool {
     }
 }
 
+/// This process's resident memory and its peak so far, in KiB (`VmRSS` and `VmHWM` of
+/// `/proc/self/status`), for the agent's log; `None` where that file is not there.
+pub fn resident_kib() -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    };
+    Some((field("VmRSS")?, field("VmHWM")?))
+}
+
 #[cfg(all(test, target_os = "linux", target_env = "gnu"))]
 mod tests {
     use super::*;
@@ -30,12 +43,9 @@ mod tests {
     const MIB: u64 = 1024;
 
     fn rss_kib() -> u64 {
-        let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS in /proc/self/status")
+        resident_kib()
+            .expect("VmRSS and VmHWM in /proc/self/status")
+            .0
     }
 
     /// The agent's pattern: many small allocations freed while a few stay live among them.

@@ -7,8 +7,9 @@
 //! This module decides nothing about what the table should hold (the engine does) and renders
 //! nothing for people beyond the failure messages.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
+use std::sync::{Condvar, Mutex, PoisonError};
 
 use kube_ipvs_diff::{Inputs, Op, ServiceName, VirtualKey, service_table};
 use kube_ipvs_netlink::ipvs::Request;
@@ -107,115 +108,278 @@ impl std::fmt::Display for Failure {
 /// the socket buffers allow).
 const REQUEST_CHUNK: usize = 8192;
 
-/// Applies ops, which must be in [`kube_ipvs_diff::order_ops`] order: address binds first, then
-/// every IPVS op in order (in chunks of [`REQUEST_CHUNK`]), then address removals (so an address is bound before traffic
-/// can be sent to it and unbound only after its virtual servers are gone). Returns the ops
-/// that failed, each with its Services; all others were applied.
+/// Fewer binds than this are made on the apply's own thread before the IPVS requests, not on
+/// a binder thread beside them.
+const BINDER_MIN: usize = 64;
+
+/// Addresses a binder thread binds per call, so the IPVS requests that need them can go out
+/// while it binds the next ones.
+const BIND_STEP: usize = 256;
+
+/// IPVS requests sent per call at least while a binder thread is still binding (fewer only at
+/// the end of a chunk), so waiting for it does not cut the requests into tiny batches.
+const MIN_RUN: usize = 512;
+
+/// Applies ops, which must be in [`kube_ipvs_diff::order_ops`] order: address binds, then
+/// every IPVS op in order (in chunks of [`REQUEST_CHUNK`]), then address removals. A virtual
+/// server is created only once its address is bound, and an address is unbound only after its
+/// virtual servers are gone. Many binds (a startup) are made on a thread of their own through
+/// [`Kernel::address_binder`] while the IPVS requests go out, each request waiting only for
+/// the bind of the virtual server it creates; the apply returns when both are done. Returns
+/// the ops that failed, each with its Services; all others were applied.
 pub fn apply(kernel: &mut dyn Kernel, ops: &[Op], owners: &Owners) -> Vec<Failure> {
-    let mut failures = Vec::new();
-    let mut fail = |op: &Op, error: Option<&KernelError>| {
-        failures.push(Failure {
-            op: op.clone(),
-            services: owners.of(op).to_vec(),
-            error: error.map_or_else(
-                || "no result from the kernel".to_owned(),
-                ToString::to_string,
-            ),
-            errno: error.and_then(KernelError::errno),
-        });
+    let failure = |op: &Op, error: Option<&KernelError>| Failure {
+        op: op.clone(),
+        services: owners.of(op).to_vec(),
+        error: error.map_or_else(
+            || "no result from the kernel".to_owned(),
+            ToString::to_string,
+        ),
+        errno: error.and_then(KernelError::errno),
     };
     let started = std::time::Instant::now();
     let adds: Vec<&Op> = ops
         .iter()
         .filter(|op| matches!(op, Op::AddAddress(_)))
         .collect();
-    let address_adds = adds.len();
+    // The binds' failures come first, as the binds do.
+    let mut bind_failures = Vec::new();
+    let mut order: Vec<(IpAddr, &Op)> = Vec::new();
+    let mut binder = None;
     if !adds.is_empty() {
-        // Without the interface no bind can work; each bind is then reported with this cause.
         match kernel.ensure_interface() {
             Ok(()) => {
-                let addrs: Vec<IpAddr> = adds
-                    .iter()
-                    .filter_map(|op| match op {
-                        Op::AddAddress(a) => Some(*a),
-                        _ => None,
-                    })
-                    .collect();
-                let results = kernel.add_addresses(&addrs);
-                for (i, op) in adds.iter().enumerate() {
-                    match results.get(i) {
-                        Some(Ok(())) => {}
-                        Some(Err(e)) => fail(op, Some(e)),
-                        None => fail(op, None),
-                    }
+                order = bind_order(&adds, ops);
+                if order.len() >= BINDER_MIN {
+                    binder = kernel.address_binder();
                 }
             }
-            Err(e) => {
-                for op in adds {
-                    fail(op, Some(&e));
-                }
-            }
+            // Without the interface no bind can work; each bind is then reported with this
+            // cause.
+            Err(e) => bind_failures.extend(adds.iter().map(|op| failure(op, Some(&e)))),
         }
+    }
+    let addrs: Vec<IpAddr> = order.iter().map(|(a, _)| *a).collect();
+    if binder.is_none() && !addrs.is_empty() {
+        let results = kernel.add_addresses(&addrs);
+        collect(&order, &results, &failure, &mut bind_failures);
     }
     let bound = std::time::Instant::now();
-    // The requests are built and sent a chunk at a time: a startup at 10,000 Services is
-    // 110,000 of them, and holding them all at once was a fifth of the agent's peak memory.
+    // Each bound address's place in `order`, counted from 1: how many binds a virtual server
+    // on it waits for.
+    let gate_of: HashMap<IpAddr, usize> =
+        addrs.iter().enumerate().map(|(i, a)| (*a, i + 1)).collect();
+    let progress = Progress::default();
+    let overlapped = binder.is_some();
+    let mut failures = Vec::new();
     let mut requests = 0;
-    let mut chunk_ops: Vec<&Op> = Vec::new();
-    let mut chunk: Vec<Request> = Vec::new();
-    let mut ipvs_ops = ops
-        .iter()
-        .filter_map(|op| request_for(op).map(|r| (op, r)))
-        .peekable();
-    while ipvs_ops.peek().is_some() {
-        chunk_ops.clear();
-        chunk.clear();
-        for (op, r) in ipvs_ops.by_ref().take(REQUEST_CHUNK) {
-            chunk_ops.push(op);
-            chunk.push(r);
+    let mut waited = std::time::Duration::ZERO;
+    std::thread::scope(|scope| {
+        let binding = binder.map(|mut bind| {
+            let (progress, addrs) = (&progress, &addrs);
+            scope.spawn(move || {
+                // Marks the binds finished however the thread ends, so the wait below ends.
+                let _finished = Finished(progress);
+                let mut results = Vec::with_capacity(addrs.len());
+                for step in addrs.chunks(BIND_STEP) {
+                    results.extend(bind(step));
+                    progress.advance(step.len());
+                }
+                results
+            })
+        });
+        // How many of `order` are bound for sure (all of them without a binder thread).
+        let mut bound_so_far = if binding.is_some() { 0 } else { usize::MAX };
+        // Each IPVS op with its gate: how many of `order` must be bound before it goes out
+        // (for a virtual server created here, and its real servers, its address's place in
+        // `order`; 0 for every other op).
+        let created: HashMap<VirtualKey, usize> = ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::AddService(vs) => match vs.key {
+                    VirtualKey::Inet { addr, .. } => gate_of.get(&addr).map(|g| (vs.key, *g)),
+                    VirtualKey::Fwmark { .. } => None,
+                },
+                _ => None,
+            })
+            .collect();
+        let mut ipvs: Vec<(usize, &Op)> = ops
+            .iter()
+            .filter(|op| !matches!(op, Op::AddAddress(_) | Op::RemoveAddress(_)))
+            .map(|op| {
+                let gate = op.service().and_then(|k| created.get(k)).copied();
+                (gate.unwrap_or(0), op)
+            })
+            .collect();
+        if binding.is_some() {
+            // Beside a binder, each new virtual server goes out with its real servers as soon
+            // as its address is bound (every other op first, in order): the stable sort keeps
+            // the order of each one's ops and of the rest. Without a binder every address is
+            // bound already and the order stays `order_ops`'s, whose rounds give every
+            // Service its first real server before any its second.
+            ipvs.sort_by_key(|(gate, _)| *gate);
         }
-        requests += chunk.len();
-        let results = kernel.apply_requests(&chunk);
-        for (i, op) in chunk_ops.iter().enumerate() {
-            match results.get(i) {
-                Some(Ok(())) => {}
-                Some(Err(e)) => fail(op, Some(e)),
-                None => fail(op, None),
+        drop(created);
+        // The requests are built and sent a chunk at a time: a startup at 10,000 Services is
+        // 110,000 of them, and holding them all at once was a fifth of the agent's peak memory.
+        let mut chunk_ops: Vec<&Op> = Vec::new();
+        let mut chunk: Vec<Request> = Vec::new();
+        let mut gates: Vec<usize> = Vec::new();
+        for part in ipvs.chunks(REQUEST_CHUNK) {
+            chunk_ops.clear();
+            chunk.clear();
+            gates.clear();
+            for (gate, op) in part {
+                if let Some(r) = request_for(op) {
+                    chunk_ops.push(op);
+                    chunk.push(r);
+                    gates.push(*gate);
+                }
+            }
+            requests += chunk.len();
+            let mut at = 0;
+            while at < chunk.len() {
+                let least = (at + MIN_RUN).min(chunk.len());
+                if gates[least - 1] > bound_so_far {
+                    let t = std::time::Instant::now();
+                    bound_so_far = progress.wait_for(gates[least - 1]);
+                    waited += t.elapsed();
+                }
+                let end = least + gates[least..].partition_point(|&g| g <= bound_so_far);
+                let results = kernel.apply_requests(&chunk[at..end]);
+                for (i, op) in chunk_ops[at..end].iter().enumerate() {
+                    match results.get(i) {
+                        Some(Ok(())) => {}
+                        Some(Err(e)) => failures.push(failure(op, Some(e))),
+                        None => failures.push(failure(op, None)),
+                    }
+                }
+                at = end;
             }
         }
-    }
+        if let Some(h) = binding {
+            // A binder that panicked answered nothing: each of its binds says so.
+            let results = h.join().unwrap_or_default();
+            collect(&order, &results, &failure, &mut bind_failures);
+        }
+    });
     let programmed = std::time::Instant::now();
     for op in ops {
         if let Op::RemoveAddress(a) = op
             && let Err(e) = kernel.remove_address(*a)
         {
-            fail(op, Some(&e));
+            failures.push(failure(op, Some(&e)));
         }
     }
     // Where a big apply (a startup, a large reconcile) spent its time; small ones only at debug.
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
     let (binds_ms, ipvs_ms, removals_ms) = (
-        (bound - started).as_secs_f64() * 1000.0,
-        (programmed - bound).as_secs_f64() * 1000.0,
-        programmed.elapsed().as_secs_f64() * 1000.0,
+        ms(bound - started),
+        ms(programmed - bound),
+        ms(programmed.elapsed()),
     );
     // The macros evaluate their arguments only when the level is enabled: nothing is formatted
     // for an ordinary incremental sync.
-    let binds = || crate::words::count(address_adds, "address bind", "address binds");
+    let binds = || crate::words::count(adds.len(), "address bind", "address binds");
     let sent = || crate::words::count(requests, "IPVS request", "IPVS requests");
-    if address_adds + requests >= 1000 {
-        tracing::info!(
-            "applied {} in {binds_ms:.1} ms, {} in {ipvs_ms:.1} ms, removals in {removals_ms:.1} ms",
-            binds(),
-            sent()
-        );
+    let how = || {
+        if overlapped {
+            format!(
+                "{} and {} together in {ipvs_ms:.1} ms (the requests waited {:.1} ms for binds)",
+                binds(),
+                sent(),
+                ms(waited)
+            )
+        } else {
+            format!(
+                "{} in {binds_ms:.1} ms, {} in {ipvs_ms:.1} ms",
+                binds(),
+                sent()
+            )
+        }
+    };
+    if adds.len() + requests >= 1000 {
+        tracing::info!("applied {}, removals in {removals_ms:.1} ms", how());
     } else {
-        tracing::debug!(
-            "applied {} in {binds_ms:.1} ms, {} in {ipvs_ms:.1} ms, removals in {removals_ms:.1} ms",
-            binds(),
-            sent()
-        );
+        tracing::debug!("applied {}, removals in {removals_ms:.1} ms", how());
     }
-    failures
+    bind_failures.extend(failures);
+    bind_failures
+}
+/// The binds in the order the IPVS requests need them: first those no new virtual server
+/// waits for, then each in the order of the first virtual server created on it.
+fn bind_order<'a>(adds: &[&'a Op], ops: &[Op]) -> Vec<(IpAddr, &'a Op)> {
+    let mut first_use: HashMap<IpAddr, usize> = HashMap::new();
+    for (i, op) in ops.iter().enumerate() {
+        if let Op::AddService(vs) = op
+            && let VirtualKey::Inet { addr, .. } = vs.key
+        {
+            first_use.entry(addr).or_insert(i + 1);
+        }
+    }
+    let mut order: Vec<(IpAddr, &Op)> = adds
+        .iter()
+        .filter_map(|op| match op {
+            Op::AddAddress(a) => Some((*a, *op)),
+            _ => None,
+        })
+        .collect();
+    order.sort_by_key(|(a, _)| first_use.get(a).copied().unwrap_or(0));
+    order
+}
+
+/// Adds a failure for each bind of `order` whose result is an error or missing.
+fn collect(
+    order: &[(IpAddr, &Op)],
+    results: &[Result<(), KernelError>],
+    failure: &impl Fn(&Op, Option<&KernelError>) -> Failure,
+    out: &mut Vec<Failure>,
+) {
+    for (i, (_, op)) in order.iter().enumerate() {
+        match results.get(i) {
+            Some(Ok(())) => {}
+            Some(Err(e)) => out.push(failure(op, Some(e))),
+            None => out.push(failure(op, None)),
+        }
+    }
+}
+
+/// How far a binder thread got: binds done, and whether it stopped.
+#[derive(Default)]
+struct Progress {
+    state: Mutex<(usize, bool)>,
+    wake: Condvar,
+}
+
+impl Progress {
+    fn advance(&self, n: usize) {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).0 += n;
+        self.wake.notify_all();
+    }
+
+    fn finish(&self) {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).1 = true;
+        self.wake.notify_all();
+    }
+
+    /// Waits until `n` binds are done or the binder stopped; how many are done, or
+    /// `usize::MAX` once it stopped (nothing is left to wait for).
+    fn wait_for(&self, n: usize) -> usize {
+        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        while st.0 < n && !st.1 {
+            st = self.wake.wait(st).unwrap_or_else(PoisonError::into_inner);
+        }
+        if st.1 { usize::MAX } else { st.0 }
+    }
+}
+
+/// Marks a binder's [`Progress`] stopped when dropped, however its thread ends.
+struct Finished<'a>(&'a Progress);
+
+impl Drop for Finished<'_> {
+    fn drop(&mut self) {
+        self.0.finish();
+    }
 }
 
 #[cfg(test)]
@@ -336,5 +500,106 @@ mod tests {
             .cloned()
             .collect();
         assert_eq!(sent, wanted);
+    }
+
+    /// `n` virtual servers on addresses of their own, each with `per` real servers, and
+    /// those addresses.
+    fn table_with_addresses(n: u32, per: u32) -> Table {
+        let mut desired = Table::default();
+        for i in 0..n {
+            let addr = std::net::Ipv4Addr::from(0x0a60_0000 + i).to_string();
+            let v = vs(&addr, 80);
+            desired.services.insert(
+                v.key,
+                ServiceEntry {
+                    server: v,
+                    dests: (0..per)
+                        .map(|j| RealServer::masq(IpAddr::V4((0x0af4_0000 + j).into()), 8080, 1))
+                        .map(|d| (d.key, d))
+                        .collect(),
+                },
+            );
+            desired.addresses.insert(ip(&addr));
+        }
+        desired
+    }
+
+    /// Waits (up to a minute) until `done` holds.
+    fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !done() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out waiting: {what}"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn many_binds_go_on_a_binder_thread_and_no_virtual_server_goes_before_its_address() {
+        let desired = table_with_addresses(600, 3);
+        let ops = kube_ipvs_diff::full_diff(&desired, &Table::default(), Default::default());
+        let k = MemKernel::default();
+        let held = k.hold_binds();
+        let worker = {
+            let (mut k, ops) = (k.clone(), ops.clone());
+            std::thread::spawn(move || apply(&mut k, &ops, &Owners::default()))
+        };
+        wait_until("the binder to wait", || k.state().binds_waiting > 0);
+        assert!(
+            k.state().requests.is_empty(),
+            "IPVS requests went out before any address was bound"
+        );
+        drop(held);
+        let failures = worker.join().expect("the apply");
+        assert_eq!(failures, vec![]);
+        let st = k.state();
+        assert_eq!(st.table, desired);
+        assert_eq!(st.services_before_address, vec![]);
+        // Beside a binder, each new virtual server goes out with its real servers, in the
+        // order its address was bound.
+        let sent: Vec<Op> = st.requests.iter().filter_map(op_for).collect();
+        assert!(
+            matches!((&sent[0], &sent[1]), (Op::AddService(v), Op::AddDest { service, .. }) if v.key == *service),
+            "{:?}",
+            &sent[..2]
+        );
+    }
+
+    #[test]
+    fn without_a_binder_the_binds_go_first_and_the_order_stays() {
+        let desired = table_with_addresses(600, 3);
+        let ops = kube_ipvs_diff::full_diff(&desired, &Table::default(), Default::default());
+        let mut k = MemKernel::default();
+        k.state().no_binder = true;
+        // A binder would wait for ever: the apply binds on its own thread.
+        let gate = k.clone();
+        let _held = gate.hold_binds();
+        let failures = apply(&mut k, &ops, &Owners::default());
+        assert_eq!(failures, vec![]);
+        let st = k.state();
+        assert_eq!(st.table, desired);
+        assert_eq!(st.services_before_address, vec![]);
+        let sent: Vec<Op> = st.requests.iter().filter_map(op_for).collect();
+        let wanted: Vec<Op> = ops
+            .iter()
+            .filter(|op| request_for(op).is_some())
+            .cloned()
+            .collect();
+        assert_eq!(sent, wanted);
+    }
+
+    #[test]
+    fn a_bind_the_binder_fails_names_its_address_and_the_rest_apply() {
+        let desired = table_with_addresses(300, 2);
+        let ops = kube_ipvs_diff::full_diff(&desired, &Table::default(), Default::default());
+        let mut k = MemKernel::default();
+        // Bound already: the kernel refuses to bind it again.
+        k.state().table.addresses.insert(ip("10.96.0.77"));
+        let failures = apply(&mut k, &ops, &Owners::default());
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert_eq!(failures[0].op, Op::AddAddress(ip("10.96.0.77")));
+        assert_eq!(k.state().table, desired);
     }
 }

@@ -4,6 +4,7 @@
 //! follows a manifest change, leaves the table in place on SIGTERM and adopts it on restart
 //! without a single operation, serves `/healthz` and `/metrics`, applies its flags, and stops
 //! with a distinct exit code for a bad config file, an unknown scheduler and a missing module.
+//! A startup with hundreds of addresses binds them on a binder thread beside its IPVS requests.
 //!
 //! "In sync" is `kube-ipvs check` exiting 0 (it compares the same manifests with the kernel);
 //! waits poll a condition until a deadline, never a fixed sleep. Each test runs in its own
@@ -133,6 +134,67 @@ fn adopts_a_stale_table_with_only_the_needed_operations_and_survives_restart() {
     let mut agent = Agent::start(&dir, &[]);
     agent.wait_healthy();
     assert_eq!(startup_ops(), Some(0.0), "{}", agent.log());
+    assert_eq!(agent.terminate(), Some(0));
+}
+
+/// `n` ClusterIP Services (10.97.x.y:80), each with two ready endpoints, as one manifest.
+fn many_services(n: u32) -> String {
+    let mut yaml = String::new();
+    for i in 0..n {
+        let (hi, lo) = (i / 250, i % 250 + 1);
+        yaml.push_str(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: many-{i}, namespace: default}}\n\
+             spec:\n  clusterIP: 10.97.{hi}.{lo}\n  clusterIPs: [10.97.{hi}.{lo}]\n  ports:\n  \
+             - {{name: http, port: 80, protocol: TCP, targetPort: 8080}}\n---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  \
+             name: many-{i}-x\n  namespace: default\n  \
+             labels: {{kubernetes.io/service-name: many-{i}}}\naddressType: IPv4\nendpoints:\n\
+             - addresses: [10.245.{hi}.{lo}]\n  conditions: {{ready: true}}\n\
+             - addresses: [10.246.{hi}.{lo}]\n  conditions: {{ready: true}}\n\
+             ports:\n- {{name: http, port: 8080, protocol: TCP}}\n---\n"
+        ));
+    }
+    yaml
+}
+
+#[test]
+fn a_startup_with_many_addresses_binds_them_on_a_binder_thread_beside_the_ipvs_requests() {
+    node_address();
+    let dir = manifests("run-many");
+    std::fs::write(dir.join("many.yaml"), many_services(300)).expect("write manifest");
+    let mut agent = Agent::start(&dir, &[]);
+    agent.wait_healthy();
+    assert!(in_sync(&dir, &[]), "{}", agent.log());
+    let log = agent.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("address binds and") && l.contains("IPVS requests together")),
+        "the startup did not bind beside the requests:\n{log}"
+    );
+    // 300 addresses: above the binder's threshold, and two of its steps. Cross-checked with the
+    // tools: every address on kube-ipvs0, every virtual server with both real servers.
+    let addrs = run("/usr/sbin/ip", &["-4", "addr", "show", "dev", "kube-ipvs0"]);
+    let addrs = String::from_utf8_lossy(&addrs.stdout);
+    assert_eq!(
+        addrs.lines().filter(|l| l.contains("inet 10.97.")).count(),
+        300,
+        "{addrs}"
+    );
+    let table = ipvsadm(&["-Ln"]);
+    assert_eq!(
+        table
+            .lines()
+            .filter(|l| l.starts_with("TCP  10.97."))
+            .count(),
+        300
+    );
+    assert_eq!(
+        table
+            .lines()
+            .filter(|l| l.contains("-> 10.245.") || l.contains("-> 10.246."))
+            .count(),
+        600
+    );
     assert_eq!(agent.terminate(), Some(0));
 }
 

@@ -245,6 +245,17 @@ pub fn system_clock() -> WallClock {
     Arc::new(SystemTime::now)
 }
 
+/// Logs the agent's resident memory and its peak at a step of the startup.
+fn log_memory(step: &str) {
+    if let Some((rss, hwm)) = kube_ipvs_host::memory::resident_kib() {
+        tracing::info!(
+            "{step}: resident {:.1} MiB, peak {:.1} MiB",
+            rss as f64 / 1024.0,
+            hwm as f64 / 1024.0
+        );
+    }
+}
+
 /// Seconds from `from` to `to`, negative if `to` is earlier (clocks of two machines disagree:
 /// kube-proxy observes Go's negative `time.Since` too).
 fn seconds_between(from: SystemTime, to: SystemTime) -> f64 {
@@ -408,9 +419,12 @@ impl<K: Kernel> Agent<K> {
             "listed: {}",
             count(cs.services.len(), "Service", "Services")
         );
+        log_memory("listed");
         self.take(cs);
         self.full_sync(SyncKind::Startup);
+        log_memory("startup sync done");
         self.sync_masquerade(MasqSync::Startup);
+        log_memory("masquerade in place");
         let period = self.cfg.sync_period;
         let mut reconcile = tokio::time::interval_at(Instant::now() + period, period);
         reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -67,6 +67,15 @@ pub struct MemState {
     /// The next `observe` to get past [`MemKernel::hold_reads`] leaves this virtual server out
     /// of its answer, as the kernel's positional dump can when entries come and go during it.
     pub omit_from_read: Option<VirtualKey>,
+    /// Virtual servers created while their address was not bound to `kube-ipvs0` (the
+    /// executor binds an address before it creates a virtual server on it).
+    pub services_before_address: Vec<VirtualKey>,
+    /// How many address binds [`Kernel::address_binder`]'s binder is waiting to make, held by
+    /// [`MemKernel::hold_binds`].
+    pub binds_waiting: usize,
+    /// Whether [`Kernel::address_binder`] gives a binder (a kernel with one socket only, when
+    /// `false`).
+    pub no_binder: bool,
     /// kube-proxy's leftovers [`Kernel::remove_kube_proxy_leftovers`] finds (and removes).
     pub kube_proxy_leftovers: Vec<String>,
     /// How many times they were asked to be removed, and how many rule sets had been
@@ -101,6 +110,8 @@ pub struct MemKernel {
     /// Held by a test to keep `observe` from answering the snapshot it took (a background
     /// read that the agent's loop overtakes).
     read_gate: Arc<Mutex<()>>,
+    /// Held by a test to keep the binder of [`Kernel::address_binder`] from binding.
+    bind_gate: Arc<Mutex<()>>,
 }
 
 impl MemKernel {
@@ -118,6 +129,13 @@ impl MemKernel {
     /// guard is dropped.
     pub fn hold_reads(&self) -> MutexGuard<'_, ()> {
         self.read_gate
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Holds the binds of [`Kernel::address_binder`]'s binder until the guard is dropped.
+    pub fn hold_binds(&self) -> MutexGuard<'_, ()> {
+        self.bind_gate
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
@@ -143,6 +161,10 @@ impl MemKernel {
             Request::NewService(s) => {
                 if let ServiceKey::Addr { addr, port, .. } = s.key {
                     st.service_changes.push((true, addr, port));
+                    if !st.table.addresses.contains(&addr) {
+                        let key = op.service().copied();
+                        st.services_before_address.extend(key);
+                    }
                 }
             }
             Request::DelService(ServiceKey::Addr { addr, port, .. }) => {
@@ -175,6 +197,20 @@ impl Kernel for MemKernel {
             .table
             .apply(&kube_ipvs_diff::Op::AddAddress(addr))
             .map_err(|e| Self::refused(e.to_string()))
+    }
+
+    fn address_binder(&mut self) -> Option<super::AddressBinder> {
+        if self.state().no_binder {
+            return None;
+        }
+        let mut k = self.clone();
+        Some(Box::new(move |addrs| {
+            k.state().binds_waiting += addrs.len();
+            let gate = k.bind_gate.clone();
+            let _held = gate.lock().unwrap_or_else(PoisonError::into_inner);
+            k.state().binds_waiting -= addrs.len();
+            k.add_addresses(addrs)
+        }))
     }
 
     fn remove_address(&mut self, addr: IpAddr) -> Result<(), KernelError> {

@@ -124,6 +124,13 @@ pub trait Kernel: Send {
     fn add_addresses(&mut self, addrs: &[IpAddr]) -> Vec<Result<(), KernelError>> {
         addrs.iter().map(|a| self.add_address(*a)).collect()
     }
+    /// Something that binds addresses to the dummy interface on a thread of its own (a socket
+    /// of its own), so a big apply binds its addresses while it sends its IPVS requests
+    /// ([`crate::apply`]); `None` where the kernel has no such handle (the default), and the
+    /// apply binds on its own thread first.
+    fn address_binder(&mut self) -> Option<AddressBinder> {
+        None
+    }
     /// Unbinds an address from the dummy interface.
     fn remove_address(&mut self, addr: IpAddr) -> Result<(), KernelError>;
     /// Dumps the IPVS table and `kube-ipvs0`'s addresses, with each real server's connections.
@@ -172,6 +179,9 @@ pub trait Kernel: Send {
         Ok(Vec::new())
     }
 }
+
+/// Binds addresses, one result per address in order (see [`Kernel::address_binder`]).
+pub type AddressBinder = Box<dyn FnMut(&[IpAddr]) -> Vec<Result<(), KernelError>> + Send>;
 
 /// The real kernel: the IPVS handle and rtnetlink, the ipset handle (opened at first use and
 /// again after an error), conntrack (a socket per flush) and the iptables tools.
@@ -242,26 +252,15 @@ impl Kernel for RealKernel {
     }
 
     fn add_addresses(&mut self, addrs: &[IpAddr]) -> Vec<Result<(), KernelError>> {
-        match self.rtnl.add_addresses(&self.ifname, addrs) {
-            Ok(results) => results
-                .into_iter()
-                .map(|r| r.map_err(KernelError::from))
-                .collect(),
-            Err(e) => {
-                // One error failed the whole batch (the link lookup): each address gets it, with
-                // its errno.
-                let (message, errno) = (e.to_string(), e.errno());
-                addrs
-                    .iter()
-                    .map(|_| {
-                        Err(KernelError::Batch {
-                            message: message.clone(),
-                            errno,
-                        })
-                    })
-                    .collect()
-            }
-        }
+        bind(&mut self.rtnl, &self.ifname, addrs)
+    }
+
+    fn address_binder(&mut self) -> Option<AddressBinder> {
+        // A socket of its own: rtnetlink and IPVS take different kernel locks, so the binds
+        // and the IPVS requests run at the same time on two CPUs.
+        let mut rtnl = Rtnl::new().ok()?;
+        let ifname = self.ifname.clone();
+        Some(Box::new(move |addrs| bind(&mut rtnl, &ifname, addrs)))
     }
 
     fn remove_address(&mut self, addr: IpAddr) -> Result<(), KernelError> {
@@ -379,6 +378,30 @@ impl Kernel for RealKernel {
         }
         lines.extend(found.sets.iter().map(|s| format!("ipset {s}")));
         Ok(lines)
+    }
+}
+
+/// Binds addresses to `ifname` in batches, one result per address.
+fn bind(rtnl: &mut Rtnl, ifname: &str, addrs: &[IpAddr]) -> Vec<Result<(), KernelError>> {
+    match rtnl.add_addresses(ifname, addrs) {
+        Ok(results) => results
+            .into_iter()
+            .map(|r| r.map_err(KernelError::from))
+            .collect(),
+        Err(e) => {
+            // One error failed the whole batch (the link lookup): each address gets it, with
+            // its errno.
+            let (message, errno) = (e.to_string(), e.errno());
+            addrs
+                .iter()
+                .map(|_| {
+                    Err(KernelError::Batch {
+                        message: message.clone(),
+                        errno,
+                    })
+                })
+                .collect()
+        }
     }
 }
 
