@@ -124,9 +124,11 @@ const MIN_RUN: usize = 512;
 /// every IPVS op in order (in chunks of [`REQUEST_CHUNK`]), then address removals. A virtual
 /// server is created only once its address is bound, and an address is unbound only after its
 /// virtual servers are gone. Many binds (a startup) are made on a thread of their own through
-/// [`Kernel::address_binder`] while the IPVS requests go out, each request waiting only for
-/// the bind of the virtual server it creates; the apply returns when both are done. Returns
-/// the ops that failed, each with its Services; all others were applied.
+/// [`Kernel::address_binder`] while the IPVS requests go out: the new virtual servers of each
+/// step of [`BIND_STEP`] binds, with their real servers, go out once that step is done (what
+/// a stopped binder left is bound on the caller's thread first), and the apply returns when
+/// both are done. Returns the ops that failed, each with its Services; all others were
+/// applied.
 pub fn apply(kernel: &mut dyn Kernel, ops: &[Op], owners: &Owners) -> Vec<Failure> {
     let failure = |op: &Op, error: Option<&KernelError>| Failure {
         op: op.clone(),
@@ -165,10 +167,14 @@ pub fn apply(kernel: &mut dyn Kernel, ops: &[Op], owners: &Owners) -> Vec<Failur
         collect(&order, &results, &failure, &mut bind_failures);
     }
     let bound = std::time::Instant::now();
-    // Each bound address's place in `order`, counted from 1: how many binds a virtual server
-    // on it waits for.
-    let gate_of: HashMap<IpAddr, usize> =
-        addrs.iter().enumerate().map(|(i, a)| (*a, i + 1)).collect();
+    // How many binds a virtual server on each address waits for: the end of the binder's step
+    // that binds it. (Per step, not per address: the binder says how far it got after each
+    // step, and within a step the ops keep `order_ops`'s rounds.)
+    let gate_of: HashMap<IpAddr, usize> = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (*a, ((i / BIND_STEP + 1) * BIND_STEP).min(addrs.len())))
+        .collect();
     let progress = Progress::default();
     let overlapped = binder.is_some();
     let mut failures = Vec::new();
@@ -178,14 +184,17 @@ pub fn apply(kernel: &mut dyn Kernel, ops: &[Op], owners: &Owners) -> Vec<Failur
         let binding = binder.map(|mut bind| {
             let (progress, addrs) = (&progress, &addrs);
             scope.spawn(move || {
-                // Marks the binds finished however the thread ends, so the wait below ends.
-                let _finished = Finished(progress);
-                let mut results = Vec::with_capacity(addrs.len());
+                // Marks the binder stopped however its thread ends, so no wait outlives it.
+                let _stopped = Stopped(progress);
                 for step in addrs.chunks(BIND_STEP) {
-                    results.extend(bind(step));
-                    progress.advance(step.len());
+                    let mut results = bind(step);
+                    // One result per address, whatever the binder answered.
+                    results.truncate(step.len());
+                    results.resize_with(step.len(), || {
+                        Err(KernelError::Refused("no result from the kernel".to_owned()))
+                    });
+                    progress.advance(results);
                 }
-                results
             })
         });
         // How many of `order` are bound for sure (all of them without a binder thread).
@@ -212,11 +221,11 @@ pub fn apply(kernel: &mut dyn Kernel, ops: &[Op], owners: &Owners) -> Vec<Failur
             })
             .collect();
         if binding.is_some() {
-            // Beside a binder, each new virtual server goes out with its real servers as soon
-            // as its address is bound (every other op first, in order): the stable sort keeps
-            // the order of each one's ops and of the rest. Without a binder every address is
-            // bound already and the order stays `order_ops`'s, whose rounds give every
-            // Service its first real server before any its second.
+            // Beside a binder, the new virtual servers of each of its steps go out with their
+            // real servers as soon as the step is bound (every other op first): the stable
+            // sort keeps `order_ops`'s order within each step, rounds included (every
+            // Service of the step gets its first real server before any its second). Without
+            // a binder every address is bound already and the order is `order_ops`'s.
             ipvs.sort_by_key(|(gate, _)| *gate);
         }
         drop(created);
@@ -244,6 +253,12 @@ pub fn apply(kernel: &mut dyn Kernel, ops: &[Op], owners: &Owners) -> Vec<Failur
                     let t = std::time::Instant::now();
                     bound_so_far = progress.wait_for(gates[least - 1]);
                     waited += t.elapsed();
+                    if bound_so_far < gates[least - 1] {
+                        // The binder stopped short: the rest is bound here, before any virtual
+                        // server on it goes out.
+                        progress.bind_rest(kernel, &addrs);
+                        bound_so_far = usize::MAX;
+                    }
                 }
                 let end = least + gates[least..].partition_point(|&g| g <= bound_so_far);
                 let results = kernel.apply_requests(&chunk[at..end]);
@@ -257,12 +272,28 @@ pub fn apply(kernel: &mut dyn Kernel, ops: &[Op], owners: &Owners) -> Vec<Failur
                 at = end;
             }
         }
-        if let Some(h) = binding {
-            // A binder that panicked answered nothing: each of its binds says so.
-            let results = h.join().unwrap_or_default();
-            collect(&order, &results, &failure, &mut bind_failures);
+        if let Some(h) = binding
+            && let Err(panic) = h.join()
+        {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!("the address binder stopped: {what}; the rest is bound on the loop");
         }
     });
+    if overlapped {
+        // Whatever a stopped binder left (its virtual servers all went out already if it did
+        // not stop short).
+        progress.bind_rest(kernel, &addrs);
+        collect(
+            &order,
+            &progress.take_results(),
+            &failure,
+            &mut bind_failures,
+        );
+    }
     let programmed = std::time::Instant::now();
     for op in ops {
         if let Op::RemoveAddress(a) = op
@@ -344,41 +375,68 @@ fn collect(
     }
 }
 
-/// How far a binder thread got: binds done, and whether it stopped.
+/// How far a binder thread got: each bind's result so far, and whether it stopped.
 #[derive(Default)]
 struct Progress {
-    state: Mutex<(usize, bool)>,
+    state: Mutex<BinderState>,
     wake: Condvar,
 }
 
+#[derive(Default)]
+struct BinderState {
+    results: Vec<Result<(), KernelError>>,
+    stopped: bool,
+}
+
 impl Progress {
-    fn advance(&self, n: usize) {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner).0 += n;
+    fn lock(&self) -> std::sync::MutexGuard<'_, BinderState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A step's results, one per address.
+    fn advance(&self, results: Vec<Result<(), KernelError>>) {
+        self.lock().results.extend(results);
         self.wake.notify_all();
     }
 
-    fn finish(&self) {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner).1 = true;
+    fn stop(&self) {
+        self.lock().stopped = true;
         self.wake.notify_all();
     }
 
     /// Waits until `n` binds are done or the binder stopped; how many are done, or
-    /// `usize::MAX` once it stopped (nothing is left to wait for).
+    /// `usize::MAX` once all are (nothing is left to wait for).
     fn wait_for(&self, n: usize) -> usize {
-        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        while st.0 < n && !st.1 {
+        let mut st = self.lock();
+        while st.results.len() < n && !st.stopped {
             st = self.wake.wait(st).unwrap_or_else(PoisonError::into_inner);
         }
-        if st.1 { usize::MAX } else { st.0 }
+        st.results.len()
+    }
+
+    /// Binds on the caller's thread what a stopped binder left of `addrs`.
+    fn bind_rest(&self, kernel: &mut dyn Kernel, addrs: &[IpAddr]) {
+        let done = self.lock().results.len();
+        if done < addrs.len() {
+            let mut rest = kernel.add_addresses(&addrs[done..]);
+            rest.resize_with(addrs.len() - done, || {
+                Err(KernelError::Refused("no result from the kernel".to_owned()))
+            });
+            self.lock().results.extend(rest);
+        }
+    }
+
+    fn take_results(&self) -> Vec<Result<(), KernelError>> {
+        std::mem::take(&mut self.lock().results)
     }
 }
 
 /// Marks a binder's [`Progress`] stopped when dropped, however its thread ends.
-struct Finished<'a>(&'a Progress);
+struct Stopped<'a>(&'a Progress);
 
-impl Drop for Finished<'_> {
+impl Drop for Stopped<'_> {
     fn drop(&mut self) {
-        self.0.finish();
+        self.0.stop();
     }
 }
 
@@ -557,13 +615,20 @@ mod tests {
         let st = k.state();
         assert_eq!(st.table, desired);
         assert_eq!(st.services_before_address, vec![]);
-        // Beside a binder, each new virtual server goes out with its real servers, in the
-        // order its address was bound.
+        // Beside a binder, the virtual servers of the first step of binds go out with their
+        // real servers before those of the next step.
         let sent: Vec<Op> = st.requests.iter().filter_map(op_for).collect();
         assert!(
-            matches!((&sent[0], &sent[1]), (Op::AddService(v), Op::AddDest { service, .. }) if v.key == *service),
+            sent[..BIND_STEP]
+                .iter()
+                .all(|op| matches!(op, Op::AddService(_))),
             "{:?}",
-            &sent[..2]
+            &sent[..BIND_STEP]
+        );
+        assert!(
+            matches!(&sent[BIND_STEP], Op::AddDest { .. }),
+            "{:?}",
+            &sent[BIND_STEP]
         );
     }
 
@@ -588,6 +653,19 @@ mod tests {
             .cloned()
             .collect();
         assert_eq!(sent, wanted);
+    }
+
+    #[test]
+    fn what_a_binder_that_panics_left_is_bound_before_its_virtual_servers_go_out() {
+        let desired = table_with_addresses(600, 2);
+        let ops = kube_ipvs_diff::full_diff(&desired, &Table::default(), Default::default());
+        let mut k = MemKernel::default();
+        k.state().binder_panics = true;
+        let failures = apply(&mut k, &ops, &Owners::default());
+        assert_eq!(failures, vec![]);
+        let st = k.state();
+        assert_eq!(st.table, desired);
+        assert_eq!(st.services_before_address, vec![]);
     }
 
     #[test]

@@ -13,14 +13,15 @@
 //! Services under emulation) runs on a thread of its own with a kernel handle of its own
 //! ([`Agent::with_background_reads`]), so change sets keep being programmed while it runs.
 //! The loop records what it changes meanwhile. A virtual server it changed may have been read
-//! half changed, so when the read comes back the loop reads those virtual servers again
-//! ([`Kernel::observe_services`], a cost in proportion to the changes, on the thread that
-//! makes them) and diffs against the read with them replaced: an operation that failed
-//! meanwhile shows as a difference again, and their connection counts are current. A read
-//! during which a virtual server or an address came or went is discarded and read again (the
-//! kernel dumps by position, so such a read may have skipped an entry nobody touched); after
-//! [`BACKGROUND_READS`] such reads the reconcile reads on the loop, as the startup sync and the
-//! retries always do.
+//! half changed, so when the read comes back the reader reads those virtual servers again
+//! ([`Kernel::observe_services`], a cost in proportion to the changes), the loop reads itself
+//! the few it changed during that second read, and it diffs against the read with them all
+//! replaced: an operation that failed meanwhile shows as a difference again, and their
+//! connection counts are current. A read during which a virtual server or an address came or
+//! went is discarded and read again (the kernel dumps by position, so such a read may have
+//! skipped an entry nobody touched; the second read names its virtual servers, so there only
+//! an address discards it); after [`BACKGROUND_READS`] such reads the reconcile reads on the
+//! loop, as the startup sync and the retries always do.
 //!
 //! The kernel is reached through the one [`Kernel`] trait (`crate::kernel`), so the
 //! loop runs against an in-memory kernel in tests, and time is tokio's, so tests pause it. This
@@ -45,7 +46,9 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use kube_ipvs_diff::{DestKey, Engine, Inputs, Op, Protocol, ServiceName, VirtualKey};
+use kube_ipvs_diff::{
+    DestKey, Engine, Inputs, Op, Protocol, ServiceEntry, ServiceName, VirtualKey,
+};
 use kube_ipvs_watch::ChangeSet;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -77,33 +80,42 @@ struct Read {
 /// What a background read of the kernel answers.
 type ReadResult = Result<Read, KernelError>;
 
-/// The thread that reads the kernel for reconciles, with a kernel handle of its own. A request
-/// says whether to read the service sets too.
+/// Virtual servers read again: each one's entry (`None` if the kernel holds none the engine can
+/// represent), and their real servers' connections.
+type Reread = (BTreeMap<VirtualKey, Option<ServiceEntry>>, Counts);
+
+/// What the loop asks the reader thread.
+enum Ask {
+    /// The whole IPVS table, and the service sets when `true`.
+    Whole(bool),
+    /// These virtual servers again: the ones the loop changed during a whole read.
+    Services(BTreeSet<VirtualKey>),
+}
+
+/// What the reader thread answers, in the order it was asked.
+enum Answer {
+    Whole(ReadResult),
+    Services(Result<Reread, KernelError>),
+}
+
+/// The thread that reads the kernel for reconciles, with a kernel handle of its own.
 struct Reader {
-    requests: std::sync::mpsc::Sender<bool>,
-    results: mpsc::Receiver<ReadResult>,
+    requests: std::sync::mpsc::Sender<Ask>,
+    results: mpsc::Receiver<Answer>,
 }
 
 impl Reader {
     fn start(mut kernel: Box<dyn Kernel>) -> std::io::Result<Reader> {
-        let (requests, asked) = std::sync::mpsc::channel::<bool>();
+        let (requests, asked) = std::sync::mpsc::channel::<Ask>();
         let (answer, results) = mpsc::channel(1);
         std::thread::Builder::new()
             .name("kernel-reader".to_owned())
             .spawn(move || {
-                while let Ok(sets) = asked.recv() {
-                    let read = kernel.observe().map(|(observed, counts)| Read {
-                        observed,
-                        counts,
-                        sets: sets.then(|| read_sets(&mut *kernel)).and_then(|r| {
-                            r.map_err(|e| {
-                                tracing::debug!(
-                                    "reconcile: reading the service sets in the background: {e}"
-                                );
-                            })
-                            .ok()
-                        }),
-                    });
+                while let Ok(ask) = asked.recv() {
+                    let read = match ask {
+                        Ask::Whole(sets) => Answer::Whole(read_whole(&mut *kernel, sets)),
+                        Ask::Services(keys) => Answer::Services(kernel.observe_services(&keys)),
+                    };
                     if answer.blocking_send(read).is_err() {
                         return;
                     }
@@ -111,6 +123,21 @@ impl Reader {
             })?;
         Ok(Reader { requests, results })
     }
+}
+
+/// The whole IPVS table, with each real server's connections, and the service sets when
+/// `sets` (a failure to read those leaves them out: the reconcile reads them on the loop).
+fn read_whole(kernel: &mut dyn Kernel, sets: bool) -> ReadResult {
+    kernel.observe().map(|(observed, counts)| Read {
+        observed,
+        counts,
+        sets: sets.then(|| read_sets(kernel)).and_then(|r| {
+            r.map_err(|e| {
+                tracing::debug!("reconcile: reading the service sets in the background: {e}");
+            })
+            .ok()
+        }),
+    })
 }
 
 /// A background read under way, and what the loop changed since it started.
@@ -123,6 +150,28 @@ struct ReadInFlight {
     moved: bool,
     /// How many reads this reconcile discarded before this one.
     discarded: u32,
+    /// Once the whole read is back: it, waiting for the virtual servers the loop changed
+    /// during it, which the reader reads again (`touched` then collects what the loop changes
+    /// during that second read).
+    whole: Option<Box<WholeRead>>,
+}
+
+/// A whole read that came back, and the virtual servers being read again for it.
+struct WholeRead {
+    read: Read,
+    /// How long the whole read took.
+    took: Duration,
+    /// The virtual servers the loop changed during it.
+    again: BTreeSet<VirtualKey>,
+}
+
+impl std::fmt::Debug for WholeRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WholeRead")
+            .field("took", &self.took)
+            .field("again", &self.again)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The conntrack cleanups the applied (not failed) ops call for: one per deleted UDP real
@@ -522,89 +571,169 @@ impl<K: Kernel> Agent<K> {
             touched: BTreeSet::new(),
             moved: false,
             discarded,
+            whole: None,
         });
         let sets = self
             .masq
             .as_mut()
             .is_some_and(super::masq::Masq::begin_read);
-        if reader.requests.send(sets).is_err() {
+        if reader.requests.send(Ask::Whole(sets)).is_err() {
             // The thread is gone; `next_read` reports it and the reconcile reads on the loop.
             tracing::debug!("the kernel reader did not take the request");
         }
     }
 
-    /// A background read came back: the reconcile diffs against it, with what the loop changed
-    /// meanwhile read again (see the module docs).
-    fn finish_read(&mut self, result: ReadResult, reader: Option<&Reader>) {
+    /// The reader answered: a whole read, or the virtual servers changed during one read
+    /// again (see the module docs).
+    fn finish_read(&mut self, answer: Answer, reader: Option<&Reader>) {
+        let second = self.reading.as_ref().map(|f| f.whole.is_some());
+        match (answer, second) {
+            (Answer::Whole(result), Some(false)) => self.whole_read_back(result, reader),
+            (Answer::Services(result), Some(true)) => self.reread_back(result, reader),
+            // One question is out at a time, so this is a bug: the reconcile still happens.
+            _ => {
+                debug_assert!(false, "the kernel reader answered what was not asked");
+                tracing::warn!(
+                    "the kernel reader answered what was not asked; reading on the loop"
+                );
+                self.reading = None;
+                self.reconcile_on_loop();
+            }
+        }
+    }
+
+    /// A read during which something moved is discarded: read again in the background, up to
+    /// [`BACKGROUND_READS`] times, then on the loop.
+    fn discard_read(&mut self, discarded: u32, reader: Option<&Reader>) {
+        match reader {
+            Some(r) if discarded < BACKGROUND_READS => {
+                tracing::debug!(
+                    "reconcile: virtual servers or addresses came or went during the read; reading again"
+                );
+                self.start_read(r, discarded);
+            }
+            _ => {
+                tracing::info!(
+                    "reconcile: virtual servers or addresses came or went during {}; reading on the loop",
+                    count(discarded, "background read", "background reads")
+                );
+                self.reconcile_on_loop();
+            }
+        }
+    }
+
+    /// A whole read came back: discarded if virtual servers or addresses came or went during
+    /// it; otherwise the virtual servers the loop changed meanwhile are read again, by the
+    /// reader when there is one, before the reconcile diffs.
+    fn whole_read_back(&mut self, result: ReadResult, reader: Option<&Reader>) {
         let Some(flight) = self.reading.take() else {
             return;
         };
-        let read = flight.started.elapsed();
-        let loop_start = Instant::now();
-        let Read {
-            mut observed,
-            mut counts,
-            sets,
-        } = match result {
+        let took = flight.started.elapsed();
+        let read = match result {
             Ok(v) => v,
             Err(e) => return self.read_failed(SyncKind::Reconcile, &e),
         };
         if flight.moved {
-            let discarded = flight.discarded + 1;
-            match reader {
-                Some(r) if discarded < BACKGROUND_READS => {
-                    tracing::debug!(
-                        "reconcile: virtual servers or addresses came or went during the read; reading again"
-                    );
-                    self.start_read(r, discarded);
-                }
-                _ => {
-                    tracing::info!(
-                        "reconcile: virtual servers or addresses came or went during {}; reading on the loop",
-                        count(discarded, "background read", "background reads")
-                    );
-                    self.reconcile_on_loop();
-                }
-            }
+            return self.discard_read(flight.discarded + 1, reader);
+        }
+        let whole = WholeRead {
+            read,
+            took,
+            again: flight.touched,
+        };
+        if !whole.again.is_empty()
+            && let Some(r) = reader
+            && r.requests.send(Ask::Services(whole.again.clone())).is_ok()
+        {
+            self.reading = Some(ReadInFlight {
+                started: Instant::now(),
+                touched: BTreeSet::new(),
+                moved: false,
+                discarded: flight.discarded,
+                whole: Some(Box::new(whole)),
+            });
             return;
         }
-        if !flight.touched.is_empty() {
-            let (entries, fresh) = match self.kernel.observe_services(&flight.touched) {
-                Ok(v) => v,
+        // Nothing to read again, or no reader to read it: the loop reads it.
+        let loop_start = Instant::now();
+        let WholeRead {
+            mut read, again, ..
+        } = whole;
+        if !again.is_empty() {
+            match self.kernel.observe_services(&again) {
+                Ok(fresh) => replace_entries(&mut read, &again, fresh),
                 Err(e) => return self.read_failed(SyncKind::Reconcile, &e),
-            };
-            // The read's counts of those virtual servers' real servers go with their entries.
-            for key in &flight.touched {
-                for dest in observed
-                    .table
-                    .services
-                    .get(key)
-                    .into_iter()
-                    .flat_map(|e| e.dests.keys())
-                {
-                    counts.remove(&(*key, *dest));
-                }
-            }
-            counts.extend(fresh);
-            for (key, entry) in entries {
-                match entry {
-                    Some(entry) => {
-                        observed.table.services.insert(key, entry);
-                    }
-                    None => {
-                        observed.table.services.remove(&key);
-                    }
-                }
             }
             tracing::info!(
-                "reconcile: read {} the loop changed during the read again in {:.1} ms",
-                count(flight.touched.len(), "virtual server", "virtual servers"),
+                "reconcile: read {} the loop changed during the read again on the loop in {:.1} ms",
+                count(again.len(), "virtual server", "virtual servers"),
                 loop_start.elapsed().as_secs_f64() * 1000.0
             );
         }
+        self.reconcile_with(read, took, loop_start);
+    }
+
+    /// The reader read again the virtual servers changed during a whole read: those are
+    /// replaced in it, the few the loop changed during this second read are read once more on
+    /// the loop, and the reconcile diffs. An address that came or went during the second read
+    /// discards the read like a move during the first (the table's addresses are the whole
+    /// read's).
+    fn reread_back(&mut self, result: Result<Reread, KernelError>, reader: Option<&Reader>) {
+        let Some(ReadInFlight {
+            whole: Some(whole),
+            started,
+            touched,
+            moved,
+            discarded,
+        }) = self.reading.take()
+        else {
+            return;
+        };
+        if moved {
+            return self.discard_read(discarded + 1, reader);
+        }
+        let loop_start = Instant::now();
+        let again_took = started.elapsed();
+        let WholeRead {
+            mut read,
+            took,
+            again,
+        } = *whole;
+        let fresh = match result {
+            Ok(v) => v,
+            Err(e) => return self.read_failed(SyncKind::Reconcile, &e),
+        };
+        replace_entries(&mut read, &again, fresh);
+        let last = touched;
+        if !last.is_empty() {
+            match self.kernel.observe_services(&last) {
+                Ok(fresh) => replace_entries(&mut read, &last, fresh),
+                Err(e) => return self.read_failed(SyncKind::Reconcile, &e),
+            }
+        }
+        tracing::info!(
+            "reconcile: read {} the loop changed during the read again in the background in \
+             {:.1} ms, and {} changed meanwhile on the loop in {:.1} ms",
+            count(again.len(), "virtual server", "virtual servers"),
+            again_took.as_secs_f64() * 1000.0,
+            last.len(),
+            loop_start.elapsed().as_secs_f64() * 1000.0
+        );
+        self.reconcile_with(read, took + again_took, loop_start);
+    }
+
+    /// The reconcile's diff against a read (`took`: how long it took off the loop; the loop's
+    /// own time counts from `loop_start`), then its masquerade sync.
+    fn reconcile_with(&mut self, read: Read, took: Duration, loop_start: Instant) {
+        let Read {
+            observed,
+            counts,
+            sets,
+        } = read;
         self.resync_observed(
             SyncKind::Reconcile,
-            read,
+            took,
             Some(loop_start),
             observed,
             &counts,
@@ -1007,14 +1136,16 @@ impl<K: Kernel> Agent<K> {
     /// Applies ops; failures are logged with their Services and counted.
     fn apply(&mut self, ops: &[Op]) -> Vec<apply::Failure> {
         if let Some(flight) = &mut self.reading {
+            // A whole read dumps by position, so a virtual server or an address that comes or
+            // goes may make it skip another; a second read (of named virtual servers) cannot,
+            // but the table's addresses are still the whole read's.
+            let whole_read = flight.whole.is_none();
             for op in ops {
-                flight.moved |= matches!(
-                    op,
-                    Op::AddService(_)
-                        | Op::DeleteService(_)
-                        | Op::AddAddress(_)
-                        | Op::RemoveAddress(_)
-                );
+                flight.moved |= match op {
+                    Op::AddService(_) | Op::DeleteService(_) => whole_read,
+                    Op::AddAddress(_) | Op::RemoveAddress(_) => true,
+                    _ => false,
+                };
                 if let Some(key) = op.service() {
                     flight.touched.insert(*key);
                 }
@@ -1168,9 +1299,38 @@ impl<K: Kernel> Agent<K> {
     }
 }
 
+/// Puts the virtual servers `keys`, read again (`fresh`), in place of what `read` found of
+/// them, their real servers' connections with them.
+fn replace_entries(read: &mut Read, keys: &BTreeSet<VirtualKey>, fresh: Reread) {
+    let (entries, counts) = fresh;
+    for key in keys {
+        for dest in read
+            .observed
+            .table
+            .services
+            .get(key)
+            .into_iter()
+            .flat_map(|e| e.dests.keys())
+        {
+            read.counts.remove(&(*key, *dest));
+        }
+    }
+    read.counts.extend(counts);
+    for (key, entry) in entries {
+        match entry {
+            Some(entry) => {
+                read.observed.table.services.insert(key, entry);
+            }
+            None => {
+                read.observed.table.services.remove(&key);
+            }
+        }
+    }
+}
+
 /// The next answer of the kernel reader; never completes without one. `None` when the reader's
 /// thread is gone.
-async fn next_read(reader: &mut Option<Reader>) -> Option<ReadResult> {
+async fn next_read(reader: &mut Option<Reader>) -> Option<Answer> {
     match reader {
         Some(r) => r.results.recv().await,
         None => std::future::pending().await,
@@ -1645,6 +1805,72 @@ mod tests {
         assert_eq!(trouble(&l.shared), (0, 0, 0));
         assert!(shop_dests(&l.kernel).contains(&ip("10.244.3.30")));
         assert_eq!(shop_dests(&l.kernel).len(), before.len() + 1);
+        // The changed virtual server was read again by the reader, not on the loop.
+        let shop = key(Protocol::Tcp, "10.96.0.30", 80);
+        let reads = l.kernel.state().service_reads.clone();
+        assert!(
+            reads
+                .iter()
+                .any(|(thread, keys)| thread == "kernel-reader" && keys.contains(&shop)),
+            "{reads:?}"
+        );
+        assert!(
+            !reads
+                .iter()
+                .any(|(thread, keys)| thread != "kernel-reader" && keys.contains(&shop)),
+            "{reads:?}"
+        );
+    }
+
+    /// A change programmed while the reader reads again the virtual servers changed during
+    /// its whole read is read once more on the loop: the reconcile neither undoes it nor
+    /// counts it as drift.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[expect(
+        clippy::await_holding_lock,
+        reason = "the guards hold the reader thread, not this task, while the loop runs"
+    )]
+    async fn a_change_made_while_changed_virtual_servers_are_read_again_is_read_on_the_loop() {
+        let mut l = Latency::start_with(Duration::from_millis(200), true).await;
+        let gate = l.kernel.clone();
+        let held = hold_a_read(&gate).await;
+        let full = full_syncs(&l.shared);
+        l.add_shop_endpoint("10.244.3.30", "2026-01-01T00:00:10Z")
+            .await;
+        until(
+            "the first endpoint programmed during the whole read",
+            || shop_dests(&l.kernel).contains(&ip("10.244.3.30")),
+        )
+        .await;
+        let second = gate.hold_service_reads();
+        drop(held);
+        until("the reader to read the shop virtual server again", || {
+            gate.state().service_reads_waiting == 1
+        })
+        .await;
+        l.add_shop_endpoint("10.244.3.31", "2026-01-01T00:00:11Z")
+            .await;
+        until(
+            "the second endpoint programmed during the second read",
+            || shop_dests(&l.kernel).contains(&ip("10.244.3.31")),
+        )
+        .await;
+        drop(second);
+        until("the reconcile", || full_syncs(&l.shared) > full).await;
+        assert_eq!(trouble(&l.shared), (0, 0, 0));
+        let dests = shop_dests(&l.kernel);
+        assert!(dests.contains(&ip("10.244.3.30")) && dests.contains(&ip("10.244.3.31")));
+        let shop = key(Protocol::Tcp, "10.96.0.30", 80);
+        let reads = l.kernel.state().service_reads.clone();
+        let on = |t: &str| {
+            reads
+                .iter()
+                .filter(|(thread, keys)| {
+                    (thread == "kernel-reader") == (t == "reader") && keys.contains(&shop)
+                })
+                .count()
+        };
+        assert_eq!((on("reader"), on("loop")), (1, 1), "{reads:?}");
     }
 
     /// A background read during which a virtual server came may have skipped another in the

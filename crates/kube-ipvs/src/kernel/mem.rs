@@ -67,12 +67,19 @@ pub struct MemState {
     /// The next `observe` to get past [`MemKernel::hold_reads`] leaves this virtual server out
     /// of its answer, as the kernel's positional dump can when entries come and go during it.
     pub omit_from_read: Option<VirtualKey>,
+    /// Every [`Kernel::observe_services`]: the name of the thread that called it, and the
+    /// virtual servers it asked for.
+    pub service_reads: Vec<(String, BTreeSet<VirtualKey>)>,
+    /// How many [`Kernel::observe_services`] calls wait for [`MemKernel::hold_service_reads`].
+    pub service_reads_waiting: usize,
     /// Virtual servers created while their address was not bound to `kube-ipvs0` (the
     /// executor binds an address before it creates a virtual server on it).
     pub services_before_address: Vec<VirtualKey>,
     /// How many address binds [`Kernel::address_binder`]'s binder is waiting to make, held by
     /// [`MemKernel::hold_binds`].
     pub binds_waiting: usize,
+    /// The binder of [`Kernel::address_binder`] panics at its first call.
+    pub binder_panics: bool,
     /// Whether [`Kernel::address_binder`] gives a binder (a kernel with one socket only, when
     /// `false`).
     pub no_binder: bool,
@@ -112,6 +119,8 @@ pub struct MemKernel {
     read_gate: Arc<Mutex<()>>,
     /// Held by a test to keep the binder of [`Kernel::address_binder`] from binding.
     bind_gate: Arc<Mutex<()>>,
+    /// Held by a test to keep [`Kernel::observe_services`] from reading.
+    service_read_gate: Arc<Mutex<()>>,
 }
 
 impl MemKernel {
@@ -129,6 +138,13 @@ impl MemKernel {
     /// guard is dropped.
     pub fn hold_reads(&self) -> MutexGuard<'_, ()> {
         self.read_gate
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Holds [`Kernel::observe_services`] (before it reads) until the guard is dropped.
+    pub fn hold_service_reads(&self) -> MutexGuard<'_, ()> {
+        self.service_read_gate
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
@@ -205,6 +221,7 @@ impl Kernel for MemKernel {
         }
         let mut k = self.clone();
         Some(Box::new(move |addrs| {
+            assert!(!k.state().binder_panics, "injected binder panic");
             k.state().binds_waiting += addrs.len();
             let gate = k.bind_gate.clone();
             let _held = gate.lock().unwrap_or_else(PoisonError::into_inner);
@@ -263,17 +280,28 @@ impl Kernel for MemKernel {
         &mut self,
         keys: &BTreeSet<VirtualKey>,
     ) -> Result<(BTreeMap<VirtualKey, Option<ServiceEntry>>, Counts), KernelError> {
-        let st = self.state();
-        let entries: BTreeMap<VirtualKey, Option<ServiceEntry>> = keys
-            .iter()
-            .map(|k| (*k, st.table.services.get(k).cloned()))
-            .collect();
-        // No connections anywhere, as `observe` answers.
-        let counts = entries
-            .iter()
-            .filter_map(|(k, e)| e.as_ref().map(|e| (k, e)))
-            .flat_map(|(k, e)| e.dests.keys().map(move |d| ((*k, *d), 0)))
-            .collect();
+        // The snapshot is taken before the wait (as `observe` does), so a change made while a
+        // test holds the read is not in its answer.
+        let (entries, counts) = {
+            let mut st = self.state();
+            let thread = std::thread::current().name().unwrap_or_default().to_owned();
+            st.service_reads.push((thread, keys.clone()));
+            st.service_reads_waiting += 1;
+            let entries: BTreeMap<VirtualKey, Option<ServiceEntry>> = keys
+                .iter()
+                .map(|k| (*k, st.table.services.get(k).cloned()))
+                .collect();
+            // No connections anywhere, as `observe` answers.
+            let counts: Counts = entries
+                .iter()
+                .filter_map(|(k, e)| e.as_ref().map(|e| (k, e)))
+                .flat_map(|(k, e)| e.dests.keys().map(move |d| ((*k, *d), 0)))
+                .collect();
+            (entries, counts)
+        };
+        let gate = self.service_read_gate.clone();
+        drop(gate.lock().unwrap_or_else(PoisonError::into_inner));
+        self.state().service_reads_waiting -= 1;
         Ok((entries, counts))
     }
 
