@@ -12,7 +12,6 @@ use std::net::IpAddr;
 use std::sync::{Condvar, Mutex, PoisonError};
 
 use kube_ipvs_diff::{Inputs, Op, ServiceName, VirtualKey, service_table};
-use kube_ipvs_netlink::ipvs::Request;
 
 use crate::kernel::convert::request_for;
 use crate::kernel::{Kernel, KernelError};
@@ -144,156 +143,99 @@ pub fn apply(kernel: &mut dyn Kernel, ops: &[Op], owners: &Owners) -> Vec<Failur
         .iter()
         .filter(|op| matches!(op, Op::AddAddress(_)))
         .collect();
+    let addrs: Vec<IpAddr> = adds
+        .iter()
+        .filter_map(|op| match op {
+            Op::AddAddress(a) => Some(*a),
+            _ => None,
+        })
+        .collect();
     // The binds' failures come first, as the binds do.
-    let mut bind_failures = Vec::new();
-    let mut order: Vec<(IpAddr, &Op)> = Vec::new();
+    let mut failures = Vec::new();
     let mut binder = None;
     if !adds.is_empty() {
         match kernel.ensure_interface() {
             Ok(()) => {
-                order = bind_order(&adds, ops);
-                if order.len() >= BINDER_MIN {
+                if adds.len() >= BINDER_MIN {
                     binder = kernel.address_binder();
+                }
+                if binder.is_none() {
+                    let results = kernel.add_addresses(&addrs);
+                    collect(adds.iter().copied(), &results, &failure, &mut failures);
                 }
             }
             // Without the interface no bind can work; each bind is then reported with this
             // cause.
-            Err(e) => bind_failures.extend(adds.iter().map(|op| failure(op, Some(&e)))),
+            Err(e) => failures.extend(adds.iter().map(|op| failure(op, Some(&e)))),
         }
-    }
-    let addrs: Vec<IpAddr> = order.iter().map(|(a, _)| *a).collect();
-    if binder.is_none() && !addrs.is_empty() {
-        let results = kernel.add_addresses(&addrs);
-        collect(&order, &results, &failure, &mut bind_failures);
     }
     let bound = std::time::Instant::now();
-    // How many binds a virtual server on each address waits for: the end of the binder's step
-    // that binds it. (Per step, not per address: the binder says how far it got after each
-    // step, and within a step the ops keep `order_ops`'s rounds.)
-    let gate_of: HashMap<IpAddr, usize> = addrs
+    let ipvs_ops = ops
         .iter()
-        .enumerate()
-        .map(|(i, a)| (*a, ((i / BIND_STEP + 1) * BIND_STEP).min(addrs.len())))
-        .collect();
-    let progress = Progress::default();
+        .filter(|op| !matches!(op, Op::AddAddress(_) | Op::RemoveAddress(_)));
     let overlapped = binder.is_some();
-    let mut failures = Vec::new();
-    let mut requests = 0;
-    let mut waited = std::time::Duration::ZERO;
-    std::thread::scope(|scope| {
-        let binding = binder.map(|mut bind| {
-            let (progress, addrs) = (&progress, &addrs);
-            scope.spawn(move || {
-                // Marks the binder stopped however its thread ends, so no wait outlives it.
-                let _stopped = Stopped(progress);
-                for step in addrs.chunks(BIND_STEP) {
-                    let mut results = bind(step);
-                    // One result per address, whatever the binder answered.
-                    results.truncate(step.len());
-                    results.resize_with(step.len(), || {
-                        Err(KernelError::Refused("no result from the kernel".to_owned()))
-                    });
-                    progress.advance(results);
+    let (requests, waited) = match binder {
+        // Every address is bound already: the IPVS ops go out in `order_ops` order.
+        None => (
+            send(
+                kernel,
+                ipvs_ops.map(|op| (0, op)),
+                &mut |_, _| usize::MAX,
+                &failure,
+                &mut failures,
+            ),
+            std::time::Duration::ZERO,
+        ),
+        Some(bind) => {
+            let progress = Progress::default();
+            let (requests, waited) = std::thread::scope(|scope| {
+                let binding = scope.spawn(|| bind_in_steps(bind, &addrs, &progress));
+                let gated = gated(ops, ipvs_ops, &addrs);
+                let mut waited = std::time::Duration::ZERO;
+                let requests = send(
+                    kernel,
+                    gated.into_iter(),
+                    &mut |kernel, gate| {
+                        let t = std::time::Instant::now();
+                        let mut bound = progress.wait_for(gate);
+                        if bound < gate {
+                            // The binder stopped short: the rest is bound here, before any
+                            // virtual server on it goes out.
+                            progress.bind_rest(kernel, &addrs);
+                            bound = usize::MAX;
+                        }
+                        waited += t.elapsed();
+                        bound
+                    },
+                    &failure,
+                    &mut failures,
+                );
+                if let Err(panic) = binding.join() {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    tracing::error!(
+                        "the address binder stopped: {what}; the rest is bound on the loop"
+                    );
                 }
-            })
-        });
-        // How many of `order` are bound for sure (all of them without a binder thread).
-        let mut bound_so_far = if binding.is_some() { 0 } else { usize::MAX };
-        // Each IPVS op with its gate: how many of `order` must be bound before it goes out
-        // (for a virtual server created here, and its real servers, its address's place in
-        // `order`; 0 for every other op).
-        let created: HashMap<VirtualKey, usize> = ops
-            .iter()
-            .filter_map(|op| match op {
-                Op::AddService(vs) => match vs.key {
-                    VirtualKey::Inet { addr, .. } => gate_of.get(&addr).map(|g| (vs.key, *g)),
-                    VirtualKey::Fwmark { .. } => None,
-                },
-                _ => None,
-            })
-            .collect();
-        let mut ipvs: Vec<(usize, &Op)> = ops
-            .iter()
-            .filter(|op| !matches!(op, Op::AddAddress(_) | Op::RemoveAddress(_)))
-            .map(|op| {
-                let gate = op.service().and_then(|k| created.get(k)).copied();
-                (gate.unwrap_or(0), op)
-            })
-            .collect();
-        if binding.is_some() {
-            // Beside a binder, the new virtual servers of each of its steps go out with their
-            // real servers as soon as the step is bound (every other op first): the stable
-            // sort keeps `order_ops`'s order within each step, rounds included (every
-            // Service of the step gets its first real server before any its second). Without
-            // a binder every address is bound already and the order is `order_ops`'s.
-            ipvs.sort_by_key(|(gate, _)| *gate);
+                (requests, waited)
+            });
+            // Whatever a stopped binder left (its virtual servers all went out already if it
+            // did not stop short).
+            progress.bind_rest(kernel, &addrs);
+            let mut bind_failures = Vec::new();
+            collect(
+                adds.iter().copied(),
+                &progress.take_results(),
+                &failure,
+                &mut bind_failures,
+            );
+            failures.splice(0..0, bind_failures);
+            (requests, waited)
         }
-        drop(created);
-        // The requests are built and sent a chunk at a time: a startup at 10,000 Services is
-        // 110,000 of them, and holding them all at once was a fifth of the agent's peak memory.
-        let mut chunk_ops: Vec<&Op> = Vec::new();
-        let mut chunk: Vec<Request> = Vec::new();
-        let mut gates: Vec<usize> = Vec::new();
-        for part in ipvs.chunks(REQUEST_CHUNK) {
-            chunk_ops.clear();
-            chunk.clear();
-            gates.clear();
-            for (gate, op) in part {
-                if let Some(r) = request_for(op) {
-                    chunk_ops.push(op);
-                    chunk.push(r);
-                    gates.push(*gate);
-                }
-            }
-            requests += chunk.len();
-            let mut at = 0;
-            while at < chunk.len() {
-                let least = (at + MIN_RUN).min(chunk.len());
-                if gates[least - 1] > bound_so_far {
-                    let t = std::time::Instant::now();
-                    bound_so_far = progress.wait_for(gates[least - 1]);
-                    waited += t.elapsed();
-                    if bound_so_far < gates[least - 1] {
-                        // The binder stopped short: the rest is bound here, before any virtual
-                        // server on it goes out.
-                        progress.bind_rest(kernel, &addrs);
-                        bound_so_far = usize::MAX;
-                    }
-                }
-                let end = least + gates[least..].partition_point(|&g| g <= bound_so_far);
-                let results = kernel.apply_requests(&chunk[at..end]);
-                for (i, op) in chunk_ops[at..end].iter().enumerate() {
-                    match results.get(i) {
-                        Some(Ok(())) => {}
-                        Some(Err(e)) => failures.push(failure(op, Some(e))),
-                        None => failures.push(failure(op, None)),
-                    }
-                }
-                at = end;
-            }
-        }
-        if let Some(h) = binding
-            && let Err(panic) = h.join()
-        {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            tracing::error!("the address binder stopped: {what}; the rest is bound on the loop");
-        }
-    });
-    if overlapped {
-        // Whatever a stopped binder left (its virtual servers all went out already if it did
-        // not stop short).
-        progress.bind_rest(kernel, &addrs);
-        collect(
-            &order,
-            &progress.take_results(),
-            &failure,
-            &mut bind_failures,
-        );
-    }
+    };
     let programmed = std::time::Instant::now();
     for op in ops {
         if let Op::RemoveAddress(a) = op
@@ -334,45 +276,126 @@ pub fn apply(kernel: &mut dyn Kernel, ops: &[Op], owners: &Owners) -> Vec<Failur
     } else {
         tracing::debug!("applied {}, removals in {removals_ms:.1} ms", how());
     }
-    bind_failures.extend(failures);
-    bind_failures
+    failures
 }
-/// The binds in the order the IPVS requests need them: first those no new virtual server
-/// waits for, then each in the order of the first virtual server created on it.
-fn bind_order<'a>(adds: &[&'a Op], ops: &[Op]) -> Vec<(IpAddr, &'a Op)> {
-    let mut first_use: HashMap<IpAddr, usize> = HashMap::new();
-    for (i, op) in ops.iter().enumerate() {
-        if let Op::AddService(vs) = op
-            && let VirtualKey::Inet { addr, .. } = vs.key
-        {
-            first_use.entry(addr).or_insert(i + 1);
-        }
+
+/// A binder's work: `addrs` in steps of [`BIND_STEP`], each step's results (exactly one per
+/// address) reported to `progress`, which is marked stopped however the thread ends.
+fn bind_in_steps(mut bind: crate::kernel::AddressBinder, addrs: &[IpAddr], progress: &Progress) {
+    let _stopped = Stopped(progress);
+    for step in addrs.chunks(BIND_STEP) {
+        progress.advance(exactly(bind(step), step.len()));
     }
-    let mut order: Vec<(IpAddr, &Op)> = adds
+}
+
+/// The IPVS ops beside a binder of `addrs`, each with its gate: how many binds must be done
+/// before it goes out. A virtual server created on one of `addrs`, and its real servers, wait
+/// for the end of the binder's step that binds the address (per step, not per address: the
+/// binder reports after each step); every other op waits for none. Sorted by gate, stably: each
+/// step's ops keep `order_ops`'s order, rounds included (every Service of the step gets its
+/// first real server before any its second), and go out as soon as the step is bound.
+fn gated<'a>(
+    ops: &'a [Op],
+    ipvs_ops: impl Iterator<Item = &'a Op>,
+    addrs: &[IpAddr],
+) -> Vec<(usize, &'a Op)> {
+    let gate_of: HashMap<IpAddr, usize> = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (*a, ((i / BIND_STEP + 1) * BIND_STEP).min(addrs.len())))
+        .collect();
+    let created: HashMap<VirtualKey, usize> = ops
         .iter()
         .filter_map(|op| match op {
-            Op::AddAddress(a) => Some((*a, *op)),
+            Op::AddService(vs) => match vs.key {
+                VirtualKey::Inet { addr, .. } => gate_of.get(&addr).map(|g| (vs.key, *g)),
+                VirtualKey::Fwmark { .. } => None,
+            },
             _ => None,
         })
         .collect();
-    order.sort_by_key(|(a, _)| first_use.get(a).copied().unwrap_or(0));
-    order
+    let mut gated: Vec<(usize, &Op)> = ipvs_ops
+        .map(|op| {
+            (
+                op.service()
+                    .and_then(|k| created.get(k))
+                    .copied()
+                    .unwrap_or(0),
+                op,
+            )
+        })
+        .collect();
+    gated.sort_by_key(|(gate, _)| *gate);
+    gated
 }
 
-/// Adds a failure for each bind of `order` whose result is an error or missing.
-fn collect(
-    order: &[(IpAddr, &Op)],
+/// Sends IPVS ops (with their gates, in an order whose gates never fall) a chunk of
+/// [`REQUEST_CHUNK`] at a time, at least [`MIN_RUN`] requests per call; before a call whose
+/// requests need more binds than are known to be done, `wait_for(kernel, gate)` waits and
+/// says how many are. Failures go to `out`; returns how many requests went out.
+fn send<'a>(
+    kernel: &mut dyn Kernel,
+    ops: impl Iterator<Item = (usize, &'a Op)>,
+    wait_for: &mut dyn FnMut(&mut dyn Kernel, usize) -> usize,
+    failure: &impl Fn(&Op, Option<&KernelError>) -> Failure,
+    out: &mut Vec<Failure>,
+) -> usize {
+    // The requests are built and sent a chunk at a time: a startup at 10,000 Services is
+    // 110,000 of them, and holding them all at once was a fifth of the agent's peak memory.
+    let mut ops = ops
+        .filter_map(|(gate, op)| request_for(op).map(|r| (gate, op, r)))
+        .peekable();
+    let (mut chunk_ops, mut chunk, mut gates) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut requests, mut bound) = (0, 0);
+    while ops.peek().is_some() {
+        chunk_ops.clear();
+        chunk.clear();
+        gates.clear();
+        for (gate, op, r) in ops.by_ref().take(REQUEST_CHUNK) {
+            chunk_ops.push(op);
+            chunk.push(r);
+            gates.push(gate);
+        }
+        requests += chunk.len();
+        let mut at = 0;
+        while at < chunk.len() {
+            let least = (at + MIN_RUN).min(chunk.len());
+            if gates[least - 1] > bound {
+                bound = wait_for(kernel, gates[least - 1]);
+            }
+            let end = least + gates[least..].partition_point(|&g| g <= bound);
+            let results = kernel.apply_requests(&chunk[at..end]);
+            collect(chunk_ops[at..end].iter().copied(), &results, failure, out);
+            at = end;
+        }
+    }
+    requests
+}
+
+/// Adds a failure for each op whose result is an error or missing.
+fn collect<'a>(
+    ops: impl Iterator<Item = &'a Op>,
     results: &[Result<(), KernelError>],
     failure: &impl Fn(&Op, Option<&KernelError>) -> Failure,
     out: &mut Vec<Failure>,
 ) {
-    for (i, (_, op)) in order.iter().enumerate() {
+    for (i, op) in ops.enumerate() {
         match results.get(i) {
             Some(Ok(())) => {}
             Some(Err(e)) => out.push(failure(op, Some(e))),
             None => out.push(failure(op, None)),
         }
     }
+}
+
+/// `results` made exactly `n` long: a missing one is "no result from the kernel", so the
+/// results of later binds keep their places.
+fn exactly(mut results: Vec<Result<(), KernelError>>, n: usize) -> Vec<Result<(), KernelError>> {
+    results.truncate(n);
+    results.resize_with(n, || {
+        Err(KernelError::Refused("no result from the kernel".to_owned()))
+    });
+    results
 }
 
 /// How far a binder thread got: each bind's result so far, and whether it stopped.
@@ -418,10 +441,7 @@ impl Progress {
     fn bind_rest(&self, kernel: &mut dyn Kernel, addrs: &[IpAddr]) {
         let done = self.lock().results.len();
         if done < addrs.len() {
-            let mut rest = kernel.add_addresses(&addrs[done..]);
-            rest.resize_with(addrs.len() - done, || {
-                Err(KernelError::Refused("no result from the kernel".to_owned()))
-            });
+            let rest = exactly(kernel.add_addresses(&addrs[done..]), addrs.len() - done);
             self.lock().results.extend(rest);
         }
     }
@@ -444,7 +464,7 @@ impl Drop for Stopped<'_> {
 mod tests {
     use super::*;
     use crate::kernel::convert::op_for;
-    use crate::kernel::mem::MemKernel;
+    use crate::kernel::mem::{MemKernel, MemState};
     use crate::kernel::test_support::{ip, vs};
     use kube_ipvs_diff::{RealServer, ServiceEntry, Table};
 
@@ -655,13 +675,19 @@ mod tests {
         assert_eq!(sent, wanted);
     }
 
+    /// Applies what takes an empty in-memory kernel, first set up by `setup`, to `desired`.
+    fn from_empty(desired: &Table, setup: impl FnOnce(&mut MemState)) -> (MemKernel, Vec<Failure>) {
+        let ops = kube_ipvs_diff::full_diff(desired, &Table::default(), Default::default());
+        let mut k = MemKernel::default();
+        setup(&mut k.state());
+        let failures = apply(&mut k, &ops, &Owners::default());
+        (k, failures)
+    }
+
     #[test]
     fn what_a_binder_that_panics_left_is_bound_before_its_virtual_servers_go_out() {
         let desired = table_with_addresses(600, 2);
-        let ops = kube_ipvs_diff::full_diff(&desired, &Table::default(), Default::default());
-        let mut k = MemKernel::default();
-        k.state().binder_panics = true;
-        let failures = apply(&mut k, &ops, &Owners::default());
+        let (k, failures) = from_empty(&desired, |st| st.binder_panics = true);
         assert_eq!(failures, vec![]);
         let st = k.state();
         assert_eq!(st.table, desired);
@@ -671,11 +697,10 @@ mod tests {
     #[test]
     fn a_bind_the_binder_fails_names_its_address_and_the_rest_apply() {
         let desired = table_with_addresses(300, 2);
-        let ops = kube_ipvs_diff::full_diff(&desired, &Table::default(), Default::default());
-        let mut k = MemKernel::default();
         // Bound already: the kernel refuses to bind it again.
-        k.state().table.addresses.insert(ip("10.96.0.77"));
-        let failures = apply(&mut k, &ops, &Owners::default());
+        let (k, failures) = from_empty(&desired, |st| {
+            st.table.addresses.insert(ip("10.96.0.77"));
+        });
         assert_eq!(failures.len(), 1, "{failures:?}");
         assert_eq!(failures[0].op, Op::AddAddress(ip("10.96.0.77")));
         assert_eq!(k.state().table, desired);

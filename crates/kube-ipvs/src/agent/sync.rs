@@ -156,6 +156,19 @@ struct ReadInFlight {
     whole: Option<Box<WholeRead>>,
 }
 
+impl ReadInFlight {
+    /// A read starting now, with nothing changed yet.
+    fn new(discarded: u32, whole: Option<Box<WholeRead>>) -> Self {
+        Self {
+            started: Instant::now(),
+            touched: BTreeSet::new(),
+            moved: false,
+            discarded,
+            whole,
+        }
+    }
+}
+
 /// A whole read that came back, and the virtual servers being read again for it.
 struct WholeRead {
     read: Read,
@@ -566,13 +579,7 @@ impl<K: Kernel> Agent<K> {
         if self.refresh_node_addresses() {
             self.incremental_sync();
         }
-        self.reading = Some(ReadInFlight {
-            started: Instant::now(),
-            touched: BTreeSet::new(),
-            moved: false,
-            discarded,
-            whole: None,
-        });
+        self.reading = Some(ReadInFlight::new(discarded, None));
         let sets = self
             .masq
             .as_mut()
@@ -646,13 +653,7 @@ impl<K: Kernel> Agent<K> {
             && let Some(r) = reader
             && r.requests.send(Ask::Services(whole.again.clone())).is_ok()
         {
-            self.reading = Some(ReadInFlight {
-                started: Instant::now(),
-                touched: BTreeSet::new(),
-                moved: false,
-                discarded: flight.discarded,
-                whole: Some(Box::new(whole)),
-            });
+            self.reading = Some(ReadInFlight::new(flight.discarded, Some(Box::new(whole))));
             return;
         }
         // Nothing to read again, or no reader to read it: the loop reads it.
@@ -660,11 +661,10 @@ impl<K: Kernel> Agent<K> {
         let WholeRead {
             mut read, again, ..
         } = whole;
+        if let Err(e) = self.reread_on_loop(&mut read, &again) {
+            return self.read_failed(SyncKind::Reconcile, &e);
+        }
         if !again.is_empty() {
-            match self.kernel.observe_services(&again) {
-                Ok(fresh) => replace_entries(&mut read, &again, fresh),
-                Err(e) => return self.read_failed(SyncKind::Reconcile, &e),
-            }
             tracing::info!(
                 "reconcile: read {} the loop changed during the read again on the loop in {:.1} ms",
                 count(again.len(), "virtual server", "virtual servers"),
@@ -672,6 +672,19 @@ impl<K: Kernel> Agent<K> {
             );
         }
         self.reconcile_with(read, took, loop_start);
+    }
+
+    /// Reads the virtual servers `keys` again on the loop, in place of what `read` found of
+    /// them.
+    fn reread_on_loop(
+        &mut self,
+        read: &mut Read,
+        keys: &BTreeSet<VirtualKey>,
+    ) -> Result<(), KernelError> {
+        if !keys.is_empty() {
+            replace_entries(read, keys, self.kernel.observe_services(keys)?);
+        }
+        Ok(())
     }
 
     /// The reader read again the virtual servers changed during a whole read: those are
@@ -706,11 +719,8 @@ impl<K: Kernel> Agent<K> {
         };
         replace_entries(&mut read, &again, fresh);
         let last = touched;
-        if !last.is_empty() {
-            match self.kernel.observe_services(&last) {
-                Ok(fresh) => replace_entries(&mut read, &last, fresh),
-                Err(e) => return self.read_failed(SyncKind::Reconcile, &e),
-            }
+        if let Err(e) = self.reread_on_loop(&mut read, &last) {
+            return self.read_failed(SyncKind::Reconcile, &e);
         }
         tracing::info!(
             "reconcile: read {} the loop changed during the read again in the background in \
