@@ -2460,7 +2460,8 @@ fn faults_under_live_traffic_cost_only_what_they_must() {
         // 6: SIGKILL in the middle of a large startup sync, then a restart. The agent is
         // stopped, 1,000 Services are added, and the new agent adopts the kernel's table and
         // starts programming them; it is killed once kube-ipvs0 holds some of their addresses
-        // (the binds come first, then the IPVS requests). Web and api keep their rules all along.
+        // (a binder thread binds them in steps of 256, each step's virtual servers going out
+        // once it is bound). Web and api keep their rules all along.
         begin(6);
         agent.kill();
         drop(agent);
