@@ -1263,6 +1263,12 @@ fn open_loop(
     let mut next = start;
     let mut pending: Vec<Pending> = Vec::new();
     let mut out = OpenLoop::default();
+    // A round checks every pending update once. Sending on schedule may interrupt it; the next
+    // look goes on from `cursor`, so every update is checked in turn however many are in flight
+    // (restarting at the first starved the rest until sending ended). After a round the reader
+    // rests as long as the round's checks took: it shares the agent's guest and takes at most
+    // half of one CPU from it.
+    let (mut cursor, mut busy, mut rest_until) = (0, Duration::ZERO, start);
     loop {
         agent.check_running()?;
         let now = Instant::now();
@@ -1288,6 +1294,15 @@ fn open_loop(
         if !sending && pending.is_empty() {
             return Ok(out);
         }
+        if now < rest_until {
+            let wake = if sending {
+                rest_until.min(next)
+            } else {
+                rest_until
+            };
+            std::thread::sleep(wake - now);
+            continue;
+        }
         // With many updates in flight, a rules reader checks them all against one read of the
         // whole table rather than listing a chain each (a process per check).
         let snapshot = match plane {
@@ -1300,7 +1315,8 @@ fn open_loop(
             }
             _ => None,
         };
-        let mut k = 0;
+        let round = Instant::now();
+        let mut k = cursor.min(pending.len());
         while k < pending.len() {
             if let Some(task) = pending[k].patch.take_if(|t| t.is_finished()) {
                 // A refused PATCH changes nothing in the kernel: count it and stop waiting.
@@ -1341,13 +1357,13 @@ fn open_loop(
                 break;
             }
         }
-        let pause = if sending {
-            next.saturating_duration_since(Instant::now())
-                .min(UPDATE_POLL)
-        } else {
-            UPDATE_POLL
-        };
-        std::thread::sleep(pause);
+        busy += round.elapsed();
+        if k < pending.len() {
+            cursor = k;
+            continue;
+        }
+        cursor = 0;
+        rest_until = Instant::now() + std::mem::take(&mut busy).max(UPDATE_POLL);
     }
 }
 
