@@ -268,18 +268,22 @@ impl Kernel for RealKernel {
     }
 
     fn observe(&mut self) -> Result<(Observed, Counts), KernelError> {
-        let dump = self.ipvs.table()?;
+        // One service dump, then one destination dump per virtual server, each turned into
+        // the engine's entry and counts at once: the raw dump is never held whole.
+        let mut observed = Observed::default();
+        let mut counts = Counts::new();
+        for svc in self.ipvs.services()? {
+            let dests = self.ipvs.destinations(&svc.key)?;
+            if let Ok(entry) = convert::entry_from_kernel(&svc, &[]) {
+                dest_counts(&mut counts, entry.server.key, &dests);
+            }
+            observed.add(&svc, &dests);
+        }
         let addresses = match self.rtnl.link_index(&self.ifname)? {
             Some(_) => Some(self.rtnl.addresses(&self.ifname)?),
             None => None,
         };
-        let observed = observe::from_dump(&dump, addresses);
-        let mut counts = Counts::new();
-        for (svc, dests) in &dump {
-            if let Ok(entry) = convert::entry_from_kernel(svc, &[]) {
-                dest_counts(&mut counts, entry.server.key, dests);
-            }
-        }
+        observed.set_addresses(addresses);
         Ok((observed, counts))
     }
 

@@ -31,26 +31,42 @@ pub fn from_dump(
     )],
     addresses: Option<Vec<std::net::IpAddr>>,
 ) -> Observed {
-    let mut out = Observed {
-        interface_exists: addresses.is_some(),
-        ..Observed::default()
-    };
+    let mut out = Observed::default();
     for (svc, dests) in dump {
+        out.add(svc, dests);
+    }
+    out.set_addresses(addresses);
+    out
+}
+
+impl Observed {
+    /// Adds one virtual server with its real servers, as the engine's entry or as foreign. The
+    /// kernel's reader adds each as soon as its real servers are read, so a whole dump (about
+    /// 260 bytes a real server, tens of MiB at 10,000 Services) is never held at once.
+    pub fn add(
+        &mut self,
+        svc: &kube_ipvs_netlink::ipvs::Service,
+        dests: &[kube_ipvs_netlink::ipvs::Destination],
+    ) {
         match entry_from_kernel(svc, dests) {
             Ok(entry) => {
-                out.table.services.insert(entry.server.key, entry);
+                self.table.services.insert(entry.server.key, entry);
             }
-            Err(f) => out.foreign.push(f),
+            Err(f) => self.foreign.push(f),
         }
     }
-    // The kernel gives an interface that is up an IPv6 link-local address of its own; the
-    // engine never binds one, so it is not service state and must not be "repaired" away.
-    out.table.addresses = addresses
-        .into_iter()
-        .flatten()
-        .filter(|a| !(a.is_ipv6() && kube_ipvs_diff::is_link_local(*a)))
-        .collect();
-    out
+
+    /// Sets the interface's addresses (`None` when the interface does not exist).
+    pub fn set_addresses(&mut self, addresses: Option<Vec<std::net::IpAddr>>) {
+        self.interface_exists = addresses.is_some();
+        // The kernel gives an interface that is up an IPv6 link-local address of its own; the
+        // engine never binds one, so it is not service state and must not be "repaired" away.
+        self.table.addresses = addresses
+            .into_iter()
+            .flatten()
+            .filter(|a| !(a.is_ipv6() && kube_ipvs_diff::is_link_local(*a)))
+            .collect();
+    }
 }
 
 #[cfg(test)]
