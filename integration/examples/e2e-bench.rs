@@ -1098,22 +1098,16 @@ impl Churn {
     }
 
     /// The next update of the open-loop churn: its Service, endpoint set, and the PATCH
-    /// running on the runtime.
-    fn start_update(
-        &mut self,
-        ips: &[Ipv4Addr],
-    ) -> (
-        usize,
-        Vec<Ipv4Addr>,
-        tokio::task::JoinHandle<std::result::Result<EndpointSlice, kube::Error>>,
-    ) {
+    /// running on the runtime, which notes when its answer came.
+    fn start_update(&mut self, ips: &[Ipv4Addr]) -> (usize, Vec<Ipv4Addr>, PatchTask) {
         let (i, want, patch) = self.next_change(ips.len());
         let slices = self.slices.clone();
         let name = slice_name(i);
         let task = self.rt.spawn(async move {
-            slices
+            let answer = slices
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
+                .await;
+            (answer, Instant::now())
         });
         (i, want, task)
     }
@@ -1214,14 +1208,19 @@ fn measure_datapath(agent_name: &str, ips: &[Ipv4Addr], opts: &Options) -> Resul
 /// against one whole read of its table instead of one chain listing each.
 const WHOLE_READ_ABOVE: usize = 8;
 
+/// A PATCH in flight on the driver's runtime: the API server's answer and when it came.
+type PatchTask =
+    tokio::task::JoinHandle<(std::result::Result<EndpointSlice, kube::Error>, Instant)>;
+
 /// An update sent by the open-loop churn and not yet seen in the kernel.
 struct Pending {
     service: usize,
     want: Vec<Ipv4Addr>,
     sent: Instant,
     /// The PATCH in flight (`None` once the API server accepted it).
-    patch: Option<tokio::task::JoinHandle<std::result::Result<EndpointSlice, kube::Error>>>,
-    /// When the driver saw the API server's answer (at its next look: an upper bound).
+    patch: Option<PatchTask>,
+    /// How long the API server took to answer (stamped by the task itself, so a late look
+    /// by the driver does not count).
     answered_us: Option<u64>,
 }
 
@@ -1230,8 +1229,9 @@ struct Pending {
 struct OpenLoop {
     sent: usize,
     kernel_us: Vec<u64>,
-    /// Of each update in `kernel_us`, until the driver saw the PATCH answered (part of it):
-    /// a slow API server or connection, not the agent.
+    /// Of each update in `kernel_us`, until the API server's answer came (part of it: a
+    /// slow API server or connection, not the agent; the whole time when the kernel served
+    /// the update before the driver saw the answer).
     patch_us: Vec<u64>,
     /// Not in the kernel within [`UPDATE_TIMEOUT`].
     timeouts: usize,
@@ -1320,12 +1320,13 @@ fn open_loop(
         while k < pending.len() {
             if let Some(task) = pending[k].patch.take_if(|t| t.is_finished()) {
                 // A refused PATCH changes nothing in the kernel: count it and stop waiting.
-                if !matches!(churn.rt.block_on(task), Ok(Ok(_))) {
+                let Ok((Ok(_), at)) = churn.rt.block_on(task) else {
                     out.errors += 1;
                     pending.swap_remove(k);
                     continue;
-                }
-                pending[k].answered_us = Some(pending[k].sent.elapsed().as_micros() as u64);
+                };
+                let took = at.saturating_duration_since(pending[k].sent);
+                pending[k].answered_us = Some(took.as_micros() as u64);
             }
             let p = &pending[k];
             let served = match &snapshot {
