@@ -1097,6 +1097,20 @@ impl Churn {
         (i, want, patch)
     }
 
+    /// Opens `n` connections to the API server now, with `n` GETs at once, and leaves them in
+    /// the client's pool. The client speaks HTTP/1.1, one request per connection at a time, so
+    /// an open loop that finds every pooled connection busy opens another: a TLS handshake in
+    /// the guest, under emulation, while updates wait. Warm, the churn's PATCHes do not pay for
+    /// connections (churn runs stalled for seconds at their start while the pool grew).
+    fn warm_connections(&self, n: usize) -> Result<()> {
+        let name = slice_name(0);
+        let gets = (0..n).map(|_| self.slices.get(&name));
+        self.rt
+            .block_on(futures::future::try_join_all(gets))
+            .context("opening connections to the API server")?;
+        Ok(())
+    }
+
     /// The next update of the open-loop churn: its Service, endpoint set, and the PATCH
     /// running on the runtime, which notes when its answer came.
     fn start_update(&mut self, ips: &[Ipv4Addr]) -> (usize, Vec<Ipv4Addr>, PatchTask) {
@@ -1212,6 +1226,10 @@ const WHOLE_READ_ABOVE: usize = 8;
 type PatchTask =
     tokio::task::JoinHandle<(std::result::Result<EndpointSlice, kube::Error>, Instant)>;
 
+/// Connections the open-loop churn opens before it starts (see [`Churn::warm_connections`]):
+/// more than the most updates in flight in a run that kept up (16).
+const WARM_CONNECTIONS: usize = 32;
+
 /// An update sent by the open-loop churn and not yet seen in the kernel.
 struct Pending {
     service: usize,
@@ -1258,6 +1276,7 @@ fn open_loop(
     ips: &[Ipv4Addr],
 ) -> Result<OpenLoop> {
     let mut churn = Churn::new(opts)?;
+    churn.warm_connections(WARM_CONNECTIONS)?;
     let period = Duration::from_secs_f64(1.0 / opts.churn_rate);
     let start = Instant::now();
     let mut next = start;

@@ -43,14 +43,7 @@ const USAGE: &str = "usage: cargo xtask bench e2e [--sizes 1000,5000,10000] [--u
      [--endpoints 10] [--nodes 1] [--datapath 300] [--churn-rate 50] [--churn-seconds 60] \
      [--charts DIR] \
      [--agents kube-ipvs,kube-proxy-ipvs,kube-proxy-nftables,kube-proxy-iptables] \
-     [--update-budget SECS] [--settle-timeout SECS] [--converge-timeout SECS] [--mem MIB] \
-     [--qemu-nice N]";
-
-/// QEMU's default niceness in the e2e benches. The kube-apiserver and etcd on this host stand
-/// for a control plane on other machines, but they share this host's CPUs with QEMU's vCPU
-/// threads; QEMU yields to them, so a busy guest does not slow the API server's answers (and
-/// every agent's updates with them). Every agent alike.
-pub(crate) const QEMU_NICE: u8 = 10;
+     [--update-budget SECS] [--settle-timeout SECS] [--converge-timeout SECS] [--mem MIB]";
 
 #[derive(Debug, Clone, PartialEq)]
 struct Options {
@@ -77,8 +70,6 @@ struct Options {
     /// Services).
     converge_timeout: Option<u64>,
     memory_mib: u32,
-    /// QEMU's niceness ([`QEMU_NICE`]).
-    qemu_nice: u8,
 }
 
 impl Default for Options {
@@ -97,7 +88,6 @@ impl Default for Options {
             settle_timeout: 600,
             converge_timeout: None,
             memory_mib: 4096,
-            qemu_nice: QEMU_NICE,
         }
     }
 }
@@ -142,12 +132,6 @@ fn parse_options(args: &[String]) -> Result<Options> {
             "--mem" => {
                 o.memory_mib = u32::try_from(number(value)?)
                     .with_context(|| format!("bench e2e: --mem {value} is too large"))?;
-            }
-            "--qemu-nice" => {
-                o.qemu_nice = u8::try_from(number(value)?)
-                    .ok()
-                    .filter(|n| *n <= 19)
-                    .with_context(|| format!("bench e2e: --qemu-nice {value}: 0..=19"))?;
             }
             "--agents" => {
                 o.agents = Vec::new();
@@ -882,7 +866,6 @@ fn run_agent(
         agent,
         list,
         memory_mib: opts.memory_mib,
-        nice: opts.qemu_nice,
     };
     // The driver's own limits (convergence, settling, the update budget) plus boot.
     let timeout =
@@ -913,8 +896,6 @@ pub(crate) struct GuestRun<'a> {
     /// The `populate --out` list.
     pub(crate) list: &'a Path,
     pub(crate) memory_mib: u32,
-    /// QEMU's niceness ([`QEMU_NICE`]).
-    pub(crate) nice: u8,
 }
 
 impl GuestRun<'_> {
@@ -965,7 +946,6 @@ impl GuestRun<'_> {
         job.forward_ports.push(self.plane.port);
         job.memory_mib = self.memory_mib;
         job.timeout = timeout;
-        job.nice = self.nice;
         let outcome = vm::run(&job)?;
         eprintln!(
             "xtask: {} took {} (console log {})",
@@ -1168,9 +1148,6 @@ mod tests {
         let o = parse_options(&args("--settle-timeout 120 --converge-timeout 900"))?;
         assert_eq!((o.settle_timeout, o.converge_timeout), (120, Some(900)));
         assert_eq!(parse_options(&[])?.converge_timeout, None);
-        assert_eq!(parse_options(&args("--qemu-nice 0"))?.qemu_nice, 0);
-        assert_eq!(parse_options(&[])?.qemu_nice, QEMU_NICE);
-        assert!(parse_options(&args("--qemu-nice 20")).is_err());
         Ok(())
     }
 }

@@ -326,7 +326,6 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
         agent: "kube-ipvs",
         list: &list,
         memory_mib: opts.memory_mib,
-        nice: crate::bench_e2e::QEMU_NICE,
     };
     // Converging and the repair (each within the timeout), settling, the soak, boot.
     let timeout = Duration::from_secs(2 * converge_timeout + 600 + run.as_secs() + 600);

@@ -151,9 +151,6 @@ pub(crate) struct Job {
     pub(crate) forward_ports: Vec<u16>,
     /// Hand the terminal to the guest (for `vm-shell`): no timeout, no log, no marker parsing.
     pub(crate) interactive: bool,
-    /// QEMU's niceness (0: the host's default). A positive value lets host programs the guest
-    /// talks to (a kube-apiserver) run first when the two compete for the host's CPUs.
-    pub(crate) nice: u8,
 }
 
 impl Job {
@@ -167,7 +164,6 @@ impl Job {
             cpus: 2,
             timeout: Duration::from_secs(900),
             forward_ports: Vec::new(),
-            nice: 0,
             interactive: false,
         }
     }
@@ -378,14 +374,7 @@ fn concat(parts: &[&Path], out: &Path) -> Result<()> {
 /// The QEMU command line. `-nographic` puts the serial console on stdio; `-no-reboot` with
 /// `panic=-1` turns both power-off and a kernel panic into QEMU exiting.
 fn qemu_command(job: &Job, kernel: &Kernel, initrd: &Path) -> Command {
-    let mut cmd = if job.nice == 0 {
-        Command::new("qemu-system-x86_64")
-    } else {
-        // `nice` execs QEMU in its own process, so the pid the reaper registers is QEMU's.
-        let mut nice = Command::new("nice");
-        nice.args(["-n", &job.nice.to_string(), "qemu-system-x86_64"]);
-        nice
-    };
+    let mut cmd = Command::new("qemu-system-x86_64");
     cmd.args([
         "-accel",
         "tcg",
