@@ -58,7 +58,8 @@ pub use marks::{MarkHint, MarkSpace, PortMark};
 pub use model::{
     Changes, Cidr, Endpoint, EndpointPort, Inputs, NodeContext, Options, Protocol, Scheduler,
     SchedulerKind, ServiceInfo, ServiceKind, ServiceName, ServicePort, ServicePortName,
-    SessionAffinity, TrafficDistribution, TrafficPolicy, endpoint_address_problem, is_link_local,
+    SessionAffinity, TrafficDistribution, TrafficPolicy, endpoint_address_problem,
+    endpoints_merged, is_link_local,
 };
 pub use table::{
     DestKey, Forward, Op, Ownership, RealServer, ServiceEntry, Table, VirtualKey, VirtualServer,

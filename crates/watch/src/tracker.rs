@@ -22,6 +22,7 @@
 //! update, not from the deletion.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -38,8 +39,9 @@ use crate::translate::{
 pub struct ServiceChange {
     /// The Service, or `None` if it is gone or no longer for this proxy.
     pub service: Option<ServiceInfo>,
-    /// Its endpoints merged over all its slices (see [`merge_slices`]); empty if none.
-    pub endpoints: Vec<Endpoint>,
+    /// Its endpoints merged over all its slices (see [`merge_slices`]); empty if none. Shared
+    /// with the tracker's copy of its slice when it has one.
+    pub endpoints: Arc<[Endpoint]>,
 }
 
 /// What changed since the previous change set, each entry with its full new state, so a
@@ -109,7 +111,7 @@ pub struct Tracker {
     opts: TranslateOptions,
     services: HashMap<ServiceName, ServiceInfo>,
     /// Slices by Service, each by slice name, so merging is in slice-name order.
-    slices: HashMap<ServiceName, BTreeMap<String, Vec<Endpoint>>>,
+    slices: HashMap<ServiceName, BTreeMap<String, Arc<[Endpoint]>>>,
     /// Which Service a slice (namespace, name) was filed under, in case its label changes.
     slice_owner: HashMap<(String, String), ServiceName>,
     node: Option<NodeInfo>,
@@ -192,7 +194,7 @@ fn slice_service(slice: &EndpointSlice) -> Option<ServiceName> {
 /// it completes.
 #[derive(Debug, Default)]
 struct SliceRelist {
-    slices: HashMap<ServiceName, BTreeMap<String, Vec<Endpoint>>>,
+    slices: HashMap<ServiceName, BTreeMap<String, Arc<[Endpoint]>>>,
     owners: HashMap<(String, String), ServiceName>,
     /// Trigger times of the slices it changes, recorded when it completes.
     triggers: Vec<(ServiceName, SystemTime)>,
@@ -348,7 +350,7 @@ impl Tracker {
                 .slices
                 .get(service)
                 .and_then(|m| m.get(&key.1))
-                .is_some_and(|e| e.as_slice() == endpoints)
+                .is_some_and(|e| **e == *endpoints)
     }
 
     /// Whether both Services and EndpointSlices have been listed once, and the Node has
@@ -649,7 +651,7 @@ impl Tracker {
                 endpoints: self
                     .slices
                     .get(&name)
-                    .map(|m| merge_slices(m.values().map(Vec::as_slice)))
+                    .map(|m| merge_slices(m.values()))
                     .unwrap_or_default(),
             };
             if let Some(times) = triggers.remove(&name) {
@@ -730,6 +732,35 @@ mod tests {
 
     fn web() -> ServiceName {
         ServiceName::new("default", "web")
+    }
+
+    /// A Service with one slice shares that slice's endpoints with its change set and, through
+    /// it, with the engine's inputs (a copy was 10 MiB at 10,000 Services x 10); the slice is
+    /// held merged (sorted by address), so the sharing never changes what the engine sees.
+    /// With a second slice the Service gets a merged list of its own.
+    #[test]
+    fn a_service_with_one_slice_shares_its_endpoints_through_to_the_inputs() {
+        let mut two = slice("web-1", "web", "10.0.0.9");
+        two.endpoints.push(K8sEndpoint {
+            addresses: vec!["10.0.0.2".into()],
+            ..K8sEndpoint::default()
+        });
+        let mut t = synced(&[svc("web", "10.96.0.1")], &[]);
+        t.apply_slice(&two);
+        let mut cs = t.take_change_set().expect("the slice");
+        let held = Arc::clone(&t.slices[&web()]["web-1"]);
+        let addrs: Vec<String> = held.iter().map(|e| e.addr.to_string()).collect();
+        assert_eq!(addrs, ["10.0.0.2", "10.0.0.9"]);
+        assert!(Arc::ptr_eq(&cs.services[&web()].endpoints, &held));
+        let mut inputs = Inputs::new(kube_ipvs_diff::NodeContext::new("n1")).expect("node");
+        assert!(cs.move_into(&mut inputs).is_empty());
+        assert_eq!(inputs.endpoints(&web()).as_ptr(), held.as_ptr());
+
+        t.apply_slice(&slice("web-2", "web", "10.0.0.5"));
+        let cs = t.take_change_set().expect("the second slice");
+        let merged = &cs.services[&web()].endpoints;
+        assert_eq!(merged.len(), 3);
+        assert!(!Arc::ptr_eq(merged, &t.slices[&web()]["web-1"]));
     }
 
     #[test]

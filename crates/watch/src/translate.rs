@@ -320,8 +320,9 @@ pub fn translate_service(
 pub struct TranslatedSlice {
     /// The owning Service (the `kubernetes.io/service-name` label).
     pub service: ServiceName,
-    /// The slice's endpoints.
-    pub endpoints: Vec<Endpoint>,
+    /// The slice's endpoints, merged as [`merge_slices`] merges one slice alone (sorted by
+    /// address, one per address), so a Service with one slice shares this list.
+    pub endpoints: Arc<[Endpoint]>,
     /// Its [`LAST_CHANGE_TRIGGER_TIME_ANNOTATION`], if present and valid.
     pub trigger_time: Option<SystemTime>,
     /// Problems that did not stop translation (a malformed trigger time: the change is applied
@@ -468,7 +469,7 @@ pub fn translate_slice(
     });
     Ok(Some(TranslatedSlice {
         service,
-        endpoints,
+        endpoints: merge_slices([&endpoints.into()]),
         trigger_time,
         warnings,
     }))
@@ -493,7 +494,20 @@ fn share(names: &mut Vec<Arc<str>>, name: &str) -> Arc<str> {
 /// from the slice whose name sorts first wins. The winner's ports stand; a port (by name and
 /// protocol) that only another copy carries is added, since slices of one Service may carry
 /// different named ports for one pod. The result is sorted by address, ports by name.
-pub fn merge_slices<'a>(slices: impl IntoIterator<Item = &'a [Endpoint]>) -> Vec<Endpoint> {
+///
+/// One slice merged already (see [`kube_ipvs_diff::endpoints_merged`]; every slice the tracker
+/// holds is) is the result itself, shared rather than copied.
+pub fn merge_slices<'a>(slices: impl IntoIterator<Item = &'a Arc<[Endpoint]>>) -> Arc<[Endpoint]> {
+    let slices: Vec<&Arc<[Endpoint]>> = slices.into_iter().filter(|s| !s.is_empty()).collect();
+    match slices[..] {
+        [] => Arc::default(),
+        [one] if kube_ipvs_diff::endpoints_merged(one) => Arc::clone(one),
+        _ => merge(slices.into_iter().map(|s| &s[..])).into(),
+    }
+}
+
+/// [`merge_slices`]' rule, on any slices.
+fn merge<'a>(slices: impl IntoIterator<Item = &'a [Endpoint]>) -> Vec<Endpoint> {
     let mut by_addr: BTreeMap<IpAddr, Endpoint> = BTreeMap::new();
     let rank = |e: &Endpoint| (e.ready, e.serving, !e.terminating);
     let add_missing = |into: &mut Arc<[EndpointPort]>, from: &[EndpointPort]| {
@@ -538,8 +552,8 @@ pub fn merge_slices<'a>(slices: impl IntoIterator<Item = &'a [Endpoint]>) -> Vec
 pub fn translate_slices(
     slices: &[EndpointSlice],
     opts: &TranslateOptions,
-) -> (BTreeMap<ServiceName, Vec<Endpoint>>, Vec<Error>) {
-    let mut per_service: BTreeMap<ServiceName, BTreeMap<String, Vec<Endpoint>>> = BTreeMap::new();
+) -> (BTreeMap<ServiceName, Arc<[Endpoint]>>, Vec<Error>) {
+    let mut per_service: BTreeMap<ServiceName, BTreeMap<String, Arc<[Endpoint]>>> = BTreeMap::new();
     let mut errors = Vec::new();
     for slice in slices {
         match translate_slice(slice, opts) {
@@ -556,7 +570,7 @@ pub fn translate_slices(
     let merged = per_service
         .into_iter()
         .map(|(svc, slices)| {
-            let eps = merge_slices(slices.values().map(Vec::as_slice));
+            let eps = merge_slices(slices.values());
             (svc, eps)
         })
         .collect();

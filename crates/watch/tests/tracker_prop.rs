@@ -153,7 +153,7 @@ fn state(inputs: &Inputs) -> BTreeMap<ServiceName, ServiceChange> {
         .map(|n| {
             let c = ServiceChange {
                 service: inputs.service(&n).cloned(),
-                endpoints: inputs.endpoints(&n).to_vec(),
+                endpoints: inputs.endpoints(&n).into(),
             };
             (n, c)
         })

@@ -88,7 +88,7 @@ fn multi_slice_merges_duplicates_and_named_ports_that_differ_per_slice() {
     let web = ServiceName::new("shop", "web");
     assert_eq!(eps.keys().collect::<Vec<_>>(), [&web]);
     assert_eq!(
-        eps[&web],
+        *eps[&web],
         vec![
             ep(
                 "10.244.1.5",
@@ -176,7 +176,7 @@ fn dual_stack_node_port_service_with_affinity_and_scheduler() {
         port("dns-tcp", 5353, Protocol::Tcp),
     ];
     assert_eq!(
-        eps[&ServiceName::new("kube-system", "dns-cache")],
+        *eps[&ServiceName::new("kube-system", "dns-cache")],
         vec![
             ep("10.244.0.12", ports.clone(), Some("node-a"), None),
             ep("fd00:10:244::c", ports, Some("node-a"), None),
@@ -210,7 +210,7 @@ fn terminating_endpoints_and_condition_defaults() {
         ..ep(addr, ports.clone(), node, None)
     };
     assert_eq!(
-        eps[&ServiceName::new("default", "api")],
+        *eps[&ServiceName::new("default", "api")],
         vec![
             cond("10.244.3.1", Some("node-c"), false, true, true),
             cond("10.244.3.2", Some("node-c"), false, false, true),
@@ -247,7 +247,7 @@ fn hints_and_load_balancer_ingress() {
     let (eps, _) = translate_slices(&m.slices, &opts);
     let ports = vec![port("https", 8443, Protocol::Tcp)];
     assert_eq!(
-        eps[&ServiceName::new("shop", "checkout")],
+        *eps[&ServiceName::new("shop", "checkout")],
         vec![
             Endpoint {
                 hints_for_zones: vec!["zone-a".into()].into(),

@@ -1231,7 +1231,7 @@ mod tests {
         inputs
             .set_endpoints(
                 name.clone(),
-                eps.iter().map(|(a, n)| endpoint(a, n)).collect(),
+                eps.iter().map(|(a, n)| endpoint(a, n)).collect::<Vec<_>>(),
             )
             .expect("endpoints");
         m.locals.update([name], inputs);

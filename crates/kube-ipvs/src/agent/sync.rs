@@ -235,7 +235,7 @@ fn changes_in(cs: &ChangeSet, inputs: &Inputs) -> (u64, u64) {
             _ => false,
         };
         services += u64::from(!same);
-        endpoints += u64::from(inputs.endpoints(name) != change.endpoints.as_slice());
+        endpoints += u64::from(*inputs.endpoints(name) != *change.endpoints);
     }
     (services, endpoints)
 }
