@@ -225,9 +225,10 @@ pub struct EndpointPort {
 
 /// One backend address of a Service, merged over all its EndpointSlices.
 ///
-/// Held two or three times per endpoint (the watch's per-slice state, these inputs, a change
-/// in flight), 100,000 of them at 10,000 Services: what repeats across a slice's endpoints (its
-/// ports, a node's name) is shared through an `Arc`, not copied into each.
+/// 100,000 of them at 10,000 Services, held by the watch's per-slice state and by these inputs
+/// (one list shared by both when a Service has one slice, as most do; two when it has more):
+/// what repeats across a slice's endpoints (its ports, a node's name) is shared through an
+/// `Arc`, not copied into each.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Endpoint {
     /// The endpoint's address (`endpoints[].addresses[0]`).
