@@ -1295,7 +1295,12 @@ fn open_loop(
         if sending && now >= next {
             let (service, want, patch) = churn.start_update(ips);
             if let Some(at) = pending.iter().position(|p| p.service == service) {
-                pending.swap_remove(at);
+                // In order, so the updates after it that this round has not looked at yet
+                // stay after the cursor.
+                pending.remove(at);
+                if at < cursor {
+                    cursor -= 1;
+                }
                 out.superseded += 1;
             }
             pending.push(Pending {
@@ -1322,6 +1327,7 @@ fn open_loop(
             std::thread::sleep(wake - now);
             continue;
         }
+        let round = Instant::now();
         // With many updates in flight, a rules reader checks them all against one read of the
         // whole table rather than listing a chain each (a process per check).
         let snapshot = match plane {
@@ -1334,7 +1340,6 @@ fn open_loop(
             }
             _ => None,
         };
-        let round = Instant::now();
         let mut k = cursor.min(pending.len());
         while k < pending.len() {
             if let Some(task) = pending[k].patch.take_if(|t| t.is_finished()) {

@@ -984,7 +984,12 @@ impl Inputs {
             Some(_) if merged.is_empty() => {
                 self.endpoints.remove(&name);
             }
-            Some(existing) if *existing == merged => return Ok(()),
+            Some(existing) if **existing == *merged => {
+                // Nothing changed; holding the caller's list keeps one shared with the watch's
+                // shared after the watch replaced its own with an equal one (a relist).
+                *existing = merged;
+                return Ok(());
+            }
             Some(existing) => *existing = merged,
             None if merged.is_empty() => return Ok(()),
             None => {

@@ -2474,12 +2474,21 @@ fn faults_under_live_traffic_cost_only_what_they_must() {
         // does not take the guest's CPU from the agent it waits for.
         let deadline = Instant::now() + Duration::from_secs(300);
         while kube_ipvs0_addresses() <= addrs_before {
+            if let Ok(Some(status)) = interrupted.child.try_wait() {
+                panic!("kube-ipvs run exited ({status}):\n{}", interrupted.log());
+            }
             assert!(Instant::now() < deadline, "the startup sync never began");
             std::thread::sleep(Duration::from_millis(20));
         }
         interrupted.kill();
         let (addrs_at_kill, services_at_kill) = (kube_ipvs0_addresses(), kernel_services());
         drop(interrupted);
+        // The step tests a restart after an interrupted sync: it must have been one.
+        let new_services = services_at_kill.saturating_sub(services_before);
+        assert!(
+            new_services < FILLER,
+            "the startup sync was done before the kill ({new_services} of {FILLER} new virtual servers)"
+        );
         notes[6] = format!(
             "killed with {} of {FILLER} new addresses bound and {} of {FILLER} new virtual \
              servers; converge timed from the first start",

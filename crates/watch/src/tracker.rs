@@ -344,13 +344,27 @@ impl Tracker {
     /// Whether the tracker already holds exactly these endpoints for this slice under this
     /// Service: then the update changes nothing the proxy uses (kube-proxy's
     /// `esInfoChanged` is false) and its trigger time is not recorded.
+    /// Whether the tracker holds this slice for `service` with these endpoints (both merged, so
+    /// a slice that only reordered its endpoints is no change).
     fn holds(&self, key: &(String, String), service: &ServiceName, endpoints: &[Endpoint]) -> bool {
-        self.slice_owner.get(key) == Some(service)
-            && self
-                .slices
-                .get(service)
-                .and_then(|m| m.get(&key.1))
-                .is_some_and(|e| **e == *endpoints)
+        self.held(key, service, endpoints).is_some()
+    }
+
+    /// The list the tracker holds for this slice, if it is owned by `service` and equals
+    /// `endpoints`.
+    fn held(
+        &self,
+        key: &(String, String),
+        service: &ServiceName,
+        endpoints: &[Endpoint],
+    ) -> Option<&Arc<[Endpoint]>> {
+        if self.slice_owner.get(key) != Some(service) {
+            return None;
+        }
+        self.slices
+            .get(service)
+            .and_then(|m| m.get(&key.1))
+            .filter(|e| ***e == *endpoints)
     }
 
     /// Whether both Services and EndpointSlices have been listed once, and the Node has
@@ -541,15 +555,18 @@ impl Tracker {
         let (service, endpoints) = match translate_slice(slice, &self.opts) {
             Ok(Some(t)) => {
                 self.note_slice(slice, &key, Ok(&t.warnings));
+                // A slice that did not change keeps the list the tracker holds, which the
+                // engine's inputs may share (see `merge_slices`).
+                let held = self.held(&key, &t.service, &t.endpoints).map(Arc::clone);
                 if let Some(at) = t.trigger_time
-                    && !self.holds(&key, &t.service, &t.endpoints)
+                    && held.is_none()
                 {
                     self.slices_relist
                         .get_or_insert_with(SliceRelist::default)
                         .triggers
                         .push((t.service.clone(), at));
                 }
-                (t.service, t.endpoints)
+                (t.service, held.unwrap_or(t.endpoints))
             }
             Ok(None) => return,
             Err(e) => {
@@ -755,6 +772,18 @@ mod tests {
         let mut inputs = Inputs::new(kube_ipvs_diff::NodeContext::new("n1")).expect("node");
         assert!(cs.move_into(&mut inputs).is_empty());
         assert_eq!(inputs.endpoints(&web()).as_ptr(), held.as_ptr());
+        // A relist of the same slice keeps the list held, so the sharing survives it.
+        t.relist_slices(std::slice::from_ref(&two));
+        assert_eq!(t.take_change_set(), None);
+        assert!(Arc::ptr_eq(&t.slices[&web()]["web-1"], &held));
+        // An equal list handed to the inputs is no change, and the inputs hold it from then on.
+        let _ = inputs.take_changes();
+        let equal: Arc<[Endpoint]> = held.to_vec().into();
+        inputs
+            .set_endpoints(web(), Arc::clone(&equal))
+            .expect("valid");
+        assert!(inputs.take_changes().services.is_empty());
+        assert_eq!(inputs.endpoints(&web()).as_ptr(), equal.as_ptr());
 
         t.apply_slice(&slice("web-2", "web", "10.0.0.5"));
         let cs = t.take_change_set().expect("the second slice");

@@ -315,7 +315,8 @@ pub fn translate_service(
     }))
 }
 
-/// One EndpointSlice translated: the Service it belongs to and its endpoints, in slice order.
+/// One EndpointSlice translated: the Service it belongs to and its endpoints, merged (sorted by
+/// address, one per address).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TranslatedSlice {
     /// The owning Service (the `kubernetes.io/service-name` label).
