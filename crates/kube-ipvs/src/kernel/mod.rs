@@ -269,15 +269,15 @@ impl Kernel for RealKernel {
 
     fn observe(&mut self) -> Result<(Observed, Counts), KernelError> {
         // One service dump, then one destination dump per virtual server, each turned into
-        // the engine's entry and counts at once: the raw dump is never held whole.
+        // the engine's entry and counts at once: the raw dump is never held whole. A foreign
+        // virtual server's connections are not counted: the engine never touches it.
         let mut observed = Observed::default();
         let mut counts = Counts::new();
         for svc in self.ipvs.services()? {
             let dests = self.ipvs.destinations(&svc.key)?;
-            if let Ok(entry) = convert::entry_from_kernel(&svc, &[]) {
-                dest_counts(&mut counts, entry.server.key, &dests);
+            if let Some(key) = observed.add(&svc, &dests) {
+                dest_counts(&mut counts, key, &dests);
             }
-            observed.add(&svc, &dests);
         }
         let addresses = match self.rtnl.link_index(&self.ifname)? {
             Some(_) => Some(self.rtnl.addresses(&self.ifname)?),

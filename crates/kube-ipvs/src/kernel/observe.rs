@@ -40,19 +40,25 @@ pub fn from_dump(
 }
 
 impl Observed {
-    /// Adds one virtual server with its real servers, as the engine's entry or as foreign. The
-    /// kernel's reader adds each as soon as its real servers are read, so a whole dump (about
-    /// 260 bytes a real server, tens of MiB at 10,000 Services) is never held at once.
+    /// Adds one virtual server with its real servers, as the engine's entry or as foreign, and
+    /// returns its key if it is the engine's. The kernel's reader adds each as soon as its real
+    /// servers are read, so a whole dump (about 260 bytes a real server, tens of MiB at 10,000
+    /// Services) is never held at once.
     pub fn add(
         &mut self,
         svc: &kube_ipvs_netlink::ipvs::Service,
         dests: &[kube_ipvs_netlink::ipvs::Destination],
-    ) {
+    ) -> Option<kube_ipvs_diff::VirtualKey> {
         match entry_from_kernel(svc, dests) {
             Ok(entry) => {
-                self.table.services.insert(entry.server.key, entry);
+                let key = entry.server.key;
+                self.table.services.insert(key, entry);
+                Some(key)
             }
-            Err(f) => self.foreign.push(f),
+            Err(f) => {
+                self.foreign.push(f);
+                None
+            }
         }
     }
 
