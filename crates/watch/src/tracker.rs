@@ -341,17 +341,11 @@ impl Tracker {
         }
     }
 
-    /// Whether the tracker already holds exactly these endpoints for this slice under this
-    /// Service: then the update changes nothing the proxy uses (kube-proxy's
-    /// `esInfoChanged` is false) and its trigger time is not recorded.
-    /// Whether the tracker holds this slice for `service` with these endpoints (both merged, so
-    /// a slice that only reordered its endpoints is no change).
-    fn holds(&self, key: &(String, String), service: &ServiceName, endpoints: &[Endpoint]) -> bool {
-        self.held(key, service, endpoints).is_some()
-    }
-
-    /// The list the tracker holds for this slice, if it is owned by `service` and equals
-    /// `endpoints`.
+    /// The list the tracker holds for this slice, if it already holds exactly these endpoints
+    /// (both merged, so a slice that only reordered its endpoints is no change) under this
+    /// Service: then the update changes nothing the proxy uses (kube-proxy's `esInfoChanged` is
+    /// false), its trigger time is not recorded, and the held list is kept (the engine's inputs
+    /// may share it).
     fn held(
         &self,
         key: &(String, String),
@@ -502,7 +496,7 @@ impl Tracker {
         match translate_slice(slice, &self.opts) {
             Ok(Some(t)) => {
                 self.note_slice(slice, &key, Ok(&t.warnings));
-                if self.holds(&key, &t.service, &t.endpoints) {
+                if self.held(&key, &t.service, &t.endpoints).is_some() {
                     return;
                 }
                 self.note_trigger(&t.service, t.trigger_time);
@@ -555,8 +549,6 @@ impl Tracker {
         let (service, endpoints) = match translate_slice(slice, &self.opts) {
             Ok(Some(t)) => {
                 self.note_slice(slice, &key, Ok(&t.warnings));
-                // A slice that did not change keeps the list the tracker holds, which the
-                // engine's inputs may share (see `merge_slices`).
                 let held = self.held(&key, &t.service, &t.endpoints).map(Arc::clone);
                 if let Some(at) = t.trigger_time
                     && held.is_none()

@@ -470,7 +470,12 @@ pub fn translate_slice(
     });
     Ok(Some(TranslatedSlice {
         service,
-        endpoints: merge_slices([&endpoints.into()]),
+        // Held merged, as merging this slice alone would leave it (most slices already are).
+        endpoints: if kube_ipvs_diff::endpoints_merged(&endpoints) {
+            endpoints.into()
+        } else {
+            merge([&endpoints[..]]).into()
+        },
         trigger_time,
         warnings,
     }))
