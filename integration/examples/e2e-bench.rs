@@ -1061,14 +1061,23 @@ struct Timed {
 }
 
 impl Churn {
-    fn new(opts: &Options) -> Result<Churn> {
+    /// A churn whose client has `connections` connections to the API server open already.
+    ///
+    /// They are made now, with that many GETs at once, so no update's time is the driver's TLS
+    /// handshake (it was 160 ms of every run's first update). The client speaks HTTP/1.1, one
+    /// request per connection at a time, so an open loop that finds every pooled connection
+    /// busy opens another, a handshake in the guest under emulation while updates wait: the
+    /// open-loop churn asks for more connections than it has updates in flight (its runs
+    /// stalled for seconds at their start while the pool grew).
+    fn new(opts: &Options, connections: usize) -> Result<Churn> {
         let rt = runtime()?;
         let client = rt.block_on(client(opts.kubeconfig()?))?;
         let slices: Api<EndpointSlice> = Api::namespaced(client, NAMESPACE);
-        // The client's connection is made now, so the first update's time is not the driver's
-        // TLS handshake (it was 160 ms of every run's first update).
-        rt.block_on(slices.get(&slice_name(0)))
-            .with_context(|| format!("reading EndpointSlice {}", slice_name(0)))?;
+        let name = slice_name(0);
+        rt.block_on(futures::future::try_join_all(
+            (0..connections.max(1)).map(|_| slices.get(&name)),
+        ))
+        .with_context(|| format!("reading EndpointSlice {name}"))?;
         Ok(Churn {
             rt,
             slices,
@@ -1095,20 +1104,6 @@ impl Churn {
         let want = addrs.clone();
         let patch = serde_json::json!({"endpoints": endpoints_json(&want, self.nodes)});
         (i, want, patch)
-    }
-
-    /// Opens `n` connections to the API server now, with `n` GETs at once, and leaves them in
-    /// the client's pool. The client speaks HTTP/1.1, one request per connection at a time, so
-    /// an open loop that finds every pooled connection busy opens another: a TLS handshake in
-    /// the guest, under emulation, while updates wait. Warm, the churn's PATCHes do not pay for
-    /// connections (churn runs stalled for seconds at their start while the pool grew).
-    fn warm_connections(&self, n: usize) -> Result<()> {
-        let name = slice_name(0);
-        let gets = (0..n).map(|_| self.slices.get(&name));
-        self.rt
-            .block_on(futures::future::try_join_all(gets))
-            .context("opening connections to the API server")?;
-        Ok(())
     }
 
     /// The next update of the open-loop churn: its Service, endpoint set, and the PATCH
@@ -1226,7 +1221,7 @@ const WHOLE_READ_ABOVE: usize = 8;
 type PatchTask =
     tokio::task::JoinHandle<(std::result::Result<EndpointSlice, kube::Error>, Instant)>;
 
-/// Connections the open-loop churn opens before it starts (see [`Churn::warm_connections`]):
+/// Connections the open-loop churn opens before it starts (see [`Churn::new`]):
 /// more than the most updates in flight in a run that kept up (16).
 const WARM_CONNECTIONS: usize = 32;
 
@@ -1275,8 +1270,7 @@ fn open_loop(
     agent: &mut Agent,
     ips: &[Ipv4Addr],
 ) -> Result<OpenLoop> {
-    let mut churn = Churn::new(opts)?;
-    churn.warm_connections(WARM_CONNECTIONS)?;
+    let mut churn = Churn::new(opts, WARM_CONNECTIONS)?;
     let period = Duration::from_secs_f64(1.0 / opts.churn_rate);
     let start = Instant::now();
     let mut next = start;
@@ -1407,7 +1401,7 @@ fn updates(
     agent: &mut Agent,
     ips: &[Ipv4Addr],
 ) -> Result<Updates> {
-    let mut churn = Churn::new(opts)?;
+    let mut churn = Churn::new(opts, 1)?;
     let budget_end = Instant::now() + opts.update_budget;
     let mut out = Updates::default();
     for u in 0..opts.updates {
@@ -1569,7 +1563,7 @@ fn soak(
     agent: &mut Agent,
     ips: &[Ipv4Addr],
 ) -> Result<usize> {
-    let mut churn = Churn::new(opts)?;
+    let mut churn = Churn::new(opts, 1)?;
     let period = Duration::from_secs_f64(1.0 / opts.churn_rate);
     let start = Instant::now();
     let mut next_update = start;
