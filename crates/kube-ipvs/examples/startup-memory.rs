@@ -10,6 +10,12 @@
 //!     cargo build --release -p kube-ipvs --example startup-memory
 //!     heaptrack target/release/examples/startup-memory 10000 10
 //!
+//! With a third argument R, the agent also has the service sets and a background reader, and
+//! runs R reconciles 2 s apart before it stops; each logs how long its diff and its masquerade
+//! sync took on the loop (for `perf record --call-graph dwarf`):
+//!
+//!     target/release/examples/startup-memory 10000 10 3
+//!
 //! The in-memory kernel keeps its own copy of the table, so the process's totals are above the
 //! agent's; the profiler's per-call-site figures are what to read.
 
@@ -77,10 +83,10 @@ fn main() {
     let mut number = |default: usize| {
         args.next().map_or(default, |a| {
             a.parse()
-                .expect("usage: startup-memory [SERVICES [ENDPOINTS]]")
+                .expect("usage: startup-memory [SERVICES [ENDPOINTS [RECONCILES]]]")
         })
     };
-    let (services, per) = (number(10_000), number(10));
+    let (services, per, reconciles) = (number(10_000), number(10), number(0));
     tracing_subscriber::fmt().with_target(false).init();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -96,17 +102,10 @@ fn main() {
 
         let kernel = MemKernel::default();
         kernel.state().node_addresses = vec!["192.168.56.10".parse().expect("literal")];
-        let period = Duration::from_secs(3600);
+        let period = Duration::from_secs(if reconciles > 0 { 2 } else { 3600 });
         let shared = Arc::new(Shared::new(period));
-        let cfg = AgentConfig {
-            sync_period: period,
-            retry_min: Duration::from_secs(1),
-            retry_max: period,
-            node_ips: Vec::new(),
-            nodeports: kube_ipvs::agent::nodeports::NodePortAddresses::default(),
-            remove_kube_proxy_leftovers: true,
-        };
-        let masq = Masq::new(Fixed {
+        let cfg = AgentConfig::every(period);
+        let mut masq = Masq::new(Fixed {
             cluster_cidrs: Vec::new(),
             masquerade_all: false,
             node_pod_cidrs: Vec::new(),
@@ -116,6 +115,9 @@ fn main() {
             random_fully: true,
             local_marks: Some(0x3ff0_0000),
         });
+        if reconciles > 0 {
+            masq = masq.with_service_sets(&mut kernel.clone());
+        }
         let mut agent = Agent::new(
             kernel.clone(),
             Inputs::new(NodeContext::new("node-1")).expect("a valid node"),
@@ -123,6 +125,11 @@ fn main() {
             shared.clone(),
         )
         .with_masquerade(masq);
+        if reconciles > 0 {
+            agent = agent
+                .with_background_reads(Box::new(kernel.clone()))
+                .expect("a reader thread");
+        }
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
@@ -135,7 +142,7 @@ fn main() {
         tx.send(cs).await.expect("the agent takes the change set");
         shared
             .syncs()
-            .wait_for(|n| *n >= 1)
+            .wait_for(|n| *n > reconciles as u64)
             .await
             .expect("the agent is running");
         let _ = stop.send(());

@@ -86,14 +86,7 @@ fn start_with(
     // The node holds its InternalIP (examples/cluster/node.yaml), where NodePorts listen.
     kernel.state().node_addresses = vec!["192.168.56.10".parse().expect("literal")];
     let shared = Arc::new(Shared::new(SYNC_PERIOD));
-    let cfg = AgentConfig {
-        sync_period: SYNC_PERIOD,
-        retry_min: Duration::from_secs(1),
-        retry_max: SYNC_PERIOD,
-        node_ips: Vec::new(),
-        nodeports: kube_ipvs::agent::nodeports::NodePortAddresses::default(),
-        remove_kube_proxy_leftovers: true,
-    };
+    let cfg = AgentConfig::every(SYNC_PERIOD);
     let mut agent = setup(Agent::new(kernel, inputs(), cfg, shared.clone()));
     let (tx, rx) = mpsc::channel(4);
     let (stop, stopped) = oneshot::channel::<()>();
@@ -336,14 +329,7 @@ async fn health_check_node_ports_follow_local_endpoints() {
     };
     let (hc, checks) = kube_ipvs::agent::hcport::HealthChecks::new();
     let shared = Arc::new(Shared::new(SYNC_PERIOD));
-    let cfg = AgentConfig {
-        sync_period: SYNC_PERIOD,
-        retry_min: Duration::from_secs(1),
-        retry_max: SYNC_PERIOD,
-        node_ips: Vec::new(),
-        nodeports: kube_ipvs::agent::nodeports::NodePortAddresses::default(),
-        remove_kube_proxy_leftovers: true,
-    };
+    let cfg = AgentConfig::every(SYNC_PERIOD);
     let mut agent =
         Agent::new(MemKernel::default(), inputs(), cfg, shared.clone()).with_health_checks(hc);
     let (tx, rx) = mpsc::channel(4);

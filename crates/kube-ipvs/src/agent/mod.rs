@@ -273,12 +273,10 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
         settings.metrics
     );
     let cfg = AgentConfig {
-        sync_period: settings.sync_period,
-        retry_min: Duration::from_secs(1),
-        retry_max: settings.sync_period.max(Duration::from_secs(1)),
         node_ips: settings.source.node_ips.clone(),
         nodeports: settings.nodeports.clone(),
         remove_kube_proxy_leftovers: !settings.keep_kube_proxy_rules,
+        ..AgentConfig::every(settings.sync_period)
     };
     // Per-Service health checks listen on every address, as kube-proxy's do by default.
     let (health_checks, checks) = hcport::HealthChecks::new();

@@ -290,6 +290,22 @@ pub struct AgentConfig {
     pub remove_kube_proxy_leftovers: bool,
 }
 
+impl AgentConfig {
+    /// A reconcile every `period`; retries from 1 s, doubling up to the period (at least 1 s);
+    /// NodePorts on every node address; kube-proxy's leftovers removed. The daemon's defaults,
+    /// which callers change field by field.
+    pub fn every(period: Duration) -> Self {
+        Self {
+            sync_period: period,
+            retry_min: Duration::from_secs(1),
+            retry_max: period.max(Duration::from_secs(1)),
+            node_ips: Vec::new(),
+            nodeports: super::nodeports::NodePortAddresses::default(),
+            remove_kube_proxy_leftovers: true,
+        }
+    }
+}
+
 /// Why the loop stopped on its own.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -1473,13 +1489,10 @@ mod tests {
         let period = Duration::from_secs(3600);
         let shared = Arc::new(Shared::new(period));
         let cfg = AgentConfig {
-            sync_period: period,
-            retry_min: Duration::from_secs(1),
-            retry_max: period,
-            node_ips: Vec::new(),
             nodeports: crate::agent::nodeports::NodePortAddresses::parse(["192.168.77.0/24"])
                 .expect("literal"),
             remove_kube_proxy_leftovers: false,
+            ..AgentConfig::every(period)
         };
         let inputs = Inputs::new(kube_ipvs_diff::NodeContext::new("node-1")).expect("valid node");
         let (signal, signals) = mpsc::channel(1);
@@ -1573,12 +1586,8 @@ mod tests {
             let clock = Arc::new(Mutex::new(at(1.0)));
             let shared = Arc::new(Shared::new(period));
             let cfg = AgentConfig {
-                sync_period: period,
-                retry_min: Duration::from_secs(1),
-                retry_max: period,
-                node_ips: Vec::new(),
-                nodeports: crate::agent::nodeports::NodePortAddresses::default(),
                 remove_kube_proxy_leftovers: false,
+                ..AgentConfig::every(period)
             };
             let inputs =
                 Inputs::new(kube_ipvs_diff::NodeContext::new("node-1")).expect("valid node");
