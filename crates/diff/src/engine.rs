@@ -27,6 +27,7 @@ use std::time::Duration;
 use foldhash::fast::RandomState;
 
 use crate::desired::{ServiceTable, drains, service_table};
+use crate::fingerprint::Fingerprint;
 use crate::model::{Inputs, ServiceName};
 use crate::table::{
     DestKey, Op, Ownership, RealServer, ServiceEntry, Table, VirtualKey, VirtualServer, diff_view,
@@ -115,6 +116,9 @@ pub struct Engine {
     /// Draining real servers deleted because the timeout passed while they still had
     /// connections, not yet taken by [`Engine::take_timed_out`].
     timed_out: Vec<(VirtualKey, DestKey)>,
+    /// The fingerprint of `applied`'s virtual servers and `addr_refs`'s addresses, kept as they
+    /// change.
+    fingerprint: Fingerprint,
 }
 
 impl Engine {
@@ -272,6 +276,9 @@ impl Engine {
             Some((owner, old)) => (owner, old),
             None => (Arc::new(name.clone()), ServiceTable::default()),
         };
+        for (s, dests) in &old.servers {
+            self.fingerprint.remove_server(s, dests);
+        }
         // Forget earlier waits of this Service; they are re-registered below if still wanted.
         // (Its stored table holds only keys it owns, so it waits on none of those.) This walks
         // the contested keys only, which are few; the check keeps the common case O(1).
@@ -343,18 +350,25 @@ impl Engine {
                         *n -= 1;
                         if *n == 0 {
                             self.addr_refs.remove(a);
+                            self.fingerprint.remove_address(*a);
                         }
                     }
                 }
                 (None, Some(a)) => {
                     let present = self.addr_refs.contains_key(a);
                     addr_touched.entry(*a).or_insert(present);
+                    if !present {
+                        self.fingerprint.insert_address(*a);
+                    }
                     *self.addr_refs.entry(*a).or_insert(0) += 1;
                 }
                 _ => {}
             },
         );
 
+        for (s, dests) in &new.servers {
+            self.fingerprint.insert_server(s, dests);
+        }
         if !new.servers.is_empty() || !new.addresses.is_empty() {
             self.applied.insert(owner, new);
         }
@@ -558,6 +572,41 @@ impl Engine {
         now: Duration,
         counts: &dyn ConnectionCounts,
     ) -> Vec<Op> {
+        self.resync_checked(inputs, observed, None, now, counts)
+    }
+
+    /// The fingerprint of the desired table without draining real servers: every virtual
+    /// server the engine asks for with its real servers, and every address (see
+    /// [`crate::fingerprint`]). Kept as Services change, so this costs nothing.
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fingerprint
+    }
+
+    /// [`Engine::resync`], given also `observed_fingerprint`: [`Fingerprint::of_table`] of
+    /// `observed` under the node options' [`Ownership`], worked out where the table was read.
+    /// When it equals the desired table's and no real server drains, the kernel holds exactly
+    /// what the engine asks for, so the per-Service state is brought up to date and no diff is
+    /// walked: no ops. Otherwise (drift, or draining real servers to look at) the same as
+    /// [`Engine::resync`].
+    pub fn resync_fingerprinted(
+        &mut self,
+        inputs: &mut Inputs,
+        observed: &Table,
+        observed_fingerprint: Fingerprint,
+        now: Duration,
+        counts: &dyn ConnectionCounts,
+    ) -> Vec<Op> {
+        self.resync_checked(inputs, observed, Some(observed_fingerprint), now, counts)
+    }
+
+    fn resync_checked(
+        &mut self,
+        inputs: &mut Inputs,
+        observed: &Table,
+        observed_fingerprint: Option<Fingerprint>,
+        now: Duration,
+        counts: &dyn ConnectionCounts,
+    ) -> Vec<Op> {
         // Bring the per-Service state up to date with the inputs (all of it for a new engine).
         // Its ops are dropped: the full diff below starts from what the kernel really holds.
         // Draining entries are set aside first so the sync does not expire them on its own;
@@ -566,6 +615,11 @@ impl Engine {
         self.sync_into(inputs, now, counts, false);
         for (k, d) in std::mem::take(&mut self.draining) {
             previous_draining.entry(k).or_insert(d);
+        }
+        // Nothing drains (so nothing is for the kernel's view to decide) and the kernel holds
+        // the desired table: the diff below would be empty.
+        if previous_draining.is_empty() && observed_fingerprint == Some(self.fingerprint) {
+            return Vec::new();
         }
         // The per-Service tables are diffed in key order without building a whole `Table`.
         let mut servers: Vec<&(VirtualServer, Vec<RealServer>)> =

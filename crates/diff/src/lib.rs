@@ -7,6 +7,7 @@
 //! - [`desired`]: the Service API's semantics, from one Service to its virtual servers.
 //! - [`table`]: the IPVS table as data, [`Op`]s, the kernel model and [`full_diff`].
 //! - [`engine`]: the incremental [`Engine`] with graceful termination.
+//! - [`fingerprint`]: order-independent fingerprints, so a reconcile skips an empty diff.
 //!
 //! The semantic rules and where kube-proxy's IPVS mode differs are listed in `README.md` and
 //! in the [`desired`] module docs.
@@ -45,6 +46,7 @@
 pub mod desired;
 pub mod engine;
 pub mod error;
+pub mod fingerprint;
 pub mod marks;
 pub mod model;
 pub mod table;
@@ -54,6 +56,7 @@ pub use desired::{
 };
 pub use engine::{ConnectionCounts, Draining, Engine, UnknownCounts};
 pub use error::{Error, Result};
+pub use fingerprint::Fingerprint;
 pub use marks::{MarkHint, MarkSpace, PortMark};
 pub use model::{
     Changes, Cidr, Endpoint, EndpointPort, Inputs, NodeContext, Options, Protocol, Scheduler,

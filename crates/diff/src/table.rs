@@ -588,7 +588,7 @@ fn diff_dests<'a, 'b>(
 }
 
 /// The full diff: the minimal ops that take `observed` to `desired`, touching only what the
-/// engine owns (see [`owned_key`]). One op per differing entry: an address, a virtual server
+/// engine owns (see [`Ownership`]). One op per differing entry: an address, a virtual server
 /// or a real server; deleting a virtual server covers its real servers. The result is ordered
 /// with [`order_ops`]. Graceful termination is not applied here (the engine does that).
 pub fn full_diff(desired: &Table, observed: &Table, owned: Ownership<'_>) -> Vec<Op> {

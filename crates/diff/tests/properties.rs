@@ -19,10 +19,10 @@ use std::time::Duration;
 
 use kube_ipvs_diff::desired::dest_keys;
 use kube_ipvs_diff::{
-    ConnectionCounts, DestKey, Endpoint, EndpointPort, Engine, Inputs, Op, Ownership, Protocol,
-    RealServer, Scheduler, ServiceEntry, ServiceInfo, ServiceName, ServicePort, SessionAffinity,
-    Table, TrafficDistribution, TrafficPolicy, VirtualKey, VirtualServer, endpoint_decisions,
-    full_diff, service_table,
+    ConnectionCounts, DestKey, Endpoint, EndpointPort, Engine, Fingerprint, Inputs, Op, Ownership,
+    Protocol, RealServer, Scheduler, ServiceEntry, ServiceInfo, ServiceName, ServicePort,
+    SessionAffinity, Table, TrafficDistribution, TrafficPolicy, VirtualKey, VirtualServer,
+    endpoint_decisions, full_diff, service_table,
 };
 use proptest::prelude::*;
 
@@ -401,7 +401,49 @@ proptest! {
             scratch.apply_all(&all).map_err(|e| TestCaseError::fail(e.to_string()))?;
             prop_assert_eq!(&kernel, &scratch);
             prop_assert_eq!(&kernel, &engine.desired_table());
+            // The fingerprint kept through the changes is the desired table's.
+            prop_assert_eq!(engine.fingerprint(), Fingerprint::of_table(&kernel, Ownership::of(&inputs.node().options)));
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    /// A resync given the observed table's fingerprint gives the same ops as one that diffs,
+    /// whether the kernel holds the desired table or drifted from it (extra, missing or
+    /// changed entries from a random table laid over it).
+    #[test]
+    fn a_fingerprinted_resync_gives_the_ops_of_a_diffed_one(
+        world in arb_world(),
+        drift in prop::option::of(arb_table()),
+    ) {
+        let mut inputs = Inputs::new(common::node()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        for (i, s) in world.iter().enumerate() {
+            load(&mut inputs, i, s)?;
+        }
+        let now = Duration::from_secs(1);
+        let mut observed = Table::default();
+        let mut engines = [Engine::new(), Engine::new()];
+        for engine in &mut engines {
+            let ops = engine.resync(&mut inputs.clone(), &Table::default(), now, &Idle);
+            observed = Table::default();
+            observed.apply_all(&ops).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        }
+        if let Some(drift) = drift {
+            observed.services.extend(drift.services);
+            observed.addresses.extend(drift.addresses);
+            if let Some(first) = observed.addresses.first().copied() {
+                observed.addresses.remove(&first);
+            }
+        }
+        let [mut diffed, mut fingerprinted] = engines;
+        let owned = Ownership::of(&inputs.node().options);
+        let f = Fingerprint::of_table(&observed, owned);
+        prop_assert_eq!(f == fingerprinted.fingerprint(), observed == fingerprinted.desired_table());
+        let want = diffed.resync(&mut inputs.clone(), &observed, now, &Idle);
+        let got = fingerprinted.resync_fingerprinted(&mut inputs.clone(), &observed, f, now, &Idle);
+        prop_assert_eq!(got, want);
     }
 }
 
@@ -492,6 +534,11 @@ proptest! {
             for (key, entry) in &kernel.services {
                 prop_assert!(wanted[key].contains(entry), "{} is nobody's version", key);
             }
+            // Owners handing a virtual server over keep the fingerprint the kernel's.
+            prop_assert_eq!(
+                engine.fingerprint(),
+                Fingerprint::of_table(&kernel, Ownership::of(&inputs.node().options))
+            );
         }
     }
 }
@@ -540,6 +587,7 @@ proptest! {
         let ops = engine.sync(&mut inputs, now, &counts);
         kernel.apply_all(&ops).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(engine.draining().count(), 0);
+        prop_assert_eq!(engine.fingerprint(), Fingerprint::of_table(&kernel, Ownership::of(&inputs.node().options)));
         let mut scratch = Table::default();
         let all = Engine::new().resync(&mut inputs.clone(), &Table::default(), now, &Idle);
         scratch.apply_all(&all).map_err(|e| TestCaseError::fail(e.to_string()))?;
