@@ -205,6 +205,14 @@ fn ipvsadm_clear_is_repaired_by_the_next_reconcile() {
     let mut agent = Agent::start(&dir, &["--sync-period", "2s"]);
     agent.wait_healthy();
     assert!(in_sync(&dir, &[]));
+    // A reconcile's background read of the real kernel has the desired table's fingerprint:
+    // what the kernel dumps converts back exactly to what the engine asked for.
+    let matches = || metric("kube_ipvs_reconcile_fingerprint_matches_total").unwrap_or(0.0);
+    wait_for(
+        "a reconcile to match by fingerprint",
+        Duration::from_secs(20),
+        || matches() >= 1.0,
+    );
     ipvsadm(&["-C"]);
     wait_for(
         "the reconcile to repair the table",
@@ -216,6 +224,13 @@ fn ipvsadm_clear_is_repaired_by_the_next_reconcile() {
     wait_for("the drift counter", Duration::from_secs(5), || {
         metric("kube_ipvs_drift_repaired_total") == Some(23.0)
     });
+    // Once repaired, the kernel matches by fingerprint again.
+    let repaired = matches();
+    wait_for(
+        "a reconcile to match again",
+        Duration::from_secs(20),
+        || matches() > repaired,
+    );
     assert_eq!(agent.terminate(), Some(0));
 }
 

@@ -49,9 +49,7 @@ use kube_ipvs_host::masquerade::{
 };
 use kube_ipvs_netlink::nfnl::ipset::{self, Entry, Member, SetKind};
 
-use super::sets::{
-    Change, ObservedSets, RefCounts, ServiceSets, sorted_changes, swap_contribution,
-};
+use super::sets::{Change, RefCounts, ServiceSets, SetsRead, sorted_changes, swap_contribution};
 use crate::kernel::{Kernel, KernelError};
 
 /// What one Service contributes to the rules.
@@ -683,7 +681,7 @@ impl Masq {
         &mut self,
         kernel: &mut dyn Kernel,
         inputs: &Inputs,
-        read: Option<&ObservedSets>,
+        read: Option<&SetsRead>,
     ) -> Result<bool, String> {
         let wait = self.applied.is_none();
         self.sync_with(kernel, inputs, true, wait, read)
@@ -707,7 +705,7 @@ impl Masq {
         inputs: &Inputs,
         force: bool,
         wait: bool,
-        read: Option<&ObservedSets>,
+        read: Option<&SetsRead>,
     ) -> Result<bool, String> {
         // The sets first: the rules reference them, and a set failure must not keep the other
         // rules from being repaired.

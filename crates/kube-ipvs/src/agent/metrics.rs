@@ -140,6 +140,9 @@ pub struct Metrics {
     pub operations: [u64; 4],
     /// Operations the periodic reconcile had to apply: drift someone else caused.
     pub drift_repaired: u64,
+    /// Reconciles that found the kernel's table to be the desired one by its fingerprint, so
+    /// walked no diff (see `kube_ipvs_diff::fingerprint`).
+    pub reconcile_fingerprint_matches: u64,
     /// Operations or reads the kernel refused.
     pub kernel_errors: u64,
     /// Virtual servers the engine wants.
@@ -194,6 +197,7 @@ impl Default for Metrics {
             last_sync_timestamp: 0.0,
             operations: [0; 4],
             drift_repaired: 0,
+            reconcile_fingerprint_matches: 0,
             kernel_errors: 0,
             services: 0,
             real_servers: 0,
@@ -367,6 +371,12 @@ impl Metrics {
             "kube_ipvs_drift_repaired_total",
             "Operations the periodic reconcile applied to repair changes made behind our back",
             self.drift_repaired,
+        );
+        counter(
+            &mut out,
+            "kube_ipvs_reconcile_fingerprint_matches_total",
+            "Reconciles that found the kernel's table to be the desired one by its fingerprint, without diffing",
+            self.reconcile_fingerprint_matches,
         );
         counter(
             &mut out,

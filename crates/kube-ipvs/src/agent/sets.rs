@@ -26,7 +26,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
 use kube_ipvs_diff::{
-    Inputs, NodeContext, ServiceKind, ServiceName, TrafficPolicy, VirtualKey, service_table,
+    Fingerprint, Inputs, NodeContext, ServiceKind, ServiceName, TrafficPolicy, VirtualKey,
+    service_table,
 };
 use kube_ipvs_host::sets::ServiceSet;
 use kube_ipvs_netlink::Family;
@@ -142,6 +143,8 @@ pub struct RefCounts<K> {
     refs: HashMap<K, u32>,
     dirty: HashSet<K>,
     v6: usize,
+    /// The fingerprint of the held members, kept as they come and go.
+    fingerprint: Fingerprint,
 }
 
 impl<K> Default for RefCounts<K> {
@@ -150,6 +153,7 @@ impl<K> Default for RefCounts<K> {
             refs: HashMap::new(),
             dirty: HashSet::new(),
             v6: 0,
+            fingerprint: Fingerprint::default(),
         }
     }
 }
@@ -162,6 +166,7 @@ impl<K: std::hash::Hash + Eq + Copy> RefCounts<K> {
         if *n == 1 {
             self.dirty.insert(k);
             self.v6 += usize::from(v6);
+            self.fingerprint.insert(&k);
         }
     }
 
@@ -173,6 +178,7 @@ impl<K: std::hash::Hash + Eq + Copy> RefCounts<K> {
                 self.refs.remove(&k);
                 self.dirty.insert(k);
                 self.v6 -= usize::from(v6);
+                self.fingerprint.remove(&k);
             }
         }
     }
@@ -182,6 +188,12 @@ impl<K: std::hash::Hash + Eq + Copy> RefCounts<K> {
         let old: Vec<K> = self.refs.drain().map(|(k, _)| k).collect();
         self.dirty.extend(old);
         self.v6 = 0;
+        self.fingerprint = Fingerprint::default();
+    }
+
+    /// The fingerprint of the held members ([`kube_ipvs_diff::fingerprint`]).
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fingerprint
     }
 
     /// Whether anyone holds `k`.
@@ -421,21 +433,27 @@ impl ServiceSets {
         self.since_read = Some(HashSet::new());
     }
 
-    /// The forced sync against `observed`, the sets as read in the background since
+    /// The forced sync against `read`, the sets as read in the background since
     /// [`ServiceSets::begin_read`]: the pending delta is applied, then each set made exactly its
     /// members except those a delta changed since the read started, which the deltas keep
-    /// right. Reads the sets on the caller's thread instead ([`ServiceSets::sync`], forced)
-    /// when no read was begun, a delta failed meanwhile or a set was missing from the read.
+    /// right. When no delta was applied since the read started and the read's fingerprint is
+    /// the members', the sets held exactly the members: nothing is compared. Reads the sets on
+    /// the caller's thread instead ([`ServiceSets::sync`], forced) when no read was begun, a
+    /// delta failed meanwhile or a set was missing from the read.
     pub fn sync_read(
         &mut self,
         kernel: &mut dyn Kernel,
-        observed: &ObservedSets,
+        read: &SetsRead,
     ) -> Result<bool, KernelError> {
+        let observed = &read.sets;
         let usable = self.synced && observed.values().all(Option::is_some);
         let Some(mut leave) = self.since_read.take().filter(|_| usable) else {
             return self.sync(kernel, true);
         };
         leave.extend(self.counts.delta().iter().copied());
+        if leave.is_empty() && read.fingerprint == self.counts.fingerprint() {
+            return Ok(false);
+        }
         let result = self.sync_delta(kernel).and_then(|delta| {
             Self::create(kernel)?;
             Ok(self.exact_against(kernel, observed, &leave)? || delta)
@@ -621,6 +639,30 @@ pub fn mark_hints(kernel: &mut dyn Kernel) -> HashMap<kube_ipvs_diff::MarkHint, 
 
 /// The kernel's sets by name; `None` for a set that does not exist.
 pub type ObservedSets = BTreeMap<&'static str, Option<BTreeSet<Member>>>;
+
+/// The service sets as a background read found them, with the fingerprint of their members
+/// (each a [`Keyed`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SetsRead {
+    /// The sets by name.
+    pub sets: ObservedSets,
+    /// The fingerprint of every member of every set read.
+    pub fingerprint: Fingerprint,
+}
+
+/// Reads every service set from the kernel and fingerprints the members (for a background
+/// read, so the loop does not walk them when nothing drifted).
+pub fn read_sets_fingerprinted(kernel: &mut dyn Kernel) -> Result<SetsRead, KernelError> {
+    let sets = read_sets(kernel)?;
+    let mut fingerprint = Fingerprint::default();
+    for (name, members) in &sets {
+        for m in members.iter().flatten() {
+            let k: Keyed = (name, *m);
+            fingerprint.insert(&k);
+        }
+    }
+    Ok(SetsRead { sets, fingerprint })
+}
 
 /// Reads every service set from the kernel.
 pub fn read_sets(kernel: &mut dyn Kernel) -> Result<ObservedSets, KernelError> {
@@ -946,7 +988,7 @@ mod tests {
             .1
             .clear();
         sets.begin_read();
-        let read = read_sets(&mut k).expect("read");
+        let read = read_sets_fingerprinted(&mut k).expect("read");
         inputs
             .upsert_service(a.clone(), lb(&["192.0.2.0/24"]))
             .expect("a");
@@ -965,6 +1007,67 @@ mod tests {
             ["203.0.113.7,tcp:80,192.0.2.0/24"]
         );
         assert_eq!(members(&k, "KUBE-IPVS-LB-FW"), [drift]);
+    }
+
+    /// The members' fingerprint, kept as members come and go, is the one a read of the sets
+    /// works out after the deltas reached the kernel; a read that finds the same fingerprint
+    /// with no delta since is trusted without comparing members, and one that differs (a
+    /// member deleted behind our back) is compared and repaired.
+    #[test]
+    fn a_read_with_the_members_fingerprint_is_trusted_and_a_different_one_repaired() {
+        let mut inputs = inputs("192.168.1.10");
+        let mut k = MemKernel::default();
+        let (a, b) = (
+            ServiceName::new("default", "a"),
+            ServiceName::new("default", "b"),
+        );
+        inputs
+            .upsert_service(a.clone(), lb(&["198.51.100.0/24"]))
+            .expect("a");
+        let mut sets = ServiceSets::default();
+        sets.update_all(&inputs);
+        assert!(sets.sync(&mut k, true).expect("forced"));
+        inputs
+            .upsert_service(b.clone(), lb(&["192.0.2.0/24"]))
+            .expect("b");
+        inputs.remove_service(&a);
+        sets.update([&a, &b], &inputs);
+        assert!(sets.sync(&mut k, false).expect("delta"));
+        let kept = sets.counts.fingerprint();
+        assert_ne!(kept, Fingerprint::default());
+        assert_eq!(
+            read_sets_fingerprinted(&mut k).expect("read").fingerprint,
+            kept
+        );
+
+        // Trusted: a read with the members' fingerprint is not compared, even against sets
+        // that (in this made-up read) lack a member.
+        sets.begin_read();
+        let mut read = read_sets_fingerprinted(&mut k).expect("read");
+        for members in read.sets.values_mut().flatten() {
+            members.clear();
+        }
+        k.state().set_log.clear();
+        assert!(!sets.sync_read(&mut k, &read).expect("trusted"));
+        assert!(k.state().set_log.is_empty(), "{:?}", k.state().set_log);
+
+        // Drift: a member deleted behind our back changes the read's fingerprint.
+        let gone = members(&k, "KUBE-IPVS-LB-FW");
+        k.state()
+            .sets
+            .get_mut("KUBE-IPVS-LB-FW")
+            .expect("the set exists")
+            .1
+            .clear();
+        sets.begin_read();
+        let read = read_sets_fingerprinted(&mut k).expect("read");
+        assert_ne!(read.fingerprint, kept);
+        assert!(sets.sync_read(&mut k, &read).expect("repaired"));
+        assert_eq!(members(&k, "KUBE-IPVS-LB-FW"), gone);
+        assert_eq!(
+            read_sets_fingerprinted(&mut k).expect("read").fingerprint,
+            kept
+        );
     }
 
     #[test]

@@ -23,6 +23,13 @@
 //! an address discards it); after [`BACKGROUND_READS`] such reads the reconcile reads on the
 //! loop, as the startup sync and the retries always do.
 //!
+//! The reader also works out the read's fingerprint ([`kube_ipvs_diff::fingerprint`]), and the
+//! loop swaps in those of the virtual servers it read again. When it is the engine's and nothing
+//! drains, the kernel holds the desired table and the reconcile walks no diff
+//! ([`Engine::resync_fingerprinted`]); the service sets likewise. Only drift then costs the
+//! loop a walk of the whole table, and the read is freed (and its pages returned to the kernel)
+//! on the reader's thread.
+//!
 //! The kernel is reached through the one [`Kernel`] trait (`crate::kernel`), so the
 //! loop runs against an in-memory kernel in tests, and time is tokio's, so tests pause it. This
 //! module decides nothing about the table itself: the engine does.
@@ -47,7 +54,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use kube_ipvs_diff::{
-    DestKey, Engine, Inputs, Op, Protocol, ServiceEntry, ServiceName, VirtualKey,
+    Cidr, DestKey, Engine, Fingerprint, Inputs, MarkSpace, Op, Options, Ownership, Protocol,
+    ServiceEntry, ServiceName, VirtualKey,
 };
 use kube_ipvs_watch::ChangeSet;
 use tokio::sync::mpsc;
@@ -55,7 +63,7 @@ use tokio::time::Instant;
 
 use super::health::Shared;
 use super::metrics::SyncKind;
-use super::sets::{ObservedSets, read_sets};
+use super::sets::{SetsRead, read_sets_fingerprinted};
 use crate::apply::{self, Owners, names_label};
 use crate::kernel::observe::Observed;
 use crate::kernel::{Counts, Kernel, KernelError, UdpFlush};
@@ -72,9 +80,36 @@ const BACKGROUND_READS: u32 = 3;
 struct Read {
     observed: Observed,
     counts: Counts,
+    /// The fingerprint of what of `observed` the engine owns, and the ownership it was worked
+    /// out under (the reconcile uses it only if the node options still give the same).
+    fingerprint: (Owned, Fingerprint),
     /// The service sets, when asked for and readable (otherwise the reconcile reads them on
     /// the loop).
-    sets: Option<ObservedSets>,
+    sets: Option<SetsRead>,
+}
+
+/// [`Ownership`] by value, for the reader thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Owned {
+    exclude: Vec<Cidr>,
+    marks: Option<MarkSpace>,
+}
+
+impl Owned {
+    fn of(options: &Options) -> Self {
+        let o = Ownership::of(options);
+        Self {
+            exclude: o.exclude.to_vec(),
+            marks: o.marks,
+        }
+    }
+
+    fn view(&self) -> Ownership<'_> {
+        Ownership {
+            exclude: &self.exclude,
+            marks: self.marks,
+        }
+    }
 }
 
 /// What a background read of the kernel answers.
@@ -86,10 +121,15 @@ type Reread = (BTreeMap<VirtualKey, Option<ServiceEntry>>, Counts);
 
 /// What the loop asks the reader thread.
 enum Ask {
-    /// The whole IPVS table, and the service sets when `true`.
-    Whole(bool),
+    /// The whole IPVS table, fingerprinted under this ownership, and the service sets when
+    /// `true`.
+    Whole(Owned, bool),
     /// These virtual servers again: the ones the loop changed during a whole read.
     Services(BTreeSet<VirtualKey>),
+    /// A read the reconcile is done with: freed on the reader's thread (tens of MiB of small
+    /// allocations at 10,000 Services), whose free pages then go back to the kernel. Not
+    /// answered.
+    Dispose(Box<Read>),
 }
 
 /// What the reader thread answers, in the order it was asked.
@@ -113,8 +153,15 @@ impl Reader {
             .spawn(move || {
                 while let Ok(ask) = asked.recv() {
                     let read = match ask {
-                        Ask::Whole(sets) => Answer::Whole(read_whole(&mut *kernel, sets)),
+                        Ask::Whole(owned, sets) => {
+                            Answer::Whole(read_whole(&mut *kernel, owned, sets))
+                        }
                         Ask::Services(keys) => Answer::Services(kernel.observe_services(&keys)),
+                        Ask::Dispose(read) => {
+                            drop(read);
+                            release_memory("reconcile");
+                            continue;
+                        }
                     };
                     if answer.blocking_send(read).is_err() {
                         return;
@@ -125,13 +172,18 @@ impl Reader {
     }
 }
 
-/// The whole IPVS table, with each real server's connections, and the service sets when
-/// `sets` (a failure to read those leaves them out: the reconcile reads them on the loop).
-fn read_whole(kernel: &mut dyn Kernel, sets: bool) -> ReadResult {
+/// The whole IPVS table, with each real server's connections and the fingerprint of what
+/// `owned` gives the engine, and the service sets when `sets` (a failure to read those leaves
+/// them out: the reconcile reads them on the loop).
+fn read_whole(kernel: &mut dyn Kernel, owned: Owned, sets: bool) -> ReadResult {
     kernel.observe().map(|(observed, counts)| Read {
+        fingerprint: {
+            let f = Fingerprint::of_table(&observed.table, owned.view());
+            (owned, f)
+        },
         observed,
         counts,
-        sets: sets.then(|| read_sets(kernel)).and_then(|r| {
+        sets: sets.then(|| read_sets_fingerprinted(kernel)).and_then(|r| {
             r.map_err(|e| {
                 tracing::debug!("reconcile: reading the service sets in the background: {e}");
             })
@@ -352,7 +404,7 @@ enum MasqSync<'a> {
     Startup,
     /// A reconcile: everything, waiting for the rules only if their last apply failed, against
     /// the service sets as its background read found them, if it read them.
-    Reconcile(Option<&'a ObservedSets>),
+    Reconcile(Option<&'a SetsRead>),
 }
 
 /// A Service (or group of Services) waiting for a failed operation to be retried.
@@ -600,7 +652,8 @@ impl<K: Kernel> Agent<K> {
             .masq
             .as_mut()
             .is_some_and(super::masq::Masq::begin_read);
-        if reader.requests.send(Ask::Whole(sets)).is_err() {
+        let owned = Owned::of(&self.inputs.node().options);
+        if reader.requests.send(Ask::Whole(owned, sets)).is_err() {
             // The thread is gone; `next_read` reports it and the reconcile reads on the loop.
             tracing::debug!("the kernel reader did not take the request");
         }
@@ -687,7 +740,7 @@ impl<K: Kernel> Agent<K> {
                 loop_start.elapsed().as_secs_f64() * 1000.0
             );
         }
-        self.reconcile_with(read, took, loop_start);
+        self.reconcile_with(read, took, loop_start, reader);
     }
 
     /// Reads the virtual servers `keys` again on the loop, in place of what `read` found of
@@ -746,25 +799,40 @@ impl<K: Kernel> Agent<K> {
             last.len(),
             loop_start.elapsed().as_secs_f64() * 1000.0
         );
-        self.reconcile_with(read, took + again_took, loop_start);
+        self.reconcile_with(read, took + again_took, loop_start, reader);
     }
 
     /// The reconcile's diff against a read (`took`: how long it took off the loop; the loop's
-    /// own time counts from `loop_start`), then its masquerade sync.
-    fn reconcile_with(&mut self, read: Read, took: Duration, loop_start: Instant) {
-        let Read {
-            observed,
-            counts,
-            sets,
-        } = read;
+    /// own time counts from `loop_start`), then its masquerade sync; the read is then freed
+    /// by the reader, when there is one.
+    fn reconcile_with(
+        &mut self,
+        read: Read,
+        took: Duration,
+        loop_start: Instant,
+        reader: Option<&Reader>,
+    ) {
+        let (owned, fingerprint) = &read.fingerprint;
+        let fingerprint =
+            (*owned == Owned::of(&self.inputs.node().options)).then_some(*fingerprint);
         self.resync_observed(
             SyncKind::Reconcile,
             took,
             Some(loop_start),
-            observed,
-            &counts,
+            &read.observed,
+            &read.counts,
+            fingerprint,
         );
-        self.reconcile_masquerade(sets.as_ref());
+        self.reconcile_masquerade(read.sets.as_ref());
+        let ask = Ask::Dispose(Box::new(read));
+        let unsent = match reader {
+            Some(r) => r.requests.send(ask).err().map(|e| e.0),
+            None => Some(ask),
+        };
+        if let Some(ask) = unsent {
+            drop(ask);
+            release_memory("reconcile");
+        }
     }
 
     /// A reconcile that reads the kernel on the loop (no reader, or reads kept being
@@ -783,7 +851,7 @@ impl<K: Kernel> Agent<K> {
 
     /// The reconcile's forced masquerade sync, timed; `read`: the service sets as its
     /// background read found them, if it read them.
-    fn reconcile_masquerade(&mut self, read: Option<&ObservedSets>) {
+    fn reconcile_masquerade(&mut self, read: Option<&SetsRead>) {
         if self.masq.is_none() {
             return;
         }
@@ -1037,7 +1105,9 @@ impl<K: Kernel> Agent<K> {
             Ok(v) => v,
             Err(e) => return self.read_failed(kind, &e),
         };
-        self.resync_observed(kind, start.elapsed(), None, observed, &counts);
+        self.resync_observed(kind, start.elapsed(), None, &observed, &counts, None);
+        drop((observed, counts));
+        release_memory(kind.label());
     }
 
     /// Applies the whole difference between the desired table and `observed`, read in `read`:
@@ -1048,8 +1118,9 @@ impl<K: Kernel> Agent<K> {
         kind: SyncKind,
         read: Duration,
         background: Option<Instant>,
-        observed: Observed,
+        observed: &Observed,
         counts: &Counts,
+        fingerprint: Option<Fingerprint>,
     ) {
         let start = Instant::now();
         let on_loop = background.unwrap_or_else(|| start.checked_sub(read).unwrap_or(start));
@@ -1059,21 +1130,33 @@ impl<K: Kernel> Agent<K> {
         // termination: expected work, not drift.
         let draining: BTreeSet<(VirtualKey, DestKey)> =
             self.engine.draining().map(|(s, d, _)| (*s, *d)).collect();
-        let ops = self
-            .engine
-            .resync(&mut self.inputs, &observed.table, now, counts);
+        let same = fingerprint == Some(self.engine.fingerprint());
+        let ops = match fingerprint {
+            Some(f) => {
+                self.engine
+                    .resync_fingerprinted(&mut self.inputs, &observed.table, f, now, counts)
+            }
+            None => self
+                .engine
+                .resync(&mut self.inputs, &observed.table, now, counts),
+        };
         self.note_drain_timeouts();
         let diffed = start.elapsed();
         let failures = self.apply(&ops);
         if matches!(kind, SyncKind::Startup | SyncKind::Reconcile) {
             tracing::info!(
-                "{} sync: read the kernel in {:.1} ms ({}), diffed in {:.1} ms, applied {} in {:.1} ms",
+                "{} sync: read the kernel in {:.1} ms ({}), {} in {:.1} ms, applied {} in {:.1} ms",
                 kind.label(),
                 read.as_secs_f64() * 1000.0,
                 if background.is_some() {
                     "in the background"
                 } else {
                     "on the loop"
+                },
+                if same {
+                    "fingerprints equal, not diffed"
+                } else {
+                    "diffed"
                 },
                 diffed.as_secs_f64() * 1000.0,
                 count(ops.len(), "operation", "operations"),
@@ -1104,6 +1187,7 @@ impl<K: Kernel> Agent<K> {
             m.no_local_endpoints = no_local;
             if kind == SyncKind::Reconcile {
                 m.drift_repaired += drift;
+                m.reconcile_fingerprint_matches += u64::from(same);
             }
             m.full_sync_duration.observe(match background {
                 Some(_) => read + on_loop.elapsed(),
@@ -1125,18 +1209,6 @@ impl<K: Kernel> Agent<K> {
         self.programmed(&failures, true);
         // The sync's own duration is the time the loop spent on it: the read too when it read.
         self.finish(kind, on_loop, ops.len(), &failures);
-        // The observed table was the sync's big allocation (tens of MiB at 10,000 Services):
-        // its pages go back to the kernel, or the RSS keeps the high-water mark of whichever
-        // sync's memory ended up below a live allocation (a 45-minute soak stepped from 111
-        // to 144 MiB at minute 6 and stayed there).
-        drop(observed);
-        let trim = Instant::now();
-        let released = kube_ipvs_host::memory::release_free_memory();
-        tracing::debug!(
-            "{} sync: returned free memory to the kernel ({released}) in {:.1} ms",
-            kind.label(),
-            trim.elapsed().as_secs_f64() * 1000.0
-        );
     }
 
     /// Logs and counts the draining real servers the engine deleted at the graceful-termination
@@ -1342,16 +1414,36 @@ fn replace_entries(read: &mut Read, keys: &BTreeSet<VirtualKey>, fresh: Reread) 
         }
     }
     read.counts.extend(counts);
+    let (owned, fingerprint) = &mut read.fingerprint;
+    let owned = owned.view();
+    let services = &mut read.observed.table.services;
     for (key, entry) in entries {
-        match entry {
+        let old = match entry {
             Some(entry) => {
-                read.observed.table.services.insert(key, entry);
+                if owned.key(&key) {
+                    fingerprint.insert_server(&entry.server, entry.dests.values());
+                }
+                services.insert(key, entry)
             }
-            None => {
-                read.observed.table.services.remove(&key);
-            }
+            None => services.remove(&key),
+        };
+        if let Some(old) = old.filter(|_| owned.key(&key)) {
+            fingerprint.remove_server(&old.server, old.dests.values());
         }
     }
+}
+
+/// Returns free memory to the kernel after a sync's read is freed. The observed table was the
+/// sync's big allocation (tens of MiB at 10,000 Services): without this the RSS keeps the
+/// high-water mark of whichever sync's memory ended up below a live allocation (a 45-minute
+/// soak stepped from 111 to 144 MiB at minute 6 and stayed there).
+fn release_memory(sync: &str) {
+    let trim = std::time::Instant::now();
+    let released = kube_ipvs_host::memory::release_free_memory();
+    tracing::debug!(
+        "{sync} sync: returned free memory to the kernel ({released}) in {:.1} ms",
+        trim.elapsed().as_secs_f64() * 1000.0
+    );
 }
 
 /// The next answer of the kernel reader; never completes without one. `None` when the reader's
@@ -1781,6 +1873,16 @@ mod tests {
         shared.with_metrics(|m| (m.kernel_errors, m.drift_repaired, m.pending_retries))
     }
 
+    /// Full syncs, and reconciles that matched the kernel by fingerprint (counted together).
+    fn matched(shared: &Shared) -> (u64, u64) {
+        shared.with_metrics(|m| {
+            (
+                m.full_sync_duration.count(),
+                m.reconcile_fingerprint_matches,
+            )
+        })
+    }
+
     /// The real servers of the shop Service's ClusterIP virtual server in the in-memory kernel.
     fn shop_dests(k: &MemKernel) -> Vec<IpAddr> {
         k.state()
@@ -1810,6 +1912,7 @@ mod tests {
         let gate = l.kernel.clone();
         let held = hold_a_read(&gate).await;
         let full = full_syncs(&l.shared);
+        let (syncs, matches) = matched(&l.shared);
         l.add_shop_endpoint("10.244.3.30", "2026-01-01T00:00:10Z")
             .await;
         until("the new endpoint programmed while the read waits", || {
@@ -1822,6 +1925,11 @@ mod tests {
         })
         .await;
         assert_eq!(trouble(&l.shared), (0, 0, 0));
+        // The read, with the changed virtual server read again, has the desired table's
+        // fingerprint: nothing was diffed (nor in any reconcile since).
+        let (now, matched_now) = matched(&l.shared);
+        assert!(now > syncs);
+        assert_eq!(matched_now - matches, now - syncs);
         assert!(shop_dests(&l.kernel).contains(&ip("10.244.3.30")));
         assert_eq!(shop_dests(&l.kernel).len(), before.len() + 1);
         // The changed virtual server was read again by the reader, not on the loop.
@@ -1874,9 +1982,13 @@ mod tests {
             || shop_dests(&l.kernel).contains(&ip("10.244.3.31")),
         )
         .await;
+        let (syncs, matches) = matched(&l.shared);
         drop(second);
         until("the reconcile", || full_syncs(&l.shared) > full).await;
         assert_eq!(trouble(&l.shared), (0, 0, 0));
+        let (now, matched_now) = matched(&l.shared);
+        assert!(now > syncs);
+        assert_eq!(matched_now - matches, now - syncs, "matched by fingerprint");
         let dests = shop_dests(&l.kernel);
         assert!(dests.contains(&ip("10.244.3.30")) && dests.contains(&ip("10.244.3.31")));
         let shop = key(Protocol::Tcp, "10.96.0.30", 80);
