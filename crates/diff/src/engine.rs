@@ -584,10 +584,11 @@ impl Engine {
 
     /// [`Engine::resync`], given also `observed_fingerprint`: [`Fingerprint::of_table`] of
     /// `observed` under the node options' [`Ownership`], worked out where the table was read.
-    /// When it equals the desired table's and no real server drains, the kernel holds exactly
-    /// what the engine asks for, so the per-Service state is brought up to date and no diff is
-    /// walked: no ops. Otherwise (drift, or draining real servers to look at) the same as
-    /// [`Engine::resync`].
+    /// When it equals that of the desired table with the draining real servers at weight 0
+    /// ([`Engine::desired_table`]), the kernel holds exactly that, so the per-Service state is
+    /// brought up to date and no diff is walked: the only ops are the deletes of draining real
+    /// servers with no connections left or whose time is up, as the diff would give. Otherwise
+    /// (drift) the same as [`Engine::resync`]. Also says whether the fingerprints matched.
     pub fn resync_fingerprinted(
         &mut self,
         inputs: &mut Inputs,
@@ -595,15 +596,23 @@ impl Engine {
         observed_fingerprint: Fingerprint,
         now: Duration,
         counts: &dyn ConnectionCounts,
-    ) -> Vec<Op> {
-        self.resync_checked(inputs, observed, Some(observed_fingerprint), now, counts)
+    ) -> (Vec<Op>, bool) {
+        let mut matched = false;
+        let ops = self.resync_checked(
+            inputs,
+            observed,
+            Some((observed_fingerprint, &mut matched)),
+            now,
+            counts,
+        );
+        (ops, matched)
     }
 
     fn resync_checked(
         &mut self,
         inputs: &mut Inputs,
         observed: &Table,
-        observed_fingerprint: Option<Fingerprint>,
+        observed_fingerprint: Option<(Fingerprint, &mut bool)>,
         now: Duration,
         counts: &dyn ConnectionCounts,
     ) -> Vec<Op> {
@@ -616,10 +625,17 @@ impl Engine {
         for (k, d) in std::mem::take(&mut self.draining) {
             previous_draining.entry(k).or_insert(d);
         }
-        // Nothing drains (so nothing is for the kernel's view to decide) and the kernel holds
-        // the desired table: the diff below would be empty.
-        if previous_draining.is_empty() && observed_fingerprint == Some(self.fingerprint) {
-            return Vec::new();
+        // The kernel holds the desired table and the draining real servers at weight 0: the
+        // diff below would give only the deletes of the drained ones.
+        if let Some((f, matched)) = observed_fingerprint {
+            let mut with_draining = self.fingerprint;
+            for ((service, _), d) in &previous_draining {
+                with_draining.insert_dest(service, &d.dest);
+            }
+            if f == with_draining {
+                *matched = true;
+                return self.expire_unchanged(previous_draining, inputs, now, counts);
+            }
         }
         // The per-Service tables are diffed in key order without building a whole `Table`.
         let mut servers: Vec<&(VirtualServer, Vec<RealServer>)> =
@@ -671,6 +687,33 @@ impl Engine {
             }
             self.draining
                 .insert((service, dest), Draining { since, dest: zero });
+        }
+        order_ops(&mut ops);
+        ops
+    }
+
+    /// The resync's ops when the kernel holds the desired table with `draining` at weight 0:
+    /// the deletes of those with no connections left or whose time is up (the others keep
+    /// draining, with their start times), exactly as the diff's deletes would decide.
+    fn expire_unchanged(
+        &mut self,
+        draining: BTreeMap<(VirtualKey, DestKey), Draining>,
+        inputs: &Inputs,
+        now: Duration,
+        counts: &dyn ConnectionCounts,
+    ) -> Vec<Op> {
+        let timeout = inputs.node().options.graceful_termination_timeout;
+        let mut ops = Vec::new();
+        for ((service, dest), d) in draining {
+            let expired = now.saturating_sub(d.since) >= timeout;
+            if !drains(service.protocol())
+                || counts.connections(&service, &dest) == Some(0)
+                || expired
+            {
+                ops.push(Op::DeleteDest { service, dest });
+            } else {
+                self.draining.insert((service, dest), d);
+            }
         }
         order_ops(&mut ops);
         ops

@@ -18,7 +18,7 @@ use std::net::IpAddr;
 
 use foldhash::quality::FixedState;
 
-use crate::table::{Ownership, RealServer, Table, VirtualServer};
+use crate::table::{Ownership, RealServer, Table, VirtualKey, VirtualServer};
 
 /// The seed of the element hash: any fixed value; both sides of a comparison are this process.
 const SEED: u64 = 0x6b75_6265_2d69_7076;
@@ -34,7 +34,7 @@ pub struct Fingerprint {
 #[derive(Hash)]
 enum Element<'a> {
     Server(&'a VirtualServer),
-    Dest(&'a crate::VirtualKey, &'a RealServer),
+    Dest(&'a VirtualKey, &'a RealServer),
     Address(IpAddr),
 }
 
@@ -63,7 +63,7 @@ impl Fingerprint {
     ) {
         self.insert(&Element::Server(server));
         for d in dests {
-            self.insert(&Element::Dest(&server.key, d));
+            self.insert_dest(&server.key, d);
         }
     }
 
@@ -77,6 +77,11 @@ impl Fingerprint {
         for d in dests {
             self.remove(&Element::Dest(&server.key, d));
         }
+    }
+
+    /// Adds one real server of the virtual server `service`.
+    pub fn insert_dest(&mut self, service: &VirtualKey, dest: &RealServer) {
+        self.insert(&Element::Dest(service, dest));
     }
 
     /// Adds an address on `kube-ipvs0`.
@@ -110,7 +115,7 @@ impl Fingerprint {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::{ServiceEntry, VirtualKey};
+    use crate::table::ServiceEntry;
     use crate::{Cidr, Protocol, Scheduler};
 
     fn table() -> Table {

@@ -411,25 +411,39 @@ proptest! {
     #![proptest_config(config(256))]
 
     /// A resync given the observed table's fingerprint gives the same ops as one that diffs,
-    /// whether the kernel holds the desired table or drifted from it (extra, missing or
-    /// changed entries from a random table laid over it).
+    /// and leaves the same real servers draining, whether the kernel holds the desired table
+    /// (with real servers draining after a round of changes) or drifted from it (extra, missing
+    /// or changed entries from a random table laid over it), with idle or unknown connection
+    /// counts; it matches exactly when the kernel's part the engine owns is the desired table.
     #[test]
     fn a_fingerprinted_resync_gives_the_ops_of_a_diffed_one(
         world in arb_world(),
+        changed in prop::collection::btree_set(0..usize::from(N), 0..4),
+        next in arb_world(),
         drift in prop::option::of(arb_table()),
+        idle in any::<bool>(),
     ) {
-        let mut inputs = Inputs::new(common::node()).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        for (i, s) in world.iter().enumerate() {
-            load(&mut inputs, i, s)?;
-        }
-        let now = Duration::from_secs(1);
-        let mut observed = Table::default();
-        let mut engines = [Engine::new(), Engine::new()];
-        for engine in &mut engines {
-            let ops = engine.resync(&mut inputs.clone(), &Table::default(), now, &Idle);
-            observed = Table::default();
-            observed.apply_all(&ops).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        }
+        // The same history twice: a sync of `world`, then of the changed Services with
+        // unknown counts (so removed TCP real servers drain).
+        let history = || -> Result<(Engine, Inputs, Table), TestCaseError> {
+            let mut inputs = Inputs::new(common::node()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            for (i, s) in world.iter().enumerate() {
+                load(&mut inputs, i, s)?;
+            }
+            let mut engine = Engine::new();
+            let mut kernel = Table::default();
+            let unknown = kube_ipvs_diff::UnknownCounts;
+            let ops = engine.sync(&mut inputs, Duration::from_secs(1), &unknown);
+            kernel.apply_all(&ops).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            for i in &changed {
+                load(&mut inputs, *i, &next[*i])?;
+            }
+            let ops = engine.sync(&mut inputs, Duration::from_secs(2), &unknown);
+            kernel.apply_all(&ops).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            Ok((engine, inputs, kernel))
+        };
+        let (mut diffed, mut inputs, mut observed) = history()?;
+        let (mut fingerprinted, mut same_inputs, _) = history()?;
         if let Some(drift) = drift {
             observed.services.extend(drift.services);
             observed.addresses.extend(drift.addresses);
@@ -437,13 +451,24 @@ proptest! {
                 observed.addresses.remove(&first);
             }
         }
-        let [mut diffed, mut fingerprinted] = engines;
-        let owned = Ownership::of(&inputs.node().options);
+        let options = inputs.node().options.clone();
+        let owned = Ownership::of(&options);
+        let mut ours = observed.clone();
+        ours.services.retain(|k, _| owned.key(k));
+        ours.addresses.retain(|a| owned.addr(*a));
+        let desired = fingerprinted.desired_table();
         let f = Fingerprint::of_table(&observed, owned);
-        prop_assert_eq!(f == fingerprinted.fingerprint(), observed == fingerprinted.desired_table());
-        let want = diffed.resync(&mut inputs.clone(), &observed, now, &Idle);
-        let got = fingerprinted.resync_fingerprinted(&mut inputs.clone(), &observed, f, now, &Idle);
+        let now = Duration::from_secs(3);
+        let unknown = kube_ipvs_diff::UnknownCounts;
+        let counts: &dyn ConnectionCounts = if idle { &Idle } else { &unknown };
+        let want = diffed.resync(&mut inputs, &observed, now, counts);
+        let (got, matched) = fingerprinted.resync_fingerprinted(&mut same_inputs, &observed, f, now, counts);
+        prop_assert_eq!(matched, ours == desired);
         prop_assert_eq!(got, want);
+        prop_assert_eq!(
+            fingerprinted.draining().collect::<Vec<_>>(),
+            diffed.draining().collect::<Vec<_>>()
+        );
     }
 }
 

@@ -24,9 +24,10 @@
 //! loop, as the startup sync and the retries always do.
 //!
 //! The reader also works out the read's fingerprint ([`kube_ipvs_diff::fingerprint`]), and the
-//! loop swaps in those of the virtual servers it read again. When it is the engine's and nothing
-//! drains, the kernel holds the desired table and the reconcile walks no diff
-//! ([`Engine::resync_fingerprinted`]); the service sets likewise. Only drift then costs the
+//! loop swaps in those of the virtual servers it read again. When it is that of the engine's
+//! desired table with the draining real servers at weight 0, the kernel holds exactly that and
+//! the reconcile walks no diff ([`Engine::resync_fingerprinted`]: only the drained ones are
+//! deleted); the service sets likewise. Only drift then costs the
 //! loop a walk of the whole table, and the read is freed (and its pages returned to the kernel)
 //! on the reader's thread.
 //!
@@ -1130,15 +1131,16 @@ impl<K: Kernel> Agent<K> {
         // termination: expected work, not drift.
         let draining: BTreeSet<(VirtualKey, DestKey)> =
             self.engine.draining().map(|(s, d, _)| (*s, *d)).collect();
-        let same = fingerprint == Some(self.engine.fingerprint());
-        let ops = match fingerprint {
+        let (ops, same) = match fingerprint {
             Some(f) => {
                 self.engine
                     .resync_fingerprinted(&mut self.inputs, &observed.table, f, now, counts)
             }
-            None => self
-                .engine
-                .resync(&mut self.inputs, &observed.table, now, counts),
+            None => (
+                self.engine
+                    .resync(&mut self.inputs, &observed.table, now, counts),
+                false,
+            ),
         };
         self.note_drain_timeouts();
         let diffed = start.elapsed();
