@@ -14,9 +14,10 @@
 //! ([`Agent::with_background_reads`]), so change sets keep being programmed while it runs.
 //! The loop records what it changes meanwhile. A virtual server it changed may have been read
 //! half changed, so when the read comes back the reader reads those virtual servers again
-//! ([`Kernel::observe_services`], a cost in proportion to the changes), the loop reads itself
-//! the few it changed during that second read, and it diffs against the read with them all
-//! replaced: an operation that failed meanwhile shows as a difference again, and their
+//! ([`Kernel::observe_services`], a cost in proportion to the changes), again for those changed
+//! during that re-read while they are more than [`LOOP_REREADS`] (up to [`REREAD_ROUNDS`]
+//! rounds, each shorter than the last under churn), the loop reads itself the few changed
+//! during the last round, and it diffs against the read with them all replaced: an operation that failed meanwhile shows as a difference again, and their
 //! connection counts are current. A read during which a virtual server or an address came or
 //! went is discarded and read again (the kernel dumps by position, so such a read may have
 //! skipped an entry nobody touched; the second read names its virtual servers, so there only
@@ -76,6 +77,14 @@ const DRAIN_POLL: Duration = Duration::from_secs(1);
 /// Background reads a reconcile tries before it reads on the loop, when virtual servers or
 /// addresses keep coming and going during them.
 const BACKGROUND_READS: u32 = 3;
+
+/// At most this many virtual servers changed during a background re-read are read again on the
+/// loop (about 1.7 ms each under emulation); more go back to the reader for another round.
+const LOOP_REREADS: usize = 8;
+
+/// Rounds of re-reads the reader does for one reconcile before the loop reads what is left,
+/// however many: under churn each round is shorter than the last, so its changes are fewer.
+const REREAD_ROUNDS: u32 = 4;
 
 /// What a background read of the kernel found.
 struct Read {
@@ -227,8 +236,13 @@ struct WholeRead {
     read: Read,
     /// How long the whole read took.
     took: Duration,
-    /// The virtual servers the loop changed during it.
+    /// The virtual servers being read again: those the loop changed during the whole read, or
+    /// during the last round of re-reads.
     again: BTreeSet<VirtualKey>,
+    /// Rounds of re-reads so far, this one included.
+    rounds: u32,
+    /// Virtual servers read again in the rounds before this one, and how long those took.
+    earlier: (usize, Duration),
 }
 
 impl std::fmt::Debug for WholeRead {
@@ -455,6 +469,9 @@ pub struct Agent<K> {
     kube_proxy_leftovers_pending: bool,
     /// The reconcile's background reader, if one was started.
     reader: Option<Reader>,
+    /// At most this many virtual servers changed during a re-read are read on the loop
+    /// ([`LOOP_REREADS`]; tests lower it).
+    loop_rereads: usize,
     /// The background read under way, if any.
     reading: Option<ReadInFlight>,
 }
@@ -485,6 +502,7 @@ impl<K: Kernel> Agent<K> {
             kube_proxy_leftovers_pending: cfg_removes_leftovers,
             reader: None,
             reading: None,
+            loop_rereads: LOOP_REREADS,
         }
     }
 
@@ -718,6 +736,8 @@ impl<K: Kernel> Agent<K> {
             read,
             took,
             again: flight.touched,
+            rounds: 1,
+            earlier: (0, Duration::ZERO),
         };
         if !whole.again.is_empty()
             && let Some(r) = reader
@@ -777,30 +797,50 @@ impl<K: Kernel> Agent<K> {
             return self.discard_read(discarded + 1, reader);
         }
         let loop_start = Instant::now();
-        let again_took = started.elapsed();
         let WholeRead {
             mut read,
             took,
             again,
+            rounds,
+            earlier,
         } = *whole;
+        let reread = (earlier.0 + again.len(), earlier.1 + started.elapsed());
         let fresh = match result {
             Ok(v) => v,
             Err(e) => return self.read_failed(SyncKind::Reconcile, &e),
         };
         replace_entries(&mut read, &again, fresh);
         let last = touched;
+        // Many changed during this round (a churn): the reader reads them in another round,
+        // shorter than this one, rather than the loop.
+        if last.len() > self.loop_rereads
+            && rounds < REREAD_ROUNDS
+            && let Some(r) = reader
+            && r.requests.send(Ask::Services(last.clone())).is_ok()
+        {
+            let next = WholeRead {
+                read,
+                took,
+                again: last,
+                rounds: rounds + 1,
+                earlier: reread,
+            };
+            self.reading = Some(ReadInFlight::new(discarded, Some(Box::new(next))));
+            return;
+        }
         if let Err(e) = self.reread_on_loop(&mut read, &last) {
             return self.read_failed(SyncKind::Reconcile, &e);
         }
         tracing::info!(
             "reconcile: read {} the loop changed during the read again in the background in \
-             {:.1} ms, and {} changed meanwhile on the loop in {:.1} ms",
-            count(again.len(), "virtual server", "virtual servers"),
-            again_took.as_secs_f64() * 1000.0,
+             {:.1} ms ({}), and {} changed meanwhile on the loop in {:.1} ms",
+            count(reread.0, "virtual server", "virtual servers"),
+            reread.1.as_secs_f64() * 1000.0,
+            count(rounds, "round", "rounds"),
             last.len(),
             loop_start.elapsed().as_secs_f64() * 1000.0
         );
-        self.reconcile_with(read, took + again_took, loop_start, reader);
+        self.reconcile_with(read, took + reread.1, loop_start, reader);
     }
 
     /// The reconcile's diff against a read (`took`: how long it took off the loop; the loop's
@@ -1668,6 +1708,16 @@ mod tests {
         /// The same with this sync period, reading the kernel for reconciles on a thread of
         /// its own if `background`.
         async fn start_with(period: Duration, background: bool) -> Self {
+            Self::start_configured(period, background, LOOP_REREADS).await
+        }
+
+        /// Reads in the background, with at most `loop_rereads` virtual servers re-read on the
+        /// loop.
+        async fn start_with_loop_rereads(period: Duration, loop_rereads: usize) -> Self {
+            Self::start_configured(period, true, loop_rereads).await
+        }
+
+        async fn start_configured(period: Duration, background: bool, loop_rereads: usize) -> Self {
             let m = examples();
             let mut tracker = kube_ipvs_watch::Tracker::started_at(
                 kube_ipvs_watch::TranslateOptions::default(),
@@ -1688,6 +1738,7 @@ mod tests {
             let wall = clock.clone();
             let mut agent = Agent::new(kernel.clone(), inputs, cfg, shared.clone())
                 .with_wall_clock(Arc::new(move || *wall.lock().expect("lock")));
+            agent.loop_rereads = loop_rereads;
             if background {
                 agent = agent
                     .with_background_reads(Box::new(kernel.clone()))
@@ -2004,6 +2055,62 @@ mod tests {
                 .count()
         };
         assert_eq!((on("reader"), on("loop")), (1, 1), "{reads:?}");
+    }
+
+    /// With no virtual server to be read again on the loop, one changed while the reader reads
+    /// again those changed during its whole read goes back to the reader for another round:
+    /// the loop reads nothing, and the reconcile neither undoes the change nor counts it as
+    /// drift, and matches by fingerprint.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[expect(
+        clippy::await_holding_lock,
+        reason = "the guards hold the reader thread, not this task, while the loop runs"
+    )]
+    async fn changes_during_a_re_read_go_back_to_the_reader_above_the_loop_s_share() {
+        let mut l = Latency::start_with_loop_rereads(Duration::from_millis(200), 0).await;
+        let gate = l.kernel.clone();
+        let held = hold_a_read(&gate).await;
+        let full = full_syncs(&l.shared);
+        l.add_shop_endpoint("10.244.3.30", "2026-01-01T00:00:10Z")
+            .await;
+        until(
+            "the first endpoint programmed during the whole read",
+            || shop_dests(&l.kernel).contains(&ip("10.244.3.30")),
+        )
+        .await;
+        let second = gate.hold_service_reads();
+        drop(held);
+        until("the reader to read the shop virtual server again", || {
+            gate.state().service_reads_waiting == 1
+        })
+        .await;
+        l.add_shop_endpoint("10.244.3.31", "2026-01-01T00:00:11Z")
+            .await;
+        until(
+            "the second endpoint programmed during the second read",
+            || shop_dests(&l.kernel).contains(&ip("10.244.3.31")),
+        )
+        .await;
+        let (syncs, matches) = matched(&l.shared);
+        drop(second);
+        until("the reconcile", || full_syncs(&l.shared) > full).await;
+        assert_eq!(trouble(&l.shared), (0, 0, 0));
+        let (now, matched_now) = matched(&l.shared);
+        assert!(now > syncs);
+        assert_eq!(matched_now - matches, now - syncs, "matched by fingerprint");
+        let dests = shop_dests(&l.kernel);
+        assert!(dests.contains(&ip("10.244.3.30")) && dests.contains(&ip("10.244.3.31")));
+        let shop = key(Protocol::Tcp, "10.96.0.30", 80);
+        let reads = l.kernel.state().service_reads.clone();
+        let on = |t: &str| {
+            reads
+                .iter()
+                .filter(|(thread, keys)| {
+                    (thread == "kernel-reader") == (t == "reader") && keys.contains(&shop)
+                })
+                .count()
+        };
+        assert_eq!((on("reader"), on("loop")), (2, 0), "{reads:?}");
     }
 
     /// A background read during which a virtual server came may have skipped another in the
