@@ -2002,115 +2002,77 @@ mod tests {
         );
     }
 
+    /// A change programmed during a held whole read and another during the held re-read of
+    /// the first, with at most `loop_rereads` virtual servers re-read on the loop: checks that
+    /// the reconcile neither undoes them nor counts them as drift and that it matched by
+    /// fingerprint, and returns how many times the reader and the loop read the shop's
+    /// virtual server.
+    #[expect(
+        clippy::await_holding_lock,
+        reason = "the guards hold the reader thread, not this task, while the loop runs"
+    )]
+    async fn change_during_both_reads(loop_rereads: usize) -> (usize, usize) {
+        let mut l =
+            Latency::start_with_loop_rereads(Duration::from_millis(200), loop_rereads).await;
+        let gate = l.kernel.clone();
+        let held = hold_a_read(&gate).await;
+        let full = full_syncs(&l.shared);
+        l.add_shop_endpoint("10.244.3.30", "2026-01-01T00:00:10Z")
+            .await;
+        until(
+            "the first endpoint programmed during the whole read",
+            || shop_dests(&l.kernel).contains(&ip("10.244.3.30")),
+        )
+        .await;
+        let second = gate.hold_service_reads();
+        drop(held);
+        until("the reader to read the shop virtual server again", || {
+            gate.state().service_reads_waiting == 1
+        })
+        .await;
+        l.add_shop_endpoint("10.244.3.31", "2026-01-01T00:00:11Z")
+            .await;
+        until(
+            "the second endpoint programmed during the second read",
+            || shop_dests(&l.kernel).contains(&ip("10.244.3.31")),
+        )
+        .await;
+        let (syncs, matches) = matched(&l.shared);
+        drop(second);
+        until("the reconcile", || full_syncs(&l.shared) > full).await;
+        assert_eq!(trouble(&l.shared), (0, 0, 0));
+        let (now, matched_now) = matched(&l.shared);
+        assert!(now > syncs);
+        assert_eq!(matched_now - matches, now - syncs, "matched by fingerprint");
+        let dests = shop_dests(&l.kernel);
+        assert!(dests.contains(&ip("10.244.3.30")) && dests.contains(&ip("10.244.3.31")));
+        let shop = key(Protocol::Tcp, "10.96.0.30", 80);
+        let reads = l.kernel.state().service_reads.clone();
+        let on = |reader: bool| {
+            reads
+                .iter()
+                .filter(|(thread, keys)| {
+                    (thread == "kernel-reader") == reader && keys.contains(&shop)
+                })
+                .count()
+        };
+        (on(true), on(false))
+    }
+
     /// A change programmed while the reader reads again the virtual servers changed during
     /// its whole read is read once more on the loop: the reconcile neither undoes it nor
     /// counts it as drift.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    #[expect(
-        clippy::await_holding_lock,
-        reason = "the guards hold the reader thread, not this task, while the loop runs"
-    )]
     async fn a_change_made_while_changed_virtual_servers_are_read_again_is_read_on_the_loop() {
-        let mut l = Latency::start_with(Duration::from_millis(200), true).await;
-        let gate = l.kernel.clone();
-        let held = hold_a_read(&gate).await;
-        let full = full_syncs(&l.shared);
-        l.add_shop_endpoint("10.244.3.30", "2026-01-01T00:00:10Z")
-            .await;
-        until(
-            "the first endpoint programmed during the whole read",
-            || shop_dests(&l.kernel).contains(&ip("10.244.3.30")),
-        )
-        .await;
-        let second = gate.hold_service_reads();
-        drop(held);
-        until("the reader to read the shop virtual server again", || {
-            gate.state().service_reads_waiting == 1
-        })
-        .await;
-        l.add_shop_endpoint("10.244.3.31", "2026-01-01T00:00:11Z")
-            .await;
-        until(
-            "the second endpoint programmed during the second read",
-            || shop_dests(&l.kernel).contains(&ip("10.244.3.31")),
-        )
-        .await;
-        let (syncs, matches) = matched(&l.shared);
-        drop(second);
-        until("the reconcile", || full_syncs(&l.shared) > full).await;
-        assert_eq!(trouble(&l.shared), (0, 0, 0));
-        let (now, matched_now) = matched(&l.shared);
-        assert!(now > syncs);
-        assert_eq!(matched_now - matches, now - syncs, "matched by fingerprint");
-        let dests = shop_dests(&l.kernel);
-        assert!(dests.contains(&ip("10.244.3.30")) && dests.contains(&ip("10.244.3.31")));
-        let shop = key(Protocol::Tcp, "10.96.0.30", 80);
-        let reads = l.kernel.state().service_reads.clone();
-        let on = |t: &str| {
-            reads
-                .iter()
-                .filter(|(thread, keys)| {
-                    (thread == "kernel-reader") == (t == "reader") && keys.contains(&shop)
-                })
-                .count()
-        };
-        assert_eq!((on("reader"), on("loop")), (1, 1), "{reads:?}");
+        assert_eq!(change_during_both_reads(LOOP_REREADS).await, (1, 1));
     }
 
     /// With no virtual server to be read again on the loop, one changed while the reader reads
     /// again those changed during its whole read goes back to the reader for another round:
-    /// the loop reads nothing, and the reconcile neither undoes the change nor counts it as
-    /// drift, and matches by fingerprint.
+    /// the loop reads nothing.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    #[expect(
-        clippy::await_holding_lock,
-        reason = "the guards hold the reader thread, not this task, while the loop runs"
-    )]
     async fn changes_during_a_re_read_go_back_to_the_reader_above_the_loop_s_share() {
-        let mut l = Latency::start_with_loop_rereads(Duration::from_millis(200), 0).await;
-        let gate = l.kernel.clone();
-        let held = hold_a_read(&gate).await;
-        let full = full_syncs(&l.shared);
-        l.add_shop_endpoint("10.244.3.30", "2026-01-01T00:00:10Z")
-            .await;
-        until(
-            "the first endpoint programmed during the whole read",
-            || shop_dests(&l.kernel).contains(&ip("10.244.3.30")),
-        )
-        .await;
-        let second = gate.hold_service_reads();
-        drop(held);
-        until("the reader to read the shop virtual server again", || {
-            gate.state().service_reads_waiting == 1
-        })
-        .await;
-        l.add_shop_endpoint("10.244.3.31", "2026-01-01T00:00:11Z")
-            .await;
-        until(
-            "the second endpoint programmed during the second read",
-            || shop_dests(&l.kernel).contains(&ip("10.244.3.31")),
-        )
-        .await;
-        let (syncs, matches) = matched(&l.shared);
-        drop(second);
-        until("the reconcile", || full_syncs(&l.shared) > full).await;
-        assert_eq!(trouble(&l.shared), (0, 0, 0));
-        let (now, matched_now) = matched(&l.shared);
-        assert!(now > syncs);
-        assert_eq!(matched_now - matches, now - syncs, "matched by fingerprint");
-        let dests = shop_dests(&l.kernel);
-        assert!(dests.contains(&ip("10.244.3.30")) && dests.contains(&ip("10.244.3.31")));
-        let shop = key(Protocol::Tcp, "10.96.0.30", 80);
-        let reads = l.kernel.state().service_reads.clone();
-        let on = |t: &str| {
-            reads
-                .iter()
-                .filter(|(thread, keys)| {
-                    (thread == "kernel-reader") == (t == "reader") && keys.contains(&shop)
-                })
-                .count()
-        };
-        assert_eq!((on("reader"), on("loop")), (2, 0), "{reads:?}");
+        assert_eq!(change_during_both_reads(0).await, (2, 0));
     }
 
     /// A background read during which a virtual server came may have skipped another in the
