@@ -318,9 +318,10 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
     };
     let mut agent = Agent::new(kernel, inputs, cfg, shared).with_health_checks(health_checks);
     // Reconciles read the kernel on a thread with a handle of its own, so a whole-table read
-    // never holds up the programming of a change; without it they read on the loop.
+    // never holds up the programming of a change; without it they read on the loop. The
+    // reader rests as long as it reads, leaving CPU to the loop and the node.
     agent = match RealKernel::open(DEFAULT_DUMMY) {
-        Ok(reader) => match agent.with_background_reads(Box::new(reader)) {
+        Ok(reader) => match agent.with_background_reads(Box::new(reader.paced())) {
             Ok(a) => a,
             Err(e) => {
                 return fail(

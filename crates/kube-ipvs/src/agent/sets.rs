@@ -788,6 +788,16 @@ mod tests {
         }
     }
 
+    /// Deletes every member of `set` in the kernel, as someone else would.
+    fn empty_behind_our_back(k: &MemKernel, set: &str) {
+        k.state()
+            .sets
+            .get_mut(set)
+            .expect("the set exists")
+            .1
+            .clear();
+    }
+
     fn members(k: &MemKernel, set: &str) -> Vec<String> {
         k.state()
             .sets
@@ -981,12 +991,7 @@ mod tests {
 
         // Someone deletes a member; then the read is taken; then a's ranges change.
         let drift = "203.0.113.7,tcp:80";
-        k.state()
-            .sets
-            .get_mut("KUBE-IPVS-LB-FW")
-            .expect("the set exists")
-            .1
-            .clear();
+        empty_behind_our_back(&k, "KUBE-IPVS-LB-FW");
         sets.begin_read();
         let read = read_sets_fingerprinted(&mut k).expect("read");
         inputs
@@ -1053,12 +1058,7 @@ mod tests {
 
         // Drift: a member deleted behind our back changes the read's fingerprint.
         let gone = members(&k, "KUBE-IPVS-LB-FW");
-        k.state()
-            .sets
-            .get_mut("KUBE-IPVS-LB-FW")
-            .expect("the set exists")
-            .1
-            .clear();
+        empty_behind_our_back(&k, "KUBE-IPVS-LB-FW");
         sets.begin_read();
         let read = read_sets_fingerprinted(&mut k).expect("read");
         assert_ne!(read.fingerprint, kept);

@@ -193,6 +193,26 @@ pub struct RealKernel {
     /// The dummy interface (`kube-ipvs0`).
     pub ifname: String,
     ipset: Option<Ipset>,
+    /// Whether whole reads rest between virtual servers ([`RealKernel::paced`]).
+    pace: Option<Pace>,
+}
+
+/// A whole read's rests: after each stretch of at least [`Pace::STRETCH`] of reading, a rest as
+/// long as the stretch, so the read takes at most half of one CPU (on the reader's thread,
+/// which nothing waits on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pace;
+
+impl Pace {
+    /// How long a stretch of reading runs before a rest.
+    pub const STRETCH: std::time::Duration = std::time::Duration::from_millis(5);
+
+    /// The rest after `worked` of reading since the last one: none until a stretch is done,
+    /// then as long as the stretch.
+    #[must_use]
+    pub fn rest_after(self, worked: std::time::Duration) -> Option<std::time::Duration> {
+        (worked >= Self::STRETCH).then_some(worked)
+    }
 }
 
 impl RealKernel {
@@ -209,7 +229,17 @@ impl RealKernel {
             rtnl,
             ifname: ifname.to_owned(),
             ipset: None,
+            pace: None,
         }
+    }
+
+    /// Whole reads ([`Kernel::observe`]) that rest as long as they read ([`Pace`]): for the
+    /// reconcile's reader thread. Under emulation a whole read of 10,000 Services takes seconds
+    /// of a CPU, which the agent's loop and the rest of the node then lack.
+    #[must_use]
+    pub fn paced(mut self) -> Self {
+        self.pace = Some(Pace);
+        self
     }
 
     /// Runs `f` on the ipset handle, opening it first if needed. A handle that failed may hold
@@ -273,10 +303,15 @@ impl Kernel for RealKernel {
         // virtual server's connections are not counted: the engine never touches it.
         let mut observed = Observed::default();
         let mut counts = Counts::new();
+        let mut stretch = std::time::Instant::now();
         for svc in self.ipvs.services()? {
             let dests = self.ipvs.destinations(&svc.key)?;
             if let Some(key) = observed.add(&svc, &dests) {
                 dest_counts(&mut counts, key, &dests);
+            }
+            if let Some(rest) = self.pace.and_then(|p| p.rest_after(stretch.elapsed())) {
+                std::thread::sleep(rest);
+                stretch = std::time::Instant::now();
             }
         }
         let addresses = match self.rtnl.link_index(&self.ifname)? {
@@ -418,6 +453,24 @@ fn dest_counts(counts: &mut Counts, key: VirtualKey, dests: &[Destination]) {
         counts.insert(
             (key, dk),
             u64::from(d.active_conns) + u64::from(d.inactive_conns),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pace;
+    use std::time::Duration;
+
+    #[test]
+    fn a_paced_read_rests_as_long_as_each_finished_stretch() {
+        let ms = Duration::from_millis;
+        assert_eq!(Pace.rest_after(ms(1)), None, "a stretch under way");
+        assert_eq!(Pace.rest_after(Pace::STRETCH), Some(Pace::STRETCH));
+        assert_eq!(
+            Pace.rest_after(ms(40)),
+            Some(ms(40)),
+            "a long virtual server"
         );
     }
 }
