@@ -584,8 +584,8 @@ impl Engine {
 
     /// [`Engine::resync`], given also `observed_fingerprint`: [`Fingerprint::of_table`] of
     /// `observed` under the node options' [`Ownership`], worked out where the table was read.
-    /// When it equals that of the desired table with the draining real servers at weight 0
-    /// ([`Engine::desired_table`]), the kernel holds exactly that, so the per-Service state is
+    /// When it equals that of the desired table with each draining real server added at weight
+    /// 0, the kernel holds exactly that, so the per-Service state is
     /// brought up to date and no diff is walked: the only ops are the deletes of draining real
     /// servers with no connections left or whose time is up, as the diff would give. Otherwise
     /// (drift) the same as [`Engine::resync`]. Also says whether the fingerprints matched.

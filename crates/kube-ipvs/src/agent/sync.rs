@@ -28,9 +28,10 @@
 //! loop swaps in those of the virtual servers it read again. When it is that of the engine's
 //! desired table with the draining real servers at weight 0, the kernel holds exactly that and
 //! the reconcile walks no diff ([`Engine::resync_fingerprinted`]: only the drained ones are
-//! deleted); the service sets likewise. Only drift then costs the
-//! loop a walk of the whole table, and the read is freed (and its pages returned to the kernel)
-//! on the reader's thread.
+//! deleted); the service sets likewise. Only drift then costs the loop a walk of the whole
+//! table (the metrics still count the desired table's size and the Local-policy Services
+//! without local endpoints, two cheap walks), and the read is freed (and its pages returned to
+//! the kernel) on the reader's thread.
 //!
 //! The kernel is reached through the one [`Kernel`] trait (`crate::kernel`), so the
 //! loop runs against an in-memory kernel in tests, and time is tokio's, so tests pause it. This
@@ -134,7 +135,8 @@ enum Ask {
     /// The whole IPVS table, fingerprinted under this ownership, and the service sets when
     /// `true`.
     Whole(Owned, bool),
-    /// These virtual servers again: the ones the loop changed during a whole read.
+    /// These virtual servers again: the ones the loop changed during a whole read, or during
+    /// the last round of re-reads.
     Services(BTreeSet<VirtualKey>),
     /// A read the reconcile is done with: freed on the reader's thread (tens of MiB of small
     /// allocations at 10,000 Services), whose free pages then go back to the kernel. Not
@@ -777,11 +779,12 @@ impl<K: Kernel> Agent<K> {
         Ok(())
     }
 
-    /// The reader read again the virtual servers changed during a whole read: those are
-    /// replaced in it, the few the loop changed during this second read are read once more on
-    /// the loop, and the reconcile diffs. An address that came or went during the second read
-    /// discards the read like a move during the first (the table's addresses are the whole
-    /// read's).
+    /// The reader read again the virtual servers changed during a whole read (or during the
+    /// last round of re-reads): those are replaced in it; those the loop changed during this
+    /// round go back to the reader for another while they are more than the loop's share (up to
+    /// [`REREAD_ROUNDS`] rounds), else the loop reads them once more, and the reconcile diffs.
+    /// An address that came or went during a round discards the read like a move during the
+    /// whole read (the table's addresses are the whole read's).
     fn reread_back(&mut self, result: Result<Reread, KernelError>, reader: Option<&Reader>) {
         let Some(ReadInFlight {
             whole: Some(whole),
