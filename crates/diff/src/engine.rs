@@ -276,9 +276,6 @@ impl Engine {
             Some((owner, old)) => (owner, old),
             None => (Arc::new(name.clone()), ServiceTable::default()),
         };
-        for (s, dests) in &old.servers {
-            self.fingerprint.remove_server(s, dests);
-        }
         // Forget earlier waits of this Service; they are re-registered below if still wanted.
         // (Its stored table holds only keys it owns, so it waits on none of those.) This walks
         // the contested keys only, which are few; the check keeps the common case O(1).
@@ -307,12 +304,14 @@ impl Engine {
             };
             match ord {
                 std::cmp::Ordering::Less => {
-                    if let Some((o, _)) = old_it.next() {
+                    if let Some((o, od)) = old_it.next() {
+                        self.fingerprint.subtract(Fingerprint::of_entry(o, od));
                         self.release(name, o.key, ops, work);
                     }
                 }
                 std::cmp::Ordering::Greater => {
                     if let Some((n, dests)) = new_it.next() {
+                        self.fingerprint.add(Fingerprint::of_entry(n, dests));
                         self.owners.insert(n.key, Arc::clone(&owner));
                         ops.push(Op::AddService(*n));
                         for d in dests {
@@ -326,6 +325,8 @@ impl Engine {
                 std::cmp::Ordering::Equal => {
                     if let (Some((o, od)), Some((n, nd))) = (old_it.next(), new_it.next()) {
                         if o != n {
+                            self.fingerprint.remove_server(o);
+                            self.fingerprint.insert_server(n);
                             ops.push(Op::UpdateService(*n));
                         }
                         self.diff_dests(n.key, od, nd, now, counts, ops);
@@ -366,9 +367,6 @@ impl Engine {
             },
         );
 
-        for (s, dests) in &new.servers {
-            self.fingerprint.insert_server(s, dests);
-        }
         if !new.servers.is_empty() || !new.addresses.is_empty() {
             self.applied.insert(owner, new);
         }
@@ -422,11 +420,13 @@ impl Engine {
             match ord {
                 std::cmp::Ordering::Less => {
                     if let Some(d) = o.next() {
+                        self.fingerprint.remove_dest(&service, d);
                         self.remove_dest(service, d, now, counts, ops);
                     }
                 }
                 std::cmp::Ordering::Greater => {
                     if let Some(d) = n.next() {
+                        self.fingerprint.insert_dest(&service, d);
                         // An endpoint that comes back while draining is restored in place.
                         if self.draining.remove(&(service, d.key)).is_some() {
                             ops.push(Op::UpdateDest { service, dest: *d });
@@ -439,6 +439,8 @@ impl Engine {
                     if let (Some(a), Some(b)) = (o.next(), n.next())
                         && a != b
                     {
+                        self.fingerprint.remove_dest(&service, a);
+                        self.fingerprint.insert_dest(&service, b);
                         ops.push(Op::UpdateDest { service, dest: *b });
                     }
                 }

@@ -55,33 +55,49 @@ impl Fingerprint {
         self.sum = self.sum.wrapping_sub(Self::hash(value));
     }
 
-    /// Adds a virtual server with its real servers.
-    pub fn insert_server<'a>(
-        &mut self,
-        server: &VirtualServer,
-        dests: impl IntoIterator<Item = &'a RealServer>,
-    ) {
-        self.insert(&Element::Server(server));
-        for d in dests {
-            self.insert_dest(&server.key, d);
-        }
+    /// Adds the elements of `other`.
+    pub fn add(&mut self, other: Self) {
+        self.count = self.count.wrapping_add(other.count);
+        self.sum = self.sum.wrapping_add(other.sum);
     }
 
-    /// Takes away a virtual server with its real servers, added before.
-    pub fn remove_server<'a>(
-        &mut self,
+    /// Takes away the elements of `other`, added before.
+    pub fn subtract(&mut self, other: Self) {
+        self.count = self.count.wrapping_sub(other.count);
+        self.sum = self.sum.wrapping_sub(other.sum);
+    }
+
+    /// The fingerprint of one virtual server with its real servers.
+    pub fn of_entry<'a>(
         server: &VirtualServer,
         dests: impl IntoIterator<Item = &'a RealServer>,
-    ) {
-        self.remove(&Element::Server(server));
+    ) -> Self {
+        let mut f = Self::default();
+        f.insert_server(server);
         for d in dests {
-            self.remove(&Element::Dest(&server.key, d));
+            f.insert_dest(&server.key, d);
         }
+        f
+    }
+
+    /// Adds a virtual server (without its real servers).
+    pub fn insert_server(&mut self, server: &VirtualServer) {
+        self.insert(&Element::Server(server));
+    }
+
+    /// Takes away a virtual server added before (without its real servers).
+    pub fn remove_server(&mut self, server: &VirtualServer) {
+        self.remove(&Element::Server(server));
     }
 
     /// Adds one real server of the virtual server `service`.
     pub fn insert_dest(&mut self, service: &VirtualKey, dest: &RealServer) {
         self.insert(&Element::Dest(service, dest));
+    }
+
+    /// Takes away one real server of `service` added before.
+    pub fn remove_dest(&mut self, service: &VirtualKey, dest: &RealServer) {
+        self.remove(&Element::Dest(service, dest));
     }
 
     /// Adds an address on `kube-ipvs0`.
@@ -100,7 +116,7 @@ impl Fingerprint {
         let mut f = Self::default();
         for (key, entry) in &table.services {
             if owned.key(key) {
-                f.insert_server(&entry.server, entry.dests.values());
+                f.add(Self::of_entry(&entry.server, entry.dests.values()));
             }
         }
         for a in &table.addresses {
@@ -150,9 +166,12 @@ mod tests {
         let dests: Vec<&RealServer> = entry.dests.values().collect();
         let mut reversed = Fingerprint::default();
         reversed.insert_address(*t.addresses.first().expect("one address"));
-        reversed.insert_server(&entry.server, dests.iter().rev().copied());
+        reversed.add(Fingerprint::of_entry(
+            &entry.server,
+            dests.iter().rev().copied(),
+        ));
         assert_eq!(reversed, whole);
-        reversed.remove_server(&entry.server, dests.iter().copied());
+        reversed.subtract(Fingerprint::of_entry(&entry.server, dests.iter().copied()));
         assert_ne!(reversed, whole);
         reversed.remove_address(*t.addresses.first().expect("one address"));
         assert_eq!(reversed, Fingerprint::default());

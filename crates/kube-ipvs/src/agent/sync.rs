@@ -1466,14 +1466,14 @@ fn replace_entries(read: &mut Read, keys: &BTreeSet<VirtualKey>, fresh: Reread) 
         let old = match entry {
             Some(entry) => {
                 if owned.key(&key) {
-                    fingerprint.insert_server(&entry.server, entry.dests.values());
+                    fingerprint.add(Fingerprint::of_entry(&entry.server, entry.dests.values()));
                 }
                 services.insert(key, entry)
             }
             None => services.remove(&key),
         };
         if let Some(old) = old.filter(|_| owned.key(&key)) {
-            fingerprint.remove_server(&old.server, old.dests.values());
+            fingerprint.subtract(Fingerprint::of_entry(&old.server, old.dests.values()));
         }
     }
 }
