@@ -194,25 +194,16 @@ pub struct RealKernel {
     pub ifname: String,
     ipset: Option<Ipset>,
     /// Whether whole reads rest between virtual servers ([`RealKernel::paced`]).
-    pace: Option<Pace>,
+    paced: bool,
 }
 
-/// A whole read's rests: after each stretch of at least [`Pace::STRETCH`] of reading, a rest as
-/// long as the stretch, so the read takes at most half of one CPU (on the reader's thread,
-/// which nothing waits on).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Pace;
+/// How long a paced whole read reads before it rests.
+const STRETCH: std::time::Duration = std::time::Duration::from_millis(5);
 
-impl Pace {
-    /// How long a stretch of reading runs before a rest.
-    pub const STRETCH: std::time::Duration = std::time::Duration::from_millis(5);
-
-    /// The rest after `worked` of reading since the last one: none until a stretch is done,
-    /// then as long as the stretch.
-    #[must_use]
-    pub fn rest_after(self, worked: std::time::Duration) -> Option<std::time::Duration> {
-        (worked >= Self::STRETCH).then_some(worked)
-    }
+/// A paced read's rest after `worked` of reading since the last one: none until a stretch is
+/// done, then as long as the stretch, so the read takes at most half of one CPU.
+fn rest_after(worked: std::time::Duration) -> Option<std::time::Duration> {
+    (worked >= STRETCH).then_some(worked)
 }
 
 impl RealKernel {
@@ -229,16 +220,16 @@ impl RealKernel {
             rtnl,
             ifname: ifname.to_owned(),
             ipset: None,
-            pace: None,
+            paced: false,
         }
     }
 
-    /// Whole reads ([`Kernel::observe`]) that rest as long as they read ([`Pace`]): for the
+    /// Whole reads ([`Kernel::observe`]) that rest as long as they read: for the
     /// reconcile's reader thread. Under emulation a whole read of 10,000 Services takes seconds
     /// of a CPU, which the agent's loop and the rest of the node then lack.
     #[must_use]
     pub fn paced(mut self) -> Self {
-        self.pace = Some(Pace);
+        self.paced = true;
         self
     }
 
@@ -309,7 +300,7 @@ impl Kernel for RealKernel {
             if let Some(key) = observed.add(&svc, &dests) {
                 dest_counts(&mut counts, key, &dests);
             }
-            if let Some(rest) = self.pace.and_then(|p| p.rest_after(stretch.elapsed())) {
+            if let Some(rest) = rest_after(stretch.elapsed()).filter(|_| self.paced) {
                 std::thread::sleep(rest);
                 stretch = std::time::Instant::now();
             }
@@ -459,18 +450,14 @@ fn dest_counts(counts: &mut Counts, key: VirtualKey, dests: &[Destination]) {
 
 #[cfg(test)]
 mod tests {
-    use super::Pace;
+    use super::{STRETCH, rest_after};
     use std::time::Duration;
 
     #[test]
     fn a_paced_read_rests_as_long_as_each_finished_stretch() {
         let ms = Duration::from_millis;
-        assert_eq!(Pace.rest_after(ms(1)), None, "a stretch under way");
-        assert_eq!(Pace.rest_after(Pace::STRETCH), Some(Pace::STRETCH));
-        assert_eq!(
-            Pace.rest_after(ms(40)),
-            Some(ms(40)),
-            "a long virtual server"
-        );
+        assert_eq!(rest_after(ms(1)), None, "a stretch under way");
+        assert_eq!(rest_after(STRETCH), Some(STRETCH));
+        assert_eq!(rest_after(ms(40)), Some(ms(40)), "a long virtual server");
     }
 }
