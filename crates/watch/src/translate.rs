@@ -470,12 +470,9 @@ pub fn translate_slice(
     });
     Ok(Some(TranslatedSlice {
         service,
-        // Held merged, as merging this slice alone would leave it (most slices already are).
-        endpoints: if kube_ipvs_diff::endpoints_merged(&endpoints) {
-            endpoints.into()
-        } else {
-            merge([&endpoints[..]]).into()
-        },
+        // Held merged, as merging this slice alone would leave it (most slices already are, and
+        // are kept as they are).
+        endpoints: merge_slices([&endpoints.into()]),
         trigger_time,
         warnings,
     }))
