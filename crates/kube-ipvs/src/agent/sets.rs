@@ -788,6 +788,14 @@ mod tests {
         }
     }
 
+    /// The service sets of `inputs`, made exact in `k` by a forced sync that changed it.
+    fn synced(inputs: &Inputs, k: &mut MemKernel) -> ServiceSets {
+        let mut sets = ServiceSets::default();
+        sets.update_all(inputs);
+        assert!(sets.sync(k, true).expect("forced"));
+        sets
+    }
+
     /// Deletes every member of `set` in the kernel, as someone else would.
     fn empty_behind_our_back(k: &MemKernel, set: &str) {
         k.state()
@@ -946,9 +954,7 @@ mod tests {
         inputs.upsert_service(b.clone(), same_lb).expect("b");
         let mark = |n: &ServiceName| inputs.service(n).expect("stored").local_marks[0].mark;
         assert_ne!(mark(&a), mark(&b), "each Service port has its own mark");
-        let mut sets = ServiceSets::default();
-        sets.update_all(&inputs);
-        assert!(sets.sync(&mut k, true).expect("forced"));
+        let mut sets = synced(&inputs, &mut k);
         let a_mark = mark(&a);
         assert_eq!(
             members(&k, "KUBE-IPVS-LOCAL-MARKS"),
@@ -985,9 +991,7 @@ mod tests {
         inputs
             .upsert_service(a.clone(), lb(&["198.51.100.0/24"]))
             .expect("a");
-        let mut sets = ServiceSets::default();
-        sets.update_all(&inputs);
-        assert!(sets.sync(&mut k, true).expect("forced"));
+        let mut sets = synced(&inputs, &mut k);
 
         // Someone deletes a member; then the read is taken; then a's ranges change.
         let drift = "203.0.113.7,tcp:80";
@@ -1029,9 +1033,7 @@ mod tests {
         inputs
             .upsert_service(a.clone(), lb(&["198.51.100.0/24"]))
             .expect("a");
-        let mut sets = ServiceSets::default();
-        sets.update_all(&inputs);
-        assert!(sets.sync(&mut k, true).expect("forced"));
+        let mut sets = synced(&inputs, &mut k);
         inputs
             .upsert_service(b.clone(), lb(&["192.0.2.0/24"]))
             .expect("b");
@@ -1093,9 +1095,7 @@ mod tests {
             ..lb(&[])
         };
         inputs.upsert_service(b.clone(), other_port).expect("b");
-        let mut sets = ServiceSets::default();
-        sets.update_all(&inputs);
-        assert!(sets.sync(&mut k, true).expect("forced"));
+        let mut sets = synced(&inputs, &mut k);
         assert_eq!(
             members(&k, "KUBE-IPVS-ADDRS"),
             ["10.96.0.20", "10.96.0.21", "203.0.113.7"]
