@@ -26,6 +26,22 @@ const PACKAGES: &[(&str, &str)] = &[
     ("k8s.io/kubernetes/cmd/kubectl", "kubectl"),
 ];
 
+/// The node and control-plane programs of the lab cluster (`cargo xtask cluster`, issue 15),
+/// built only when a lab is wanted: they are large and most commands never need them. They go
+/// into guests, so they are built without symbol tables (`-s -w`).
+const CLUSTER_PACKAGES: &[(&str, &str)] = &[
+    ("k8s.io/kubernetes/cmd/kubelet", "kubelet"),
+    (
+        "k8s.io/kubernetes/cmd/kube-controller-manager",
+        "kube-controller-manager",
+    ),
+    ("k8s.io/kubernetes/cmd/kube-scheduler", "kube-scheduler"),
+    ("k8s.io/kubernetes/test/images/agnhost", "agnhost"),
+];
+
+/// Test binaries (`go test -c`) of the lab: the upstream end-to-end suite.
+const CLUSTER_TESTS: &[(&str, &str)] = &[("k8s.io/kubernetes/test/e2e", "e2e.test")];
+
 /// Paths of the built programs.
 #[derive(Debug, Clone)]
 pub(crate) struct Tools {
@@ -35,6 +51,17 @@ pub(crate) struct Tools {
     pub(crate) kubectl: PathBuf,
     /// The pinned Kubernetes release, e.g. `v1.37.2`.
     pub(crate) kubernetes_version: String,
+}
+
+/// Paths of the lab cluster's programs (see [`CLUSTER_PACKAGES`]).
+#[derive(Debug, Clone)]
+pub(crate) struct ClusterTools {
+    pub(crate) kubelet: PathBuf,
+    pub(crate) kube_controller_manager: PathBuf,
+    pub(crate) kube_scheduler: PathBuf,
+    pub(crate) agnhost: PathBuf,
+    /// Upstream `e2e.test` of the pinned release.
+    pub(crate) e2e_test: PathBuf,
 }
 
 /// Why the programs cannot be had here (no Go toolchain); callers print it and skip.
@@ -110,7 +137,10 @@ pub(crate) fn ensure() -> Result<std::result::Result<Tools, Unavailable>> {
         .context("integration/tools/go.mod pins no k8s.io/kubernetes")?;
     let go_version = util::output(Command::new(&go).arg("version"))?;
     let mut key = Fnv::default();
-    key.str(&go_mod).str(&go_sum).str(go_version.trim());
+    key.str(&go_mod)
+        .str(&go_sum)
+        .str(go_version.trim())
+        .str(version_ldflags(&kubernetes_version, false));
     let target = util::target_dir()?.join("tools");
     let out = target.join(key.hex());
     let tools = Tools {
@@ -123,37 +153,128 @@ pub(crate) fn ensure() -> Result<std::result::Result<Tools, Unavailable>> {
     if PACKAGES.iter().all(|(_, name)| out.join(name).is_file()) {
         return Ok(Ok(tools));
     }
-    build(&go, &dir, &target, &out)?;
+    let ldflags = version_ldflags(&tools.kubernetes_version, false);
+    build(&go, &dir, &target, &out, PACKAGES, &[], &[&ldflags])?;
     Ok(Ok(tools))
 }
 
-fn build(go: &Path, module: &Path, target: &Path, out: &Path) -> Result<()> {
+/// The lab cluster's programs, building them first if the cache lacks them (as [`ensure`]); the
+/// cache key is the same pins, so they always match [`Tools`] of the same checkout.
+pub(crate) fn ensure_cluster() -> Result<std::result::Result<ClusterTools, Unavailable>> {
+    let tools = match ensure()? {
+        Ok(tools) => tools,
+        Err(why) => return Ok(Err(why)),
+    };
+    let Some(go) = go() else {
+        return Ok(Err(Unavailable("no Go toolchain".into())));
+    };
+    let base = tools
+        .kubectl
+        .parent()
+        .context("the tools directory has no parent")?
+        .to_path_buf();
+    let target = base.parent().context("no target dir")?.to_path_buf();
+    let out = PathBuf::from(format!("{}-cluster", base.display()));
+    let cluster = ClusterTools {
+        kubelet: out.join("kubelet"),
+        kube_controller_manager: out.join("kube-controller-manager"),
+        kube_scheduler: out.join("kube-scheduler"),
+        agnhost: out.join("agnhost"),
+        e2e_test: out.join("e2e.test"),
+    };
+    let complete = CLUSTER_PACKAGES
+        .iter()
+        .chain(CLUSTER_TESTS)
+        .all(|(_, name)| out.join(name).is_file());
+    if !complete {
+        build(
+            &go,
+            &module_dir(),
+            &target,
+            &out,
+            CLUSTER_PACKAGES,
+            CLUSTER_TESTS,
+            &[&version_ldflags(&tools.kubernetes_version, true)],
+        )?;
+    }
+    Ok(Ok(cluster))
+}
+
+/// `-ldflags` stamping the release into the programs, as upstream's build does: without it
+/// they report `v0.0.0-master`, and kubectl, kubelet and the e2e suite compare versions.
+/// `strip` drops the symbol tables of programs that go into guests.
+fn version_ldflags(version: &str, strip: bool) -> String {
+    let mut parts = version.trim_start_matches('v').split('.');
+    let major = parts.next().unwrap_or("1");
+    let minor = parts.next().unwrap_or("0");
+    let mut flags = String::from("-ldflags=");
+    if strip {
+        flags.push_str("-s -w ");
+    }
+    for pkg in [
+        "k8s.io/component-base/version",
+        "k8s.io/client-go/pkg/version",
+    ] {
+        flags.push_str(&format!(
+            "-X {pkg}.gitVersion={version} -X {pkg}.gitMajor={major} -X {pkg}.gitMinor={minor} \
+             -X {pkg}.gitTreeState=clean -X {pkg}.buildDate=1970-01-01T00:00:00Z "
+        ));
+    }
+    flags.trim_end().to_owned()
+}
+
+fn go_command(go: &Path, module: &Path) -> Command {
+    let mut cmd = Command::new(go);
+    cmd.current_dir(module)
+        // go.sum is committed: a build must never rewrite the pins, and must not switch to
+        // another Go release on its own.
+        .env("GOFLAGS", "-mod=readonly -buildvcs=false")
+        .env("GOTOOLCHAIN", "local")
+        .env("CGO_ENABLED", "0");
+    cmd
+}
+
+fn build(
+    go: &Path,
+    module: &Path,
+    target: &Path,
+    out: &Path,
+    packages: &[(&str, &str)],
+    tests: &[(&str, &str)],
+    flags: &[&str],
+) -> Result<()> {
     let started = Instant::now();
     let scratch = target.join(format!("building-{}", std::process::id()));
     let _ = fs::remove_dir_all(&scratch);
     fs::create_dir_all(&scratch)?;
     eprintln!(
         "xtask: building {} from the Go module proxy (first time on this machine: several minutes)",
-        PACKAGES
+        packages
             .iter()
+            .chain(tests)
             .map(|(_, n)| *n)
             .collect::<Vec<_>>()
-            .join(", ")
+            .join(", "),
     );
-    let mut cmd = Command::new(go);
-    cmd.current_dir(module)
-        .args(["build", "-trimpath", "-o"])
+    let mut cmd = go_command(go, module);
+    cmd.args(["build", "-trimpath"])
+        .args(flags)
+        .arg("-o")
         .arg(&scratch)
-        .args(PACKAGES.iter().map(|(pkg, _)| *pkg))
-        // go.sum is committed: a build must never rewrite the pins, and must not switch to
-        // another Go release on its own.
-        .env("GOFLAGS", "-mod=readonly -buildvcs=false")
-        .env("GOTOOLCHAIN", "local")
-        .env("CGO_ENABLED", "0");
+        .args(packages.iter().map(|(pkg, _)| *pkg));
     util::run(&mut cmd)?;
+    for (pkg, name) in tests {
+        let mut cmd = go_command(go, module);
+        cmd.args(["test", "-c", "-trimpath"])
+            .args(flags)
+            .arg("-o")
+            .arg(scratch.join(name))
+            .arg(pkg);
+        util::run(&mut cmd)?;
+    }
     // `go build -o DIR` names each binary after the last element of its package path, which
     // for etcd is `v3`'s parent directory name `server`.
-    for (pkg, name) in PACKAGES {
+    for (pkg, name) in packages {
         let built = pkg
             .trim_end_matches("/v3")
             .rsplit('/')
@@ -177,16 +298,34 @@ fn build(go: &Path, module: &Path, target: &Path, out: &Path) -> Result<()> {
 /// The Helm package built, from its own module (`integration/tools/helm`).
 const HELM: &str = "helm.sh/helm/v3/cmd/helm";
 
+/// The CoreDNS package built, from its own module (`integration/tools/coredns`).
+const COREDNS: &str = "github.com/coredns/coredns";
+
 /// The `helm` binary, building it first if the cache lacks it (as [`ensure`]).
 pub(crate) fn helm() -> Result<std::result::Result<PathBuf, Unavailable>> {
+    own_module("helm", HELM, &[])
+}
+
+/// The `coredns` binary for the lab cluster (built without symbol tables: it goes into an
+/// image).
+pub(crate) fn coredns() -> Result<std::result::Result<PathBuf, Unavailable>> {
+    own_module("coredns", COREDNS, &["-ldflags=-s -w"])
+}
+
+/// A program pinned by a module of its own, `integration/tools/NAME`, built into
+/// `<target>/tools/NAME-<hash>/NAME`.
+fn own_module(
+    name: &str,
+    package: &str,
+    flags: &[&str],
+) -> Result<std::result::Result<PathBuf, Unavailable>> {
     let Some(go) = go() else {
-        return Ok(Err(Unavailable(
+        return Ok(Err(Unavailable(format!(
             "no Go toolchain (`$GO` unset or not a file, no `go` on PATH or in /usr/local/go/bin); \
-             helm cannot be built"
-                .into(),
-        )));
+             {name} cannot be built"
+        ))));
     };
-    let dir = module_dir().join("helm");
+    let dir = module_dir().join(name);
     let go_mod = fs::read_to_string(dir.join("go.mod"))
         .with_context(|| format!("reading {}/go.mod", dir.display()))?;
     let go_sum = fs::read_to_string(dir.join("go.sum"))
@@ -194,29 +333,30 @@ pub(crate) fn helm() -> Result<std::result::Result<PathBuf, Unavailable>> {
     let go_version = util::output(Command::new(&go).arg("version"))?;
     let mut key = Fnv::default();
     key.str(&go_mod).str(&go_sum).str(go_version.trim());
+    for flag in flags {
+        key.str(flag);
+    }
     let target = util::target_dir()?.join("tools");
-    let out = target.join(format!("helm-{}", key.hex()));
-    let bin = out.join("helm");
+    let out = target.join(format!("{name}-{}", key.hex()));
+    let bin = out.join(name);
     if bin.is_file() {
         return Ok(Ok(bin));
     }
     let started = Instant::now();
-    let scratch = target.join(format!("building-helm-{}", std::process::id()));
+    let scratch = target.join(format!("building-{name}-{}", std::process::id()));
     let _ = fs::remove_dir_all(&scratch);
     fs::create_dir_all(&scratch)?;
-    eprintln!("xtask: building helm from the Go module proxy (first time on this machine)");
-    let mut cmd = Command::new(&go);
-    cmd.current_dir(&dir)
-        .args(["build", "-trimpath", "-o"])
-        .arg(scratch.join("helm"))
-        .arg(HELM)
-        .env("GOFLAGS", "-mod=readonly -buildvcs=false")
-        .env("GOTOOLCHAIN", "local")
-        .env("CGO_ENABLED", "0");
+    eprintln!("xtask: building {name} from the Go module proxy (first time on this machine)");
+    let mut cmd = go_command(&go, &dir);
+    cmd.args(["build", "-trimpath"])
+        .args(flags)
+        .arg("-o")
+        .arg(scratch.join(name))
+        .arg(package);
     util::run(&mut cmd)?;
     let _ = fs::remove_dir_all(&out);
     fs::rename(&scratch, &out)?;
-    eprintln!("xtask: built helm in {}", secs(started.elapsed()));
+    eprintln!("xtask: built {name} in {}", secs(started.elapsed()));
     Ok(Ok(bin))
 }
 
