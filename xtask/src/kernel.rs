@@ -102,6 +102,11 @@ pub(crate) const BOOT_MODULES: &[&str] = &[
     "fou",
 ];
 
+/// Modules staged in the guest but not loaded at boot: the lab cluster's nodes load them
+/// (`modprobe`), while the kernel tests keep a kernel without them (`br_netfilter` would send
+/// their bridged test traffic through iptables).
+pub(crate) const NODE_MODULES: &[&str] = &["overlay", "br_netfilter"];
+
 /// An unpacked kernel with the boot modules staged for the guest.
 #[derive(Debug)]
 pub(crate) struct Kernel {
@@ -109,8 +114,10 @@ pub(crate) struct Kernel {
     pub(crate) vmlinuz: PathBuf,
     /// A `lib/modules/<version>` tree holding only the staged modules and their `depmod` files.
     pub(crate) modules_dir: PathBuf,
-    /// Module paths relative to `modules_dir`, dependencies first.
+    /// Module paths relative to `modules_dir`, dependencies first: loaded at boot.
     pub(crate) load_order: Vec<String>,
+    /// Every staged module path (the boot ones and [`NODE_MODULES`] with dependencies).
+    pub(crate) staged: Vec<String>,
     /// Requested modules this kernel does not have.
     pub(crate) missing: Vec<String>,
 }
@@ -143,23 +150,27 @@ pub(crate) fn prepare(vm_dir: &Path) -> Result<Kernel> {
             .with_context(|| format!("reading modules.dep of kernel {version}"))?,
     );
     let (load_order, missing) = load_order(&deps, BOOT_MODULES);
+    let all: Vec<&str> = BOOT_MODULES.iter().chain(NODE_MODULES).copied().collect();
+    let (stage_order, _) = self::load_order(&deps, &all);
 
-    // The staged tree is keyed by the module list, so editing BOOT_MODULES re-stages it.
+    // The staged tree is keyed by the module list, so editing either list re-stages it.
     let mut key = Fnv::default();
-    for m in &load_order {
+    for m in &stage_order {
         key.str(m);
     }
     let staged = dir.join(format!("staged-{}", key.hex()));
     let modules_dir = staged.join("lib/modules").join(&version);
     if !staged.with_extension("complete").exists() {
-        stage(&full_modules, &staged, &version, &load_order)?;
+        stage(&full_modules, &staged, &version, &stage_order)?;
     }
     let load_order = load_order.iter().map(|m| plain_module_path(m)).collect();
+    let staged = stage_order.iter().map(|m| plain_module_path(m)).collect();
     Ok(Kernel {
         version,
         vmlinuz,
         modules_dir,
         load_order,
+        staged,
         missing,
     })
 }

@@ -11,6 +11,26 @@ use std::time::{Duration, Instant};
 
 static CHILDREN: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
 
+/// Commands run after the children are gone, in order (e.g. deleting a network namespace).
+static AT_EXIT: Mutex<Vec<Vec<String>>> = Mutex::new(Vec::new());
+
+/// Runs `argv` when a signal stops xtask, after its children have been stopped. Owners that
+/// finish normally clean up themselves and call [`forget_at_exit`].
+pub(crate) fn at_exit(argv: Vec<String>) {
+    AT_EXIT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(argv);
+}
+
+/// Drops every command [`at_exit`] registered.
+pub(crate) fn forget_at_exit() {
+    AT_EXIT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clear();
+}
+
 fn children() -> std::sync::MutexGuard<'static, BTreeSet<u32>> {
     // A poisoned lock still holds usable pids.
     CHILDREN
@@ -80,6 +100,15 @@ pub(crate) fn install() {
         }
         let left: BTreeSet<u32> = pids.into_iter().filter(|p| alive(*p)).collect();
         signal("-KILL", &left);
+        let cleanups = AT_EXIT
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        for argv in cleanups {
+            if let Some((program, args)) = argv.split_first() {
+                let _ = Command::new(program).args(args).status();
+            }
+        }
         std::process::exit(128 + 15);
     });
     if let Err(e) = installed {
