@@ -58,6 +58,8 @@ pub(crate) struct ControlPlane {
     etcd_port: u16,
     admin_token: String,
     agent_token: String,
+    /// `(node name, token)` of a lab's kubelets.
+    node_tokens: Vec<(String, String)>,
 }
 
 /// A free TCP port on loopback (the kernel picks it; nothing holds it afterwards).
@@ -86,8 +88,9 @@ fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
     util::output(&mut cmd).map(drop)
 }
 
-/// CA, serving certificate and service-account key pair in `dir`, with openssl.
-fn certificates(dir: &Path) -> Result<()> {
+/// CA, serving certificate and service-account key pair in `dir`, with openssl; `extra_sans`
+/// are added to the serving certificate's (`IP:...`, `DNS:...`).
+fn certificates(dir: &Path, extra_sans: &[String]) -> Result<()> {
     let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
     let mut args = vec!["req", "-x509", "-nodes", "-days", "2"];
     args.extend(ec);
@@ -111,12 +114,14 @@ fn certificates(dir: &Path) -> Result<()> {
         "/CN=kube-apiserver",
     ]);
     openssl(dir, &args)?;
+    let mut sans = format!("IP:127.0.0.1,IP:{HOST_ALIAS},DNS:localhost");
+    for san in extra_sans {
+        sans.push(',');
+        sans.push_str(san);
+    }
     fs::write(
         dir.join("serving.ext"),
-        format!(
-            "subjectAltName=IP:127.0.0.1,IP:{HOST_ALIAS},DNS:localhost\n\
-             extendedKeyUsage=serverAuth\n"
-        ),
+        format!("subjectAltName={sans}\nextendedKeyUsage=serverAuth\n"),
     )?;
     openssl(
         dir,
@@ -154,6 +159,68 @@ fn certificates(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A client certificate `NAME.crt`/`NAME.key` signed by the CA in `dir` (the API server's
+/// identity towards kubelets, in the lab).
+fn client_certificate(dir: &Path, name: &str, subject: &str) -> Result<()> {
+    let key = format!("{name}.key");
+    let csr = format!("{name}.csr");
+    let crt = format!("{name}.crt");
+    let ext = format!("{name}.ext");
+    openssl(
+        dir,
+        &[
+            "req",
+            "-nodes",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            subject,
+        ],
+    )?;
+    fs::write(dir.join(&ext), "extendedKeyUsage=clientAuth\n")?;
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+            "-out",
+            &crt,
+        ],
+    )
+}
+
+/// What a lab control plane differs in (`cargo xtask cluster`): it runs in the lab's own
+/// network namespace, where fixed ports are free, and real kubelets register with it.
+#[derive(Debug, Clone)]
+pub(crate) struct Lab {
+    /// The address the guests reach the API server on (the lab bridge's).
+    pub(crate) address: String,
+    pub(crate) port: u16,
+    /// Node names: each gets a token as `system:node:NAME` in `system:nodes`, for the Node
+    /// authorizer and the NodeRestriction admission plugin.
+    pub(crate) nodes: Vec<String>,
+    /// The `kubernetes` Service's ClusterIP (the first of the Service CIDR), for the
+    /// certificate: Pods reach the API server through it.
+    pub(crate) service_ip: String,
+}
+
 /// A kubeconfig for `server` with the CA at `ca` and a bearer token.
 pub(crate) fn kubeconfig(server: &str, ca: &str, token: &str, user: &str) -> String {
     format!(
@@ -171,7 +238,7 @@ fn log_tail(path: &Path) -> String {
 }
 
 /// Starts a long-running child, registered with the reaper until [`terminate`] stops it.
-fn spawn_logged(bin: &Path, args: &[String], log: &Path) -> Result<Child> {
+pub(crate) fn spawn_logged(bin: &Path, args: &[String], log: &Path) -> Result<Child> {
     let file = fs::File::create(log)?;
     let err = file.try_clone()?;
     let child = Command::new(bin)
@@ -187,7 +254,7 @@ fn spawn_logged(bin: &Path, args: &[String], log: &Path) -> Result<Child> {
 }
 
 /// Stops a child with SIGTERM (a clean shutdown, as kubelet would), then SIGKILL after 20 s.
-fn terminate(child: &mut Child) {
+pub(crate) fn terminate(child: &mut Child) {
     let pid = child.id();
     terminate_untracked(child);
     crate::reaper::untrack(pid);
@@ -211,22 +278,64 @@ fn terminate_untracked(child: &mut Child) {
 impl ControlPlane {
     /// Starts etcd and kube-apiserver in a fresh `dir` and waits until the API server is ready.
     pub(crate) fn start(tools: &Tools, dir: &Path) -> Result<ControlPlane> {
+        Self::start_with(tools, dir, None)
+    }
+
+    /// As [`ControlPlane::start`], set up for the lab cluster's kubelets.
+    pub(crate) fn start_lab(tools: &Tools, dir: &Path, lab: &Lab) -> Result<ControlPlane> {
+        Self::start_with(tools, dir, Some(lab))
+    }
+
+    fn start_with(tools: &Tools, dir: &Path, lab: Option<&Lab>) -> Result<ControlPlane> {
         let started = Instant::now();
         let _ = fs::remove_dir_all(dir);
         fs::create_dir_all(dir)?;
-        certificates(dir).context("making the test certificates (is openssl installed?)")?;
+        let sans: Vec<String> = lab
+            .map(|lab| {
+                let mut sans = vec![
+                    format!("IP:{}", lab.address),
+                    format!("IP:{}", lab.service_ip),
+                ];
+                for name in [
+                    "kubernetes",
+                    "kubernetes.default",
+                    "kubernetes.default.svc",
+                    "kubernetes.default.svc.cluster.local",
+                ] {
+                    sans.push(format!("DNS:{name}"));
+                }
+                sans
+            })
+            .unwrap_or_default();
+        certificates(dir, &sans).context("making the test certificates (is openssl installed?)")?;
         let admin_token = token("admin");
         let agent_token = token("agent");
-        fs::write(
-            dir.join("tokens.csv"),
-            format!(
-                "{admin_token},admin,admin-uid,system:masters\n\
-                 {agent_token},{AGENT_USER},kube-ipvs-uid\n"
-            ),
-        )?;
+        let mut tokens = format!(
+            "{admin_token},admin,admin-uid,system:masters\n\
+             {agent_token},{AGENT_USER},kube-ipvs-uid\n"
+        );
+        let mut node_tokens = Vec::new();
+        for node in lab.map(|l| l.nodes.as_slice()).unwrap_or_default() {
+            let t = token(&format!("node {node}"));
+            tokens.push_str(&format!(
+                "{t},system:node:{node},node-{node}-uid,system:nodes\n"
+            ));
+            node_tokens.push((node.clone(), t));
+        }
+        fs::write(dir.join("tokens.csv"), tokens)?;
+        if lab.is_some() {
+            client_certificate(
+                dir,
+                "kubelet-client",
+                "/O=system:masters/CN=kube-apiserver-kubelet-client",
+            )?;
+        }
         let etcd_client = free_port()?;
         let etcd_peer = free_port()?;
-        let port = free_port()?;
+        let port = match lab {
+            Some(lab) => lab.port,
+            None => free_port()?,
+        };
         let control_port = free_port()?;
         let etcd_args: Vec<String> = [
             "--name=default".to_owned(),
@@ -243,13 +352,24 @@ impl ControlPlane {
         .into();
         let etcd = spawn_logged(&tools.etcd, &etcd_args, &dir.join("etcd.log"))?;
         let d = |name: &str| dir.join(name).display().to_string();
-        let apiserver_args: Vec<String> = vec![
+        let mut apiserver_args: Vec<String> = vec![
             format!("--etcd-servers=http://127.0.0.1:{etcd_client}"),
-            "--bind-address=127.0.0.1".to_owned(),
+            // The lab's network namespace holds nothing else: all its addresses are the lab's.
+            format!(
+                "--bind-address={}",
+                if lab.is_some() {
+                    "0.0.0.0"
+                } else {
+                    "127.0.0.1"
+                }
+            ),
             format!("--secure-port={port}"),
             // The address the `kubernetes` Service's endpoint points at; the guest reaches the
             // host there, so it is a real route for anything in the VM.
-            format!("--advertise-address={HOST_ALIAS}"),
+            format!(
+                "--advertise-address={}",
+                lab.map_or(HOST_ALIAS, |l| l.address.as_str())
+            ),
             format!("--tls-cert-file={}", d("serving.crt")),
             format!("--tls-private-key-file={}", d("serving.key")),
             format!("--token-auth-file={}", d("tokens.csv")),
@@ -264,6 +384,18 @@ impl ControlPlane {
             format!("--cert-dir={}", d("apiserver-certs")),
             "--profiling=false".to_owned(),
         ];
+        if lab.is_some() {
+            apiserver_args.retain(|a| a != "--authorization-mode=RBAC");
+            apiserver_args.extend([
+                "--authorization-mode=Node,RBAC".to_owned(),
+                "--enable-admission-plugins=NodeRestriction".to_owned(),
+                format!("--client-ca-file={}", d("ca.crt")),
+                format!("--kubelet-client-certificate={}", d("kubelet-client.crt")),
+                format!("--kubelet-client-key={}", d("kubelet-client.key")),
+                // Kubelets serve a self-signed certificate; the lab has no CSR approver.
+                "--kubelet-preferred-address-types=InternalIP".to_owned(),
+            ]);
+        }
         let plane = ControlPlane {
             dir: dir.to_owned(),
             apiserver_bin: tools.kube_apiserver.clone(),
@@ -278,6 +410,7 @@ impl ControlPlane {
             etcd_port: etcd_client,
             admin_token,
             agent_token,
+            node_tokens,
         };
         plane.start_apiserver()?;
         eprintln!(
@@ -431,6 +564,26 @@ impl ControlPlane {
                 format!("apiserver={}\ncontrol={}\n", self.port, self.control_port).into_bytes(),
             ),
         ])
+    }
+
+    /// The run directory (logs, certificates, kubeconfigs).
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A lab kubelet's kubeconfig (`system:node:NODE`).
+    pub(crate) fn node_kubeconfig(&self, node: &str, server: &str, ca: &str) -> Result<String> {
+        let (_, token) = self
+            .node_tokens
+            .iter()
+            .find(|(n, _)| n == node)
+            .with_context(|| format!("the control plane has no token for node {node}"))?;
+        Ok(kubeconfig(
+            server,
+            ca,
+            token,
+            &format!("system:node:{node}"),
+        ))
     }
 
     /// `kubectl` with the admin kubeconfig.

@@ -43,6 +43,69 @@ const TOOLS: &[(&str, &str)] = &[
     ("ldd", "finds the shared libraries to ship"),
 ];
 
+/// What the lab cluster (`cargo xtask cluster`) needs besides [`PACKAGES`]: the node's container
+/// runtime and CNI plugins, the tools the agnhost image carries (as upstream's: curl, an
+/// OpenBSD nc, ss and ip, dig, bash, socat), and gcc for the pause binary.
+const LAB_PACKAGES: &[&str] = &[
+    "containerd",
+    "runc",
+    "containernetworking-plugins",
+    "curl",
+    "netcat-openbsd",
+    "bind9-dnsutils",
+    "bash",
+    "gcc",
+    "libc6-dev",
+];
+
+/// A file of each [`LAB_PACKAGES`] entry that shows it is installed.
+const LAB_FILES: &[&str] = &[
+    "/usr/bin/containerd",
+    "/usr/sbin/runc",
+    "/usr/lib/cni/bridge",
+    "/usr/bin/curl",
+    "/usr/bin/nc.openbsd",
+    "/usr/bin/dig",
+    "/usr/bin/bash",
+    "/usr/bin/gcc",
+    "/usr/lib/x86_64-linux-gnu/libc.a",
+];
+
+/// Makes sure the lab's packages are installed (as root, with apt-get; otherwise says what to
+/// install).
+pub(crate) fn ensure_lab_packages() -> Result<()> {
+    ensure_packages()?;
+    let missing = || -> Vec<&str> {
+        LAB_FILES
+            .iter()
+            .copied()
+            .filter(|f| !std::path::Path::new(f).exists())
+            .collect()
+    };
+    if missing().is_empty() {
+        return Ok(());
+    }
+    let cmd = format!(
+        "apt-get install -y --no-install-recommends {}",
+        LAB_PACKAGES.join(" ")
+    );
+    if !util::is_root() {
+        bail!("the lab needs {}; run as root: {cmd}", missing().join(", "));
+    }
+    eprintln!("xtask: installing the lab's packages: {cmd}");
+    util::run(
+        Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(LAB_PACKAGES)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )?;
+    let still = missing();
+    if !still.is_empty() {
+        bail!("still missing after apt-get install: {}", still.join(", "));
+    }
+    Ok(())
+}
+
 fn install_command() -> String {
     format!(
         "apt-get update && apt-get install -y --no-install-recommends {}",

@@ -70,6 +70,13 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Builds the archive (as `cargo xtask image`) and returns its path and the reference it
+/// carries (`kube-ipvs:VERSION`).
+pub(crate) fn build_archive() -> Result<(PathBuf, String)> {
+    let archive = build(&image_dir()?)?;
+    Ok((archive, format!("{IMAGE_NAME}:{VERSION}")))
+}
+
 /// `<cargo target dir>/image`.
 fn image_dir() -> Result<PathBuf> {
     Ok(util::target_dir()?.join("image"))
@@ -137,14 +144,54 @@ fn build(out_dir: &Path) -> Result<PathBuf> {
         util::run(Command::new("strip").arg("--strip-debug").arg(&installed))?;
     }
 
+    let config = json!({
+        "Entrypoint": ["/usr/local/bin/kube-ipvs"],
+        "Cmd": ["run"],
+        "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+        "Labels": {
+            "org.opencontainers.image.title": IMAGE_NAME,
+            "org.opencontainers.image.version": VERSION,
+        },
+    });
+    let archive = out_dir.join(format!("{IMAGE_NAME}-{VERSION}.tar"));
+    write_archive(out_dir, &rootfs, config, IMAGE_NAME, VERSION, &archive)?;
+    Ok(archive)
+}
+
+/// The name containerd files an image under: Docker's normalisation of `repository` (a bare
+/// name is `docker.io/library/NAME`, a path without a registry host is under `docker.io/`).
+fn containerd_name(repository: &str, tag: &str) -> String {
+    let full = match repository.split_once('/') {
+        None => format!("docker.io/library/{repository}"),
+        Some((host, _)) if host.contains('.') || host.contains(':') || host == "localhost" => {
+            repository.to_owned()
+        }
+        Some(_) => format!("docker.io/{repository}"),
+    };
+    format!("{full}:{tag}")
+}
+
+/// Writes `rootfs` as a one-layer image archive at `archive`: an OCI image layout (for `ctr
+/// images import`, named by the `io.containerd.image.name` annotation) and `docker save`'s
+/// `manifest.json` (for `docker load`), pointing at the same blobs. `config` is the image
+/// config's `config` object (entrypoint, command, environment). `work` is scratch space.
+pub(crate) fn write_archive(
+    work: &Path,
+    rootfs: &Path,
+    config: serde_json::Value,
+    repository: &str,
+    tag: &str,
+    archive: &Path,
+) -> Result<()> {
     // The layer: GNU tar with everything that varies between builds pinned.
-    let blobs = out_dir.join("oci/blobs/sha256");
-    if out_dir.join("oci").exists() {
-        std::fs::remove_dir_all(out_dir.join("oci"))?;
+    let oci = work.join("oci");
+    let blobs = oci.join("blobs/sha256");
+    if oci.exists() {
+        std::fs::remove_dir_all(&oci)?;
     }
     std::fs::create_dir_all(&blobs)?;
-    let layer_tmp = out_dir.join("layer.tar");
-    util::run(deterministic_tar(&layer_tmp, &rootfs).arg("."))?;
+    let layer_tmp = work.join("layer.tar");
+    util::run(deterministic_tar(&layer_tmp, rootfs).arg("."))?;
     let layer = blob_from_file(&blobs, &layer_tmp)?;
     let layer_size = std::fs::metadata(blobs.join(&layer))?.len();
 
@@ -152,17 +199,9 @@ fn build(out_dir: &Path) -> Result<PathBuf> {
         "architecture": "amd64",
         "os": "linux",
         "created": "1970-01-01T00:00:00Z",
-        "config": {
-            "Entrypoint": ["/usr/local/bin/kube-ipvs"],
-            "Cmd": ["run"],
-            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-            "Labels": {
-                "org.opencontainers.image.title": IMAGE_NAME,
-                "org.opencontainers.image.version": VERSION,
-            },
-        },
+        "config": config,
         "rootfs": { "type": "layers", "diff_ids": [format!("sha256:{layer}")] },
-        "history": [{ "created": "1970-01-01T00:00:00Z", "created_by": "cargo xtask image" }],
+        "history": [{ "created": "1970-01-01T00:00:00Z", "created_by": "cargo xtask" }],
     });
     let config_bytes = serde_json::to_vec(&config)?;
     let config_digest = blob(&blobs, &config_bytes)?;
@@ -182,7 +221,6 @@ fn build(out_dir: &Path) -> Result<PathBuf> {
     });
     let manifest_bytes = serde_json::to_vec(&manifest)?;
     let manifest_digest = blob(&blobs, &manifest_bytes)?;
-    let reference = format!("{IMAGE_NAME}:{VERSION}");
     let index = json!({
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.index.v1+json",
@@ -191,12 +229,11 @@ fn build(out_dir: &Path) -> Result<PathBuf> {
             "digest": format!("sha256:{manifest_digest}"),
             "size": manifest_bytes.len(),
             "annotations": {
-                "io.containerd.image.name": format!("docker.io/library/{reference}"),
-                "org.opencontainers.image.ref.name": VERSION,
+                "io.containerd.image.name": containerd_name(repository, tag),
+                "org.opencontainers.image.ref.name": tag,
             },
         }],
     });
-    let oci = out_dir.join("oci");
     std::fs::write(oci.join("index.json"), serde_json::to_vec(&index)?)?;
     std::fs::write(
         oci.join("oci-layout"),
@@ -204,19 +241,17 @@ fn build(out_dir: &Path) -> Result<PathBuf> {
     )?;
     let docker = json!([{
         "Config": format!("blobs/sha256/{config_digest}"),
-        "RepoTags": [reference],
+        "RepoTags": [format!("{repository}:{tag}")],
         "Layers": [format!("blobs/sha256/{layer}")],
     }]);
     std::fs::write(oci.join("manifest.json"), serde_json::to_vec(&docker)?)?;
-
-    let archive = out_dir.join(format!("{IMAGE_NAME}-{VERSION}.tar"));
-    util::run(deterministic_tar(&archive, &oci).args([
+    util::run(deterministic_tar(archive, &oci).args([
         "oci-layout",
         "index.json",
         "manifest.json",
         "blobs",
     ]))?;
-    Ok(archive)
+    Ok(())
 }
 
 /// `tar` creating `out` from paths under `dir` (the caller adds them) with nothing that varies

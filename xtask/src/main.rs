@@ -7,14 +7,17 @@ mod bench_e2e;
 mod charts;
 mod ci;
 mod cluster;
+mod conformance;
 mod demo;
 mod fuzz;
 mod host;
 mod image;
 mod initramfs;
 mod kernel;
+mod lab;
 mod reaper;
 mod soak;
+mod testimages;
 mod tools;
 mod util;
 mod vm;
@@ -39,6 +42,10 @@ const USAGE: &str = "usage: cargo xtask <command>
   bench soak [--minutes 120] [--services 10000] [--rate 5]
                                     hours of endpoint churn: RSS, fds, threads, update latency; repair after ipvsadm -C
   fuzz [TARGET] [--seconds N]       coverage-guided fuzzing of every parser of outside input (crates/fuzz)
+  cluster up [--nodes N] [--mem MIB] | down
+                                    a real Kubernetes cluster in QEMU guests, kube-ipvs on every node
+  conformance [--focus RE] [--skip RE] [--smoke] [--nodes N]
+                                    upstream e2e.test ([sig-network]) on that cluster
   tools                             build kube-apiserver, etcd, kube-proxy, kubectl (integration/tools)
   deploy-check                      kubectl apply --dry-run=server of deploy/ against a real API server
   image [--check]                   OCI/docker archive target/image/kube-ipvs-<version>.tar; --check runs it in a chroot";
@@ -59,6 +66,8 @@ fn main() -> Result<()> {
         "image" => image::command(rest),
         "tools" => tools::command(rest),
         "deploy-check" => cluster::command(rest),
+        "cluster" => lab::command(rest),
+        "conformance" => lab::conformance_command(rest),
         "fuzz" => fuzz::command(rest),
         "help" | "--help" | "-h" => {
             println!("{USAGE}");

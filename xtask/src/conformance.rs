@@ -1,0 +1,350 @@
+//! `cargo xtask conformance`: the upstream end-to-end suite (`e2e.test` of the pinned release)
+//! against the lab cluster (`lab.rs`), with kube-ipvs as its service proxy.
+//!
+//! The suite runs in the lab's network namespace with `--provider=local`, the focus given (by
+//! default `[sig-network]`) and the committed skip list (`integration/lab/skip.txt`, every
+//! entry with its reason). Its JUnit report is read back into a table of the tests that ran,
+//! with their result and time, written beside the report and summed up as
+//! `N passed, N failed, N skipped`.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use quick_xml::events::Event;
+use quick_xml::{Reader, XmlVersion};
+
+use crate::util::{self, secs};
+
+/// The smoke subset `cargo xtask ci` runs: one test of each thing a service proxy does first.
+pub(crate) const SMOKE: &[&str] = &[
+    "Services should serve a basic endpoint from pods",
+    "Services should serve multiport endpoints from pods",
+    "Services should be able to create a functioning NodePort service",
+    "Services should have session affinity work for service with type clusterIP",
+    "Services should serve endpoints on same port and different protocols",
+    "Services should allow pods to hairpin back to themselves through services",
+];
+
+/// The default focus: the whole network SIG.
+pub(crate) const DEFAULT_FOCUS: &str = r"\[sig-network\]";
+
+/// The committed skip list.
+const SKIP_LIST: &str = "integration/lab/skip.txt";
+
+/// A test's result.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Outcome {
+    Passed,
+    Failed(String),
+    /// Skipped by the test itself while it ran (e.g. "requires at least 3 nodes").
+    Skipped(String),
+}
+
+/// One test that the focus selected.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Case {
+    pub(crate) name: String,
+    pub(crate) outcome: Outcome,
+    pub(crate) seconds: f64,
+}
+
+/// The regular expression matching exactly one of `names` (a test's name contains it).
+pub(crate) fn focus_of(names: &[&str]) -> String {
+    let escaped: Vec<String> = names.iter().map(|n| regex_escape(n)).collect();
+    escaped.join("|")
+}
+
+fn regex_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Reads `integration/lab/skip.txt`: one regular expression per line, then ` # ` and the
+/// reason; a line without a reason is an error (every skip must say why).
+pub(crate) fn parse_skip_list(text: &str) -> Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((pattern, reason)) = line.split_once(" # ") else {
+            bail!("{SKIP_LIST}:{}: no ` # reason` after the pattern", i + 1);
+        };
+        let (pattern, reason) = (pattern.trim(), reason.trim());
+        if pattern.is_empty() || reason.is_empty() {
+            bail!("{SKIP_LIST}:{}: empty pattern or reason", i + 1);
+        }
+        out.push((pattern.to_owned(), reason.to_owned()));
+    }
+    Ok(out)
+}
+
+/// The committed skip list as one `--ginkgo.skip` expression.
+fn skip_expression() -> Result<String> {
+    let path = util::workspace_root().join(SKIP_LIST);
+    let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let entries = parse_skip_list(&text)?;
+    Ok(entries
+        .iter()
+        .map(|(p, _)| format!("(?:{p})"))
+        .collect::<Vec<_>>()
+        .join("|"))
+}
+
+fn attribute(e: &quick_xml::events::BytesStart<'_>, name: &str) -> Result<Option<String>> {
+    for attr in e.attributes() {
+        let attr = attr?;
+        if attr.key.as_ref() == name {
+            return Ok(Some(
+                attr.normalized_value(XmlVersion::Explicit1_0)?.into_owned(),
+            ));
+        }
+    }
+    Ok(None)
+}
+
+/// The `[It]` test cases of a Ginkgo JUnit report that the focus selected: a case the filters
+/// left out is reported `skipped` with the bare message "skipped" and no time, and is dropped.
+pub(crate) fn parse_junit(xml: &str) -> Result<Vec<Case>> {
+    let mut reader = Reader::from_str(xml);
+    let mut cases = Vec::new();
+    // The case being read: name, status, seconds, and the failure or skip message.
+    let mut current: Option<(String, String, f64, String)> = None;
+    let mut in_message = false;
+    loop {
+        match reader.read_event()? {
+            Event::Start(e) | Event::Empty(e) if e.name().as_ref() == "testcase" => {
+                let name = attribute(&e, "name")?.unwrap_or_default();
+                let status = attribute(&e, "status")?.unwrap_or_default();
+                let seconds = attribute(&e, "time")?
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(0.0);
+                current = Some((name, status, seconds, String::new()));
+            }
+            Event::Start(e) | Event::Empty(e)
+                if matches!(e.name().as_ref(), "failure" | "skipped") =>
+            {
+                if let Some(case) = current.as_mut() {
+                    case.3 = attribute(&e, "message")?.unwrap_or_default();
+                    in_message = e.name().as_ref() == "failure";
+                }
+            }
+            // The message's first line: the text up to its first entity reference (`&#xA;`,
+            // which quick-xml reports as an event of its own).
+            Event::Text(t) if in_message => {
+                if let Some(case) = current.as_mut() {
+                    let text = t.xml10_content();
+                    if case.3.is_empty() {
+                        case.3 = text.lines().next().unwrap_or_default().to_owned();
+                    }
+                }
+            }
+            Event::End(e) if e.name().as_ref() == "failure" => in_message = false,
+            Event::End(e) if e.name().as_ref() == "testcase" => {
+                if let Some((name, status, seconds, message)) = current.take() {
+                    let Some(name) = name.strip_prefix("[It] ") else {
+                        continue;
+                    };
+                    let outcome = match status.as_str() {
+                        "passed" => Outcome::Passed,
+                        "skipped" if message == "skipped" && seconds == 0.0 => continue,
+                        "skipped" => Outcome::Skipped(message),
+                        _ => Outcome::Failed(message),
+                    };
+                    cases.push(Case {
+                        name: name.to_owned(),
+                        outcome,
+                        seconds,
+                    });
+                }
+            }
+            Event::Eof => break,
+            _ => {}
+        }
+    }
+    cases.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(cases)
+}
+
+/// `N passed, N failed, N skipped`.
+pub(crate) fn summary(cases: &[Case]) -> String {
+    let count = |f: fn(&Outcome) -> bool| cases.iter().filter(|c| f(&c.outcome)).count();
+    format!(
+        "{} passed, {} failed, {} skipped",
+        count(|o| *o == Outcome::Passed),
+        count(|o| matches!(o, Outcome::Failed(_))),
+        count(|o| matches!(o, Outcome::Skipped(_))),
+    )
+}
+
+/// A Markdown table of the cases.
+pub(crate) fn table(cases: &[Case]) -> String {
+    let mut out = String::from("| test | result | seconds |\n|---|---|---:|\n");
+    for case in cases {
+        let result = match &case.outcome {
+            Outcome::Passed => "pass".to_owned(),
+            Outcome::Failed(m) => format!("**fail**: {}", m.replace('|', "\\|")),
+            Outcome::Skipped(m) => format!("skipped: {}", m.replace('|', "\\|")),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {result} | {:.1} |",
+            case.name.replace('|', "\\|"),
+            case.seconds
+        );
+    }
+    out
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub(crate) struct Run {
+    pub(crate) focus: String,
+    pub(crate) skip: Option<String>,
+}
+
+/// Runs `e2e.test` (already inside the lab's namespace, the cluster up) and reads its report.
+pub(crate) fn run_suite(
+    e2e: &Path,
+    kubectl: &Path,
+    kubeconfig: &Path,
+    run: &Run,
+    report_dir: &Path,
+) -> Result<Vec<Case>> {
+    let _ = fs::remove_dir_all(report_dir);
+    fs::create_dir_all(report_dir)?;
+    let mut skip = skip_expression()?;
+    if let Some(extra) = &run.skip {
+        skip = if skip.is_empty() {
+            extra.clone()
+        } else {
+            format!("{skip}|{extra}")
+        };
+    }
+    let log = report_dir.join("e2e.log");
+    let started = Instant::now();
+    let mut cmd = Command::new(e2e);
+    cmd.arg("--provider=local")
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(format!("--kubectl-path={}", kubectl.display()))
+        .arg(format!("--report-dir={}", report_dir.display()))
+        .arg(format!("--ginkgo.focus={}", run.focus))
+        .arg("--ginkgo.no-color")
+        .arg("--ginkgo.timeout=24h")
+        .stdout(fs::File::create(&log)?)
+        .stderr(fs::File::create(report_dir.join("e2e.stderr"))?);
+    if !skip.is_empty() {
+        cmd.arg(format!("--ginkgo.skip={skip}"));
+    }
+    eprintln!(
+        "xtask: running e2e.test --ginkgo.focus={:?} (log: {})",
+        run.focus,
+        log.display()
+    );
+    let mut child = cmd.spawn().context("starting e2e.test")?;
+    let _registered = crate::reaper::register(child.id());
+    let status = child.wait()?;
+    let junit = report_dir.join("junit_01.xml");
+    let xml = fs::read_to_string(&junit).with_context(|| {
+        format!(
+            "e2e.test ({status}) wrote no {}; see {}",
+            junit.display(),
+            log.display()
+        )
+    })?;
+    let cases = parse_junit(&xml)?;
+    fs::write(report_dir.join("results.md"), table(&cases))?;
+    eprintln!(
+        "xtask: e2e.test finished in {} ({status})",
+        secs(started.elapsed())
+    );
+    Ok(cases)
+}
+
+/// Where a run's report goes: `<target>/lab/conformance/`.
+pub(crate) fn report_dir() -> Result<PathBuf> {
+    Ok(util::target_dir()?.join("lab/conformance"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REPORT: &str = r#"<?xml version="1.0" encoding="UTF-8"?>
+<testsuites tests="4">
+  <testsuite name="Kubernetes e2e suite" tests="4">
+    <testcase name="[SynchronizedBeforeSuite]" classname="Kubernetes e2e suite" status="passed" time="1.5"></testcase>
+    <testcase name="[It] [sig-network] Services should serve a basic endpoint from pods [Conformance]" classname="Kubernetes e2e suite" status="failed" time="133.8">
+      <failure message="" type="failed">[FAILED] service is not reachable within 2m0s timeout on endpoint endpoint-test2:80 over TCP protocol&#xA;In [It] at: service.go:769</failure>
+      <system-err>lots of &gt; log</system-err>
+    </testcase>
+    <testcase name="[It] [sig-network] Services should be rejected when no endpoints exist" classname="Kubernetes e2e suite" status="passed" time="12.25"></testcase>
+    <testcase name="[It] [sig-network] Services should work with the LoadBalancer" classname="Kubernetes e2e suite" status="skipped" time="0">
+      <skipped message="skipped"></skipped>
+    </testcase>
+    <testcase name="[It] [sig-network] Services should handle three zones" classname="Kubernetes e2e suite" status="skipped" time="0.4">
+      <skipped message="skipped - requires at least 3 nodes"></skipped>
+    </testcase>
+  </testsuite>
+</testsuites>"#;
+
+    #[test]
+    fn junit_keeps_the_tests_that_ran_with_their_results() -> Result<()> {
+        let cases = parse_junit(REPORT)?;
+        let names: Vec<&str> = cases.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "[sig-network] Services should be rejected when no endpoints exist",
+                "[sig-network] Services should handle three zones",
+                "[sig-network] Services should serve a basic endpoint from pods [Conformance]",
+            ]
+        );
+        assert_eq!(cases[0].outcome, Outcome::Passed);
+        assert!((cases[0].seconds - 12.25).abs() < 1e-9);
+        assert_eq!(
+            cases[1].outcome,
+            Outcome::Skipped("skipped - requires at least 3 nodes".into())
+        );
+        assert!(matches!(&cases[2].outcome,
+            Outcome::Failed(m) if m.starts_with("[FAILED] service is not reachable") && !m.contains("In [It]")));
+        assert_eq!(summary(&cases), "1 passed, 1 failed, 1 skipped");
+        assert!(table(&cases).contains("| **fail**: [FAILED] service is not reachable"));
+        Ok(())
+    }
+
+    #[test]
+    fn the_smoke_focus_matches_each_name_literally() {
+        let focus = focus_of(SMOKE);
+        assert_eq!(focus.split('|').count(), SMOKE.len());
+        assert!(focus.contains("type clusterIP"));
+        assert_eq!(regex_escape("a [b] (c)."), r"a \[b\] \(c\)\.");
+    }
+
+    #[test]
+    fn skip_entries_need_a_reason() -> Result<()> {
+        let ok = parse_skip_list("# comment\n\nLoadBalancer # no cloud provider in the lab\n")?;
+        assert_eq!(
+            ok,
+            [(
+                "LoadBalancer".to_owned(),
+                "no cloud provider in the lab".to_owned()
+            )]
+        );
+        assert!(parse_skip_list("LoadBalancer\n").is_err());
+        let committed = fs::read_to_string(util::workspace_root().join(SKIP_LIST))?;
+        assert!(!parse_skip_list(&committed)?.is_empty());
+        Ok(())
+    }
+}

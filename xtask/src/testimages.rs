@@ -1,0 +1,377 @@
+//! The container images the lab cluster's Pods run (`cargo xtask cluster`), built here because
+//! nothing can be pulled: each carries the exact reference the pinned release's e2e suite names
+//! (`test/utils/image/manifest.go`), so the kubelet finds it already present and never pulls.
+//!
+//! * `pause`: the sandbox process, `integration/images/pause.c` built statically;
+//! * `busybox`: Debian's static busybox with its applet links;
+//! * `agnhost`: the pinned release's agnhost (built by `cargo xtask tools`) over the busybox tree,
+//!   with the tools upstream's image carries (curl, an OpenBSD nc, ss, ip, dig, bash, socat);
+//! * `coredns`: the pinned CoreDNS (`integration/tools/coredns`), for the lab's DNS.
+//!
+//! Archives are cached under `<target>/lab/images/<hash>/` by a hash of their inputs.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+
+use crate::image::write_archive;
+use crate::tools::ClusterTools;
+use crate::util::{self, Fnv};
+
+/// Bump when what goes into an image changes in a way the input hash cannot see.
+const LAYOUT_VERSION: &str = "2";
+
+/// A reference of the pinned manifest, split as the manifest keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ImageRef {
+    pub(crate) repository: String,
+    pub(crate) tag: String,
+}
+
+impl std::fmt::Display for ImageRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.repository, self.tag)
+    }
+}
+
+/// The references of the images built here, read from the pinned release's manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refs {
+    pub(crate) pause: ImageRef,
+    pub(crate) busybox: ImageRef,
+    pub(crate) agnhost: ImageRef,
+    pub(crate) coredns: ImageRef,
+}
+
+/// One built image archive, with the reference containerd files it under.
+#[derive(Debug, Clone)]
+pub(crate) struct Archive {
+    pub(crate) reference: ImageRef,
+    pub(crate) path: PathBuf,
+}
+
+/// Reads `configs[Name] = Config{list.Registry, "name", "version"}` lines and the registry
+/// defaults (`Registry: "host/path",`) of `test/utils/image/manifest.go`.
+pub(crate) fn parse_manifest(text: &str) -> Result<Refs> {
+    let registry = |field: &str| -> Result<String> {
+        text.lines()
+            .map(str::trim)
+            .find_map(|line| {
+                let rest = line.strip_prefix(field)?.trim_start().strip_prefix(':')?;
+                let value = rest.trim().trim_end_matches(',').trim_matches('"');
+                Some(value.to_owned())
+            })
+            .with_context(|| format!("manifest.go sets no default for {field}"))
+    };
+    let config = |id: &str| -> Result<ImageRef> {
+        let prefix = format!("configs[{id}] = Config{{list.");
+        let line = text
+            .lines()
+            .map(str::trim)
+            .find(|l| l.starts_with(&prefix))
+            .with_context(|| format!("manifest.go has no configs[{id}]"))?;
+        let inner = line[prefix.len()..].trim_end_matches('}');
+        let parts: Vec<&str> = inner.split(',').map(str::trim).collect();
+        let [reg, name, tag] = parts.as_slice() else {
+            bail!("cannot read configs[{id}]: {line}");
+        };
+        Ok(ImageRef {
+            repository: format!("{}/{}", registry(reg)?, name.trim_matches('"')),
+            tag: tag.trim_matches('"').to_owned(),
+        })
+    };
+    Ok(Refs {
+        pause: config("Pause")?,
+        busybox: config("BusyBox")?,
+        agnhost: config("Agnhost")?,
+        coredns: coredns_ref()?,
+    })
+}
+
+/// CoreDNS's reference, `registry.k8s.io/coredns/coredns:<pinned version>`, from the pin in
+/// `integration/tools/coredns/go.mod`.
+pub(crate) fn coredns_ref() -> Result<ImageRef> {
+    let path = util::workspace_root().join("integration/tools/coredns/go.mod");
+    let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let tag = text
+        .lines()
+        .map(str::trim)
+        .find_map(|l| l.strip_prefix("github.com/coredns/coredns "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .with_context(|| format!("{} pins no github.com/coredns/coredns", path.display()))?;
+    Ok(ImageRef {
+        repository: "registry.k8s.io/coredns/coredns".to_owned(),
+        tag: tag.to_owned(),
+    })
+}
+
+/// The pinned `k8s.io/kubernetes` module's directory in the Go module cache (the tools build
+/// put it there).
+fn kubernetes_module_dir() -> Result<PathBuf> {
+    let out = util::output(
+        Command::new("go")
+            .current_dir(util::workspace_root().join("integration/tools"))
+            .args(["list", "-m", "-f", "{{.Dir}}", "k8s.io/kubernetes"])
+            .env("GOFLAGS", "-mod=readonly")
+            .env("GOTOOLCHAIN", "local"),
+    )?;
+    Ok(PathBuf::from(out.trim()))
+}
+
+/// The references the pinned e2e suite uses.
+pub(crate) fn refs() -> Result<Refs> {
+    let path = kubernetes_module_dir()?.join("test/utils/image/manifest.go");
+    let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    parse_manifest(&text).with_context(|| format!("reading {}", path.display()))
+}
+
+fn file_key(key: &mut Fnv, path: &Path) -> Result<()> {
+    let meta = fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+    key.str(path).str(format!(
+        "{} {}.{}",
+        meta.len(),
+        meta.mtime(),
+        meta.mtime_nsec()
+    ));
+    Ok(())
+}
+
+/// A busybox tree: the binary at `/bin/busybox`, a link per applet, and the files a shell
+/// expects.
+fn busybox_tree(root: &Path, busybox: &Path) -> Result<()> {
+    let bin = root.join("bin");
+    fs::create_dir_all(&bin)?;
+    fs::copy(busybox, bin.join("busybox"))
+        .with_context(|| format!("copying {}", busybox.display()))?;
+    let list = util::output(Command::new(busybox).arg("--list"))?;
+    for applet in list.lines().map(str::trim).filter(|a| !a.is_empty()) {
+        if applet != "busybox" {
+            std::os::unix::fs::symlink("busybox", bin.join(applet))?;
+        }
+    }
+    for dir in ["etc", "tmp", "proc", "sys", "dev", "root", "var/run"] {
+        fs::create_dir_all(root.join(dir))?;
+    }
+    fs::write(
+        root.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n",
+    )?;
+    fs::write(root.join("etc/group"), "root:x:0:\nnogroup:x:65534:\n")?;
+    Ok(())
+}
+
+/// Host programs the agnhost image carries beside agnhost, at the paths upstream's image has
+/// them (its Dockerfile installs curl, netcat-openbsd, iproute2, bind-tools, bash and socat):
+/// the e2e tests exec `nc -v -t -w 2`, `curl`, `ss` and `dig` in agnhost Pods.
+const AGNHOST_TOOLS: &[(&str, &str)] = &[
+    ("/usr/bin/curl", "/usr/bin/curl"),
+    ("/usr/bin/nc.openbsd", "/usr/bin/nc"),
+    ("/usr/bin/ss", "/usr/bin/ss"),
+    ("/usr/sbin/ip", "/sbin/ip"),
+    ("/usr/bin/dig", "/usr/bin/dig"),
+    ("/usr/bin/bash", "/bin/bash"),
+    ("/usr/bin/socat", "/usr/bin/socat"),
+];
+
+/// Copies a host program into `root` at `guest`, with every shared library it links at the
+/// library's own path (the loader included), replacing a busybox link of the same name.
+fn add_host_program(root: &Path, host: &Path, guest: &str) -> Result<()> {
+    let mut copies = vec![(host.to_path_buf(), PathBuf::from(guest))];
+    for lib in crate::initramfs::shared_libraries(host)? {
+        copies.push((lib.clone(), lib));
+    }
+    for (from, to) in copies {
+        let dest = root.join(to.strip_prefix("/").unwrap_or(&to));
+        if let Some(parent) = dest.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        if dest.symlink_metadata().is_ok() {
+            fs::remove_file(&dest)?;
+        }
+        // `copy` follows symlinks: the image gets the file the host's loader would open.
+        fs::copy(&from, &dest).with_context(|| format!("copying {}", from.display()))?;
+    }
+    Ok(())
+}
+
+/// Builds (or finds cached) the three archives.
+pub(crate) fn ensure(cluster: &ClusterTools, coredns: &Path, refs: &Refs) -> Result<Vec<Archive>> {
+    let source = util::workspace_root().join("integration/images/pause.c");
+    let busybox = fs::canonicalize(util::which("busybox").context("busybox not found")?)?;
+    let mut key = Fnv::default();
+    key.str(LAYOUT_VERSION).str(format!("{refs:?}"));
+    key.bytes(&fs::read(&source).with_context(|| format!("reading {}", source.display()))?);
+    file_key(&mut key, &busybox)?;
+    file_key(&mut key, &cluster.agnhost)?;
+    file_key(&mut key, coredns)?;
+    for (host, guest) in AGNHOST_TOOLS {
+        file_key(&mut key, Path::new(host))?;
+        key.str(guest);
+    }
+    let dir = util::target_dir()?.join("lab/images").join(key.hex());
+    let archives = vec![
+        Archive {
+            reference: refs.pause.clone(),
+            path: dir.join("pause.tar"),
+        },
+        Archive {
+            reference: refs.busybox.clone(),
+            path: dir.join("busybox.tar"),
+        },
+        Archive {
+            reference: refs.agnhost.clone(),
+            path: dir.join("agnhost.tar"),
+        },
+        Archive {
+            reference: refs.coredns.clone(),
+            path: dir.join("coredns.tar"),
+        },
+    ];
+    if archives.iter().all(|a| a.path.is_file()) {
+        return Ok(archives);
+    }
+    let scratch = dir.with_extension(format!("tmp{}", std::process::id()));
+    let _ = fs::remove_dir_all(&scratch);
+    fs::create_dir_all(&scratch)?;
+    let env = json!(["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]);
+
+    // pause
+    let root = scratch.join("pause-root");
+    fs::create_dir_all(&root)?;
+    util::run(
+        Command::new("gcc")
+            .args(["-static", "-Os", "-Wall", "-Wextra", "-Werror", "-o"])
+            .arg(root.join("pause"))
+            .arg(&source),
+    )
+    .context("building the pause binary (needs gcc and libc6-dev)")?;
+    let config = json!({ "Entrypoint": ["/pause"], "Env": env });
+    write_archive(
+        &scratch,
+        &root,
+        config,
+        &refs.pause.repository,
+        &refs.pause.tag,
+        &scratch.join("pause.tar"),
+    )?;
+
+    // busybox
+    let root = scratch.join("busybox-root");
+    busybox_tree(&root, &busybox)?;
+    let config = json!({ "Cmd": ["sh"], "Env": env });
+    write_archive(
+        &scratch,
+        &root,
+        config,
+        &refs.busybox.repository,
+        &refs.busybox.tag,
+        &scratch.join("busybox.tar"),
+    )?;
+
+    // agnhost, over the same busybox tree, with upstream's tools.
+    fs::copy(&cluster.agnhost, root.join("agnhost"))
+        .with_context(|| format!("copying {}", cluster.agnhost.display()))?;
+    std::os::unix::fs::symlink("agnhost", root.join("agnhost-2"))?;
+    fs::create_dir_all(root.join("uploads"))?;
+    for (host, guest) in AGNHOST_TOOLS {
+        add_host_program(&root, Path::new(host), guest)?;
+    }
+    // Debian's static busybox prefers its own applets: as `/bin/sh` it would run its `nc`
+    // (which lacks `-v` and `-t`) whatever PATH says. The tests' `sh -c` must find the tools
+    // above, as on upstream's image, so `sh` is bash here.
+    fs::remove_file(root.join("bin/sh"))?;
+    std::os::unix::fs::symlink("bash", root.join("bin/sh"))?;
+    let config = json!({ "Entrypoint": ["/agnhost"], "Cmd": ["pause"], "Env": env });
+    write_archive(
+        &scratch,
+        &root,
+        config,
+        &refs.agnhost.repository,
+        &refs.agnhost.tag,
+        &scratch.join("agnhost.tar"),
+    )?;
+
+    // coredns: the binary alone (it runs as root with NET_BIND_SERVICE, reading its Corefile).
+    let root = scratch.join("coredns-root");
+    for dir in ["etc", "tmp"] {
+        fs::create_dir_all(root.join(dir))?;
+    }
+    fs::copy(coredns, root.join("coredns"))
+        .with_context(|| format!("copying {}", coredns.display()))?;
+    let config = json!({ "Entrypoint": ["/coredns"], "Env": env });
+    write_archive(
+        &scratch,
+        &root,
+        config,
+        &refs.coredns.repository,
+        &refs.coredns.tag,
+        &scratch.join("coredns.tar"),
+    )?;
+
+    for name in [
+        "pause-root",
+        "busybox-root",
+        "coredns-root",
+        "oci",
+        "layer.tar",
+    ] {
+        let path = scratch.join(name);
+        if path.is_dir() {
+            fs::remove_dir_all(&path)?;
+        } else if path.exists() {
+            fs::remove_file(&path)?;
+        }
+    }
+    if let Some(parent) = dir.parent() {
+        // Earlier inputs' images are dead weight (agnhost alone is ~90 MB).
+        for old in fs::read_dir(parent)?.filter_map(|e| e.ok().map(|e| e.path())) {
+            if old != scratch {
+                let _ = fs::remove_dir_all(old);
+            }
+        }
+    }
+    fs::rename(&scratch, &dir)?;
+    Ok(archives)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifest_lines_give_full_references() -> Result<()> {
+        let text = r#"
+func initReg() RegistryList {
+	registry := RegistryList{
+		PromoterE2eRegistry:      "registry.k8s.io/e2e-test-images",
+		GcRegistry:               "registry.k8s.io",
+	}
+}
+	configs[Agnhost] = Config{list.PromoterE2eRegistry, "agnhost", "2.66.1"}
+	configs[BusyBox] = Config{list.PromoterE2eRegistry, "busybox", "1.37.0-2"}
+	configs[Pause] = Config{list.GcRegistry, "pause", "3.10.2"}
+"#;
+        let refs = parse_manifest(text)?;
+        assert_eq!(
+            refs.agnhost.to_string(),
+            "registry.k8s.io/e2e-test-images/agnhost:2.66.1"
+        );
+        assert_eq!(
+            refs.busybox.to_string(),
+            "registry.k8s.io/e2e-test-images/busybox:1.37.0-2"
+        );
+        assert_eq!(refs.pause.to_string(), "registry.k8s.io/pause:3.10.2");
+        assert!(
+            refs.coredns
+                .to_string()
+                .starts_with("registry.k8s.io/coredns/coredns:v1.")
+        );
+        let missing = parse_manifest(&text.replace("configs[Pause]", "configs[Other]"));
+        assert!(missing.is_err_and(|e| e.to_string().contains("configs[Pause]")));
+        Ok(())
+    }
+}
