@@ -93,6 +93,7 @@ pub(crate) fn ensure_lab_packages() -> Result<()> {
         bail!("the lab needs {}; run as root: {cmd}", missing().join(", "));
     }
     eprintln!("xtask: installing the lab's packages: {cmd}");
+    util::run(Command::new("apt-get").arg("update"))?;
     util::run(
         Command::new("apt-get")
             .args(["install", "-y", "--no-install-recommends"])

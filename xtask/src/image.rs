@@ -88,34 +88,7 @@ fn build(out_dir: &Path) -> Result<PathBuf> {
     let binary = target.join("release/kube-ipvs");
 
     let rootfs = out_dir.join("rootfs");
-    if rootfs.exists() {
-        std::fs::remove_dir_all(&rootfs)
-            .with_context(|| format!("removing {}", rootfs.display()))?;
-    }
-    std::fs::create_dir_all(&rootfs)?;
-    for deb in download_debs(&out_dir.join("debs"))? {
-        util::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&rootfs))?;
-    }
-    // Documentation and locales are most of the packages' size and nothing reads them here.
-    for dir in [
-        "usr/share/doc",
-        "usr/share/man",
-        "usr/share/info",
-        "usr/share/locale",
-    ] {
-        let p = rootfs.join(dir);
-        if p.exists() {
-            std::fs::remove_dir_all(&p)?;
-        }
-    }
-    let sbin = rootfs.join("usr/sbin");
-    for (name, target) in ALTERNATIVES {
-        let link = sbin.join(name);
-        if !link.exists() {
-            std::os::unix::fs::symlink(target, &link)
-                .with_context(|| format!("linking {}", link.display()))?;
-        }
-    }
+    debian_rootfs(&rootfs, &out_dir.join("debs"), PACKAGES)?;
     for dir in [
         "tmp",
         "run",
@@ -254,6 +227,43 @@ pub(crate) fn write_archive(
     Ok(())
 }
 
+/// A fresh `rootfs` holding Debian's `packages` and their dependency closure (downloaded into
+/// `debs` once), without documentation, with the iptables alternatives Debian's maintainer
+/// scripts would have made.
+pub(crate) fn debian_rootfs(rootfs: &Path, debs: &Path, packages: &[&str]) -> Result<()> {
+    if rootfs.exists() {
+        std::fs::remove_dir_all(rootfs)
+            .with_context(|| format!("removing {}", rootfs.display()))?;
+    }
+    std::fs::create_dir_all(rootfs)?;
+    for deb in download_debs(debs, packages)? {
+        util::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(rootfs))?;
+    }
+    // Documentation and locales are most of the packages' size and nothing reads them here.
+    for dir in [
+        "usr/share/doc",
+        "usr/share/man",
+        "usr/share/info",
+        "usr/share/locale",
+    ] {
+        let p = rootfs.join(dir);
+        if p.exists() {
+            std::fs::remove_dir_all(&p)?;
+        }
+    }
+    let sbin = rootfs.join("usr/sbin");
+    if sbin.join("xtables-nft-multi").exists() {
+        for (name, target) in ALTERNATIVES {
+            let link = sbin.join(name);
+            if !link.exists() {
+                std::os::unix::fs::symlink(target, &link)
+                    .with_context(|| format!("linking {}", link.display()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `tar` creating `out` from paths under `dir` (the caller adds them) with nothing that varies
 /// between builds: sorted names, epoch times, root owner, no atime/ctime, so the same inputs
 /// give the same bytes and digests.
@@ -278,7 +288,7 @@ fn deterministic_tar(out: &Path, dir: &Path) -> Command {
 
 /// The packages and their dependency closure, downloaded once into `cache` (re-runs reuse the
 /// `.deb` files apt-get already fetched).
-fn download_debs(cache: &Path) -> Result<Vec<PathBuf>> {
+fn download_debs(cache: &Path, packages: &[&str]) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(cache)?;
     let text = util::output(
         Command::new("apt-cache")
@@ -292,7 +302,7 @@ fn download_debs(cache: &Path) -> Result<Vec<PathBuf>> {
                 "--no-replaces",
                 "--no-enhances",
             ])
-            .args(PACKAGES),
+            .args(packages),
     )?;
     let mut names: Vec<&str> = text
         .lines()

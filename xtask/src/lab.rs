@@ -55,6 +55,8 @@ const DNS_IP: &str = "10.96.0.10";
 const INSIDE_ENV: &str = "KUBE_IPVS_LAB_INSIDE";
 /// The agent's lab overlay of `deploy/`.
 const KUBE_IPVS_OVERLAY: &str = "integration/lab/kube-ipvs";
+/// kube-proxy in IPVS mode, for comparison runs.
+const KUBE_PROXY_MANIFEST: &str = "integration/lab/kube-proxy.yaml";
 /// The lab's DNS.
 const COREDNS_MANIFEST: &str = "integration/lab/coredns.yaml";
 
@@ -83,10 +85,37 @@ impl Node {
     }
 }
 
+/// The service proxy the lab runs on every node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Proxy {
+    /// `deploy/` through [`KUBE_IPVS_OVERLAY`].
+    KubeIpvs,
+    /// The pinned `kube-proxy --proxy-mode=ipvs`, as kubeadm deploys it ([`KUBE_PROXY_MANIFEST`]).
+    KubeProxy,
+}
+
+impl Proxy {
+    fn parse(text: &str) -> Result<Self> {
+        match text {
+            "kube-ipvs" => Ok(Self::KubeIpvs),
+            "kube-proxy" => Ok(Self::KubeProxy),
+            other => bail!("--proxy {other:?}: want kube-ipvs or kube-proxy"),
+        }
+    }
+    /// The DaemonSet's name in `kube-system`.
+    fn daemonset(self) -> &'static str {
+        match self {
+            Self::KubeIpvs => "kube-ipvs",
+            Self::KubeProxy => "kube-proxy",
+        }
+    }
+}
+
 /// What `cluster up` was asked for.
 #[derive(Debug, Clone)]
 pub(crate) struct Options {
     pub(crate) nodes: u8,
+    pub(crate) proxy: Proxy,
     /// Node guests' memory.
     pub(crate) memory_mib: u32,
 }
@@ -95,6 +124,7 @@ impl Default for Options {
     fn default() -> Self {
         Self {
             nodes: 2,
+            proxy: Proxy::KubeIpvs,
             memory_mib: 3072,
         }
     }
@@ -172,13 +202,13 @@ struct Artifacts {
     tools: Tools,
     cluster: ClusterTools,
     images: Vec<Archive>,
-    kube_ipvs_image: PathBuf,
-    /// `kube-ipvs:VERSION`.
-    kube_ipvs_reference: String,
+    /// The proxy's image archive and the reference containerd files it under.
+    proxy_image: PathBuf,
+    proxy_reference: String,
     pause: String,
 }
 
-fn artifacts() -> Result<Artifacts> {
+fn artifacts(proxy: Proxy) -> Result<Artifacts> {
     crate::host::ensure_lab_packages()?;
     let tools = match tools::ensure()? {
         Ok(t) => t,
@@ -194,13 +224,22 @@ fn artifacts() -> Result<Artifacts> {
     };
     let refs = testimages::refs()?;
     let images = testimages::ensure(&cluster, &coredns, &refs)?;
-    let (kube_ipvs_image, kube_ipvs_reference) = crate::image::build_archive()?;
+    let (proxy_image, proxy_reference) = match proxy {
+        Proxy::KubeIpvs => {
+            let (path, reference) = crate::image::build_archive()?;
+            (path, format!("docker.io/library/{reference}"))
+        }
+        Proxy::KubeProxy => {
+            let archive = testimages::kube_proxy(&tools)?;
+            (archive.path, archive.reference.to_string())
+        }
+    };
     Ok(Artifacts {
         tools,
         cluster,
         images,
-        kube_ipvs_image,
-        kube_ipvs_reference,
+        proxy_image,
+        proxy_reference,
         pause: refs.pause.to_string(),
     })
 }
@@ -365,10 +404,7 @@ fn node_job(
         .iter()
         .map(|a| a.reference.to_string())
         .collect();
-    images.push(format!(
-        "docker.io/library/{}",
-        artifacts.kube_ipvs_reference
-    ));
+    images.push(artifacts.proxy_reference.clone());
     let mut job = Job::new(&node.name(), node_script(node, all, &images));
     job.memory_mib = options.memory_mib;
     job.cpus = 2;
@@ -413,7 +449,7 @@ fn node_job(
             .push(exe(&image.path, &format!("/lab/images/{name}")));
     }
     job.files
-        .push(exe(&artifacts.kube_ipvs_image, "/lab/images/kube-ipvs.tar"));
+        .push(exe(&artifacts.proxy_image, "/lab/images/proxy.tar"));
     let server = format!("https://{GATEWAY}:{API_PORT}");
     let ca = plane.dir().join("ca.crt");
     job.data = vec![
@@ -587,9 +623,10 @@ fn start(options: &Options, artifacts: &Artifacts) -> Result<Cluster> {
         nodes.len(),
         secs(started.elapsed())
     );
-    cluster.deploy_kube_ipvs(nodes.len(), Duration::from_secs(600))?;
+    cluster.deploy_proxy(options.proxy, nodes.len(), Duration::from_secs(600))?;
     eprintln!(
-        "xtask: kube-ipvs running on every node after {}",
+        "xtask: {} running on every node after {}",
+        options.proxy.daemonset(),
         secs(started.elapsed())
     );
     cluster.deploy_coredns(Duration::from_secs(600))?;
@@ -620,11 +657,25 @@ impl Cluster {
         }
     }
 
-    /// `kubectl apply -k` of the agent's lab overlay, then waits for the DaemonSet to be
-    /// available on every node.
-    fn deploy_kube_ipvs(&mut self, nodes: usize, timeout: Duration) -> Result<()> {
-        let overlay = util::workspace_root().join(KUBE_IPVS_OVERLAY);
-        util::output(self.kubectl()?.arg("apply").arg("-k").arg(&overlay))?;
+    /// Applies the proxy (`kubectl apply -k` of the agent's lab overlay, or kube-proxy's
+    /// manifest), then waits for its DaemonSet to be available on every node.
+    fn deploy_proxy(&mut self, proxy: Proxy, nodes: usize, timeout: Duration) -> Result<()> {
+        let root = util::workspace_root();
+        match proxy {
+            Proxy::KubeIpvs => util::output(
+                self.kubectl()?
+                    .arg("apply")
+                    .arg("-k")
+                    .arg(root.join(KUBE_IPVS_OVERLAY)),
+            )?,
+            Proxy::KubeProxy => util::output(
+                self.kubectl()?
+                    .arg("apply")
+                    .arg("-f")
+                    .arg(root.join(KUBE_PROXY_MANIFEST)),
+            )?,
+        };
+        let daemonset = proxy.daemonset();
         let deadline = Instant::now() + timeout;
         loop {
             self.check_nodes()?;
@@ -633,7 +684,7 @@ impl Cluster {
                 "kube-system",
                 "get",
                 "daemonset",
-                "kube-ipvs",
+                daemonset,
                 "-o",
                 "jsonpath={.status.numberAvailable}",
             ]))?;
@@ -651,7 +702,7 @@ impl Cluster {
                 ]))
                 .unwrap_or_default();
                 bail!(
-                    "kube-ipvs not available on {nodes} node(s) after {}:\n{pods}",
+                    "{daemonset} not available on {nodes} node(s) after {}:\n{pods}",
                     secs(timeout)
                 );
             }
@@ -689,7 +740,8 @@ impl Cluster {
     }
 }
 
-/// Parses `--nodes N` and `--mem MIB`, leaving the rest to the caller.
+/// Parses `--nodes N`, `--mem MIB` and `--proxy kube-ipvs|kube-proxy`, leaving the rest to the
+/// caller.
 fn parse_options<'a>(
     args: &'a [String],
     mut other: impl FnMut(&'a str, &mut std::slice::Iter<'a, String>) -> Result<()>,
@@ -700,6 +752,9 @@ fn parse_options<'a>(
         match arg.as_str() {
             "--nodes" => options.nodes = vm::parse_next(&mut it, "--nodes")?,
             "--mem" => options.memory_mib = vm::parse_next(&mut it, "--mem")?,
+            "--proxy" => {
+                options.proxy = Proxy::parse(it.next().context("--proxy needs a value")?)?;
+            }
             a => other(a, &mut it)?,
         }
     }
@@ -717,7 +772,7 @@ fn enter(command: &str, args: &[String], options: &Options) -> Option<Result<()>
     }
     let result = (|| {
         // Build outside: the namespace has no route to the package registries.
-        artifacts()?;
+        artifacts(options.proxy)?;
         netns_up(&options.nodes())?;
         let exe = std::env::current_exe()?;
         let mut cmd = ip();
@@ -735,9 +790,9 @@ fn enter(command: &str, args: &[String], options: &Options) -> Option<Result<()>
     Some(result)
 }
 
-/// `cargo xtask cluster up [--nodes N] [--mem MIB] | down`.
+/// `cargo xtask cluster up [--proxy kube-ipvs|kube-proxy] [--nodes N] [--mem MIB] | down`.
 pub(crate) fn command(args: &[String]) -> Result<()> {
-    const USAGE: &str = "usage: cargo xtask cluster up [--nodes N] [--mem MIB] | down";
+    const USAGE: &str = "usage: cargo xtask cluster up [--proxy kube-ipvs|kube-proxy] [--nodes N] [--mem MIB] | down";
     let Some((verb, rest)) = args.split_first() else {
         bail!(USAGE);
     };
@@ -748,7 +803,7 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
             if let Some(outer) = enter("cluster", args, &options) {
                 return outer;
             }
-            let mut cluster = start(&options, &artifacts()?)?;
+            let mut cluster = start(&options, &artifacts(options.proxy)?)?;
             let kubeconfig = cluster.plane.host_kubeconfig()?;
             println!(
                 "cluster: up. In another terminal:\n  ip netns exec {NETNS} {} --kubeconfig {} get pods -A -o wide\n\
@@ -766,7 +821,8 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
     }
 }
 
-/// `cargo xtask conformance [--focus RE] [--skip RE] [--smoke] [--nodes N] [--mem MIB]`.
+/// `cargo xtask conformance [--proxy kube-ipvs|kube-proxy] [--focus RE] [--skip RE] [--smoke]
+/// [--nodes N] [--mem MIB]`.
 pub(crate) fn conformance_command(args: &[String]) -> Result<()> {
     let mut focus = None;
     let mut skip = None;
@@ -790,7 +846,7 @@ pub(crate) fn conformance_command(args: &[String]) -> Result<()> {
         return outer;
     }
     let started = Instant::now();
-    let artifacts = artifacts()?;
+    let artifacts = artifacts(options.proxy)?;
     let cluster = start(&options, &artifacts)?;
     let report = crate::conformance::report_dir()?;
     let cases = crate::conformance::run_suite(
@@ -850,6 +906,21 @@ mod tests {
         assert!(manifest.contains(&format!("image: {image}\n")), "{image}");
         assert!(manifest.contains(&format!("clusterIP: {DNS_IP}\n")));
         assert!(kubelet_config().contains(&format!("- {DNS_IP}\n")));
+        Ok(())
+    }
+
+    #[test]
+    fn the_kube_proxy_manifest_runs_the_pinned_release_in_ipvs_mode() -> Result<()> {
+        let manifest = fs::read_to_string(util::workspace_root().join(KUBE_PROXY_MANIFEST))?;
+        let go_mod = fs::read_to_string(util::workspace_root().join("integration/tools/go.mod"))?;
+        let version = go_mod
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("k8s.io/kubernetes "))
+            .and_then(|r| r.split_whitespace().next())
+            .context("no k8s.io/kubernetes pin")?;
+        assert!(manifest.contains(&format!("image: registry.k8s.io/kube-proxy:{version}\n")));
+        assert!(manifest.contains("mode: ipvs\n"));
+        assert!(manifest.contains(&format!("server: https://{GATEWAY}:{API_PORT}\n")));
         Ok(())
     }
 

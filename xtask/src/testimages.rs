@@ -338,6 +338,74 @@ pub(crate) fn ensure(cluster: &ClusterTools, coredns: &Path, refs: &Refs) -> Res
     Ok(archives)
 }
 
+/// Debian packages of the kube-proxy image: what its IPVS, iptables and nftables modes call
+/// (upstream's image is distroless-iptables, with the same programs).
+const KUBE_PROXY_PACKAGES: &[&str] = &[
+    "iptables",
+    "ipset",
+    "nftables",
+    "conntrack",
+    "kmod",
+    "libc6",
+];
+
+/// The pinned kube-proxy as an image, `registry.k8s.io/kube-proxy:<release>`, for the lab's
+/// comparison runs (`--proxy kube-proxy`).
+pub(crate) fn kube_proxy(tools: &crate::tools::Tools) -> Result<Archive> {
+    let reference = ImageRef {
+        repository: "registry.k8s.io/kube-proxy".to_owned(),
+        tag: tools.kubernetes_version.clone(),
+    };
+    let mut key = Fnv::default();
+    key.str(LAYOUT_VERSION).str(reference.to_string());
+    for p in KUBE_PROXY_PACKAGES {
+        key.str(p);
+    }
+    file_key(&mut key, &tools.kube_proxy)?;
+    let base = util::target_dir()?.join("lab/kube-proxy-image");
+    let dir = base.join(key.hex());
+    let archive = Archive {
+        reference,
+        path: dir.join("kube-proxy.tar"),
+    };
+    if archive.path.is_file() {
+        return Ok(archive);
+    }
+    let _ = fs::remove_dir_all(&base);
+    let scratch = base.join(format!("tmp{}", std::process::id()));
+    fs::create_dir_all(&scratch)?;
+    let root = scratch.join("root");
+    crate::image::debian_rootfs(&root, &base.join("debs"), KUBE_PROXY_PACKAGES)?;
+    for d in [
+        "tmp",
+        "run",
+        "proc",
+        "sys",
+        "dev",
+        "var/lib/kube-proxy",
+        "usr/local/bin",
+    ] {
+        fs::create_dir_all(root.join(d))?;
+    }
+    fs::copy(&tools.kube_proxy, root.join("usr/local/bin/kube-proxy"))
+        .with_context(|| format!("copying {}", tools.kube_proxy.display()))?;
+    let config = json!({
+        "Entrypoint": ["/usr/local/bin/kube-proxy"],
+        "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+    });
+    write_archive(
+        &scratch,
+        &root,
+        config,
+        &archive.reference.repository,
+        &archive.reference.tag,
+        &scratch.join("kube-proxy.tar"),
+    )?;
+    fs::remove_dir_all(&root)?;
+    fs::rename(&scratch, &dir)?;
+    Ok(archive)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
