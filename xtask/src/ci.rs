@@ -133,9 +133,13 @@ fn steps(vm: bool, timings: &mut Vec<(String, Duration)>) -> Result<()> {
     // its service proxy (issue 15); the whole `[sig-network]` focus is `cargo xtask
     // conformance`. Its result prints as `N passed, N failed, N skipped`.
     if vm {
-        timed(timings, "cargo xtask conformance --smoke", || {
-            crate::lab::conformance_command(&["--smoke".to_owned()])
-        })?;
+        match (crate::tools::go(), crate::lab::unavailable()) {
+            (None, _) => println!("SKIPPED cargo xtask conformance --smoke: no Go toolchain"),
+            (_, Some(why)) => println!("SKIPPED cargo xtask conformance --smoke: {why}"),
+            _ => timed(timings, "cargo xtask conformance --smoke", || {
+                crate::lab::conformance_command(&["--smoke".to_owned()])
+            })?,
+        }
     }
     Ok(())
 }

@@ -155,8 +155,12 @@ pub(crate) fn parse_junit(xml: &str) -> Result<Vec<Case>> {
             Event::End(e) if e.name().as_ref() == "failure" => in_message = false,
             Event::End(e) if e.name().as_ref() == "testcase" => {
                 if let Some((name, status, seconds, message)) = current.take() {
-                    let Some(name) = name.strip_prefix("[It] ") else {
-                        continue;
+                    // Suite-level nodes (`[SynchronizedBeforeSuite]`, `[ReportAfterSuite] ...`)
+                    // count only when they fail: then every test's result is in doubt.
+                    let name = match name.strip_prefix("[It] ") {
+                        Some(test) => test.to_owned(),
+                        None if status == "failed" => name,
+                        None => continue,
                     };
                     let outcome = match status.as_str() {
                         "passed" => Outcome::Passed,
@@ -165,7 +169,7 @@ pub(crate) fn parse_junit(xml: &str) -> Result<Vec<Case>> {
                         _ => Outcome::Failed(message),
                     };
                     cases.push(Case {
-                        name: name.to_owned(),
+                        name,
                         outcome,
                         seconds,
                     });
@@ -267,6 +271,15 @@ pub(crate) fn run_suite(
     })?;
     let cases = parse_junit(&xml)?;
     fs::write(report_dir.join("results.md"), table(&cases))?;
+    let failed = cases
+        .iter()
+        .any(|c| matches!(c.outcome, Outcome::Failed(_)));
+    if !status.success() && !failed {
+        bail!(
+            "e2e.test failed ({status}) but its report names no failed test; see {}",
+            log.display()
+        );
+    }
     eprintln!(
         "xtask: e2e.test finished in {} ({status})",
         secs(started.elapsed())
@@ -287,6 +300,9 @@ mod tests {
 <testsuites tests="4">
   <testsuite name="Kubernetes e2e suite" tests="4">
     <testcase name="[SynchronizedBeforeSuite]" classname="Kubernetes e2e suite" status="passed" time="1.5"></testcase>
+    <testcase name="[ReportAfterSuite] Log Check" classname="Kubernetes e2e suite" status="failed" time="0.5">
+      <failure message="" type="failed">[FAILED] a component logged an error</failure>
+    </testcase>
     <testcase name="[It] [sig-network] Services should serve a basic endpoint from pods [Conformance]" classname="Kubernetes e2e suite" status="failed" time="133.8">
       <failure message="" type="failed">[FAILED] service is not reachable within 2m0s timeout on endpoint endpoint-test2:80 over TCP protocol&#xA;In [It] at: service.go:769</failure>
       <system-err>lots of &gt; log</system-err>
@@ -308,20 +324,22 @@ mod tests {
         assert_eq!(
             names,
             [
+                "[ReportAfterSuite] Log Check",
                 "[sig-network] Services should be rejected when no endpoints exist",
                 "[sig-network] Services should handle three zones",
                 "[sig-network] Services should serve a basic endpoint from pods [Conformance]",
             ]
         );
-        assert_eq!(cases[0].outcome, Outcome::Passed);
-        assert!((cases[0].seconds - 12.25).abs() < 1e-9);
+        assert!(matches!(&cases[0].outcome, Outcome::Failed(m) if m.contains("logged an error")));
+        assert_eq!(cases[1].outcome, Outcome::Passed);
+        assert!((cases[1].seconds - 12.25).abs() < 1e-9);
         assert_eq!(
-            cases[1].outcome,
+            cases[2].outcome,
             Outcome::Skipped("skipped - requires at least 3 nodes".into())
         );
-        assert!(matches!(&cases[2].outcome,
+        assert!(matches!(&cases[3].outcome,
             Outcome::Failed(m) if m.starts_with("[FAILED] service is not reachable") && !m.contains("In [It]")));
-        assert_eq!(summary(&cases), "1 passed, 1 failed, 1 skipped");
+        assert_eq!(summary(&cases), "1 passed, 2 failed, 1 skipped");
         assert!(table(&cases).contains("| **fail**: [FAILED] service is not reachable"));
         Ok(())
     }

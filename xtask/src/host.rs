@@ -85,8 +85,10 @@ pub(crate) fn ensure_lab_packages() -> Result<()> {
     if missing().is_empty() {
         return Ok(());
     }
+    // --no-remove: Debian's containerd and runc conflict with Docker's containerd.io; on a
+    // developer's Docker host apt would otherwise remove Docker to make room.
     let cmd = format!(
-        "apt-get install -y --no-install-recommends {}",
+        "apt-get install -y --no-install-recommends --no-remove {}",
         LAB_PACKAGES.join(" ")
     );
     if !util::is_root() {
@@ -96,7 +98,7 @@ pub(crate) fn ensure_lab_packages() -> Result<()> {
     util::run(Command::new("apt-get").arg("update"))?;
     util::run(
         Command::new("apt-get")
-            .args(["install", "-y", "--no-install-recommends"])
+            .args(["install", "-y", "--no-install-recommends", "--no-remove"])
             .args(LAB_PACKAGES)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )?;

@@ -5,9 +5,9 @@
 //!   that namespace (xtask re-executes itself there), so the API server reaches the kubelets and
 //!   the Pod IPs, and no lab traffic can leave namespaces the lab made: the namespace has no
 //!   route anywhere else.
-//! * **Control plane.** etcd, kube-apiserver (Node and RBAC authorisation, NodeRestriction),
-//!   kube-controller-manager and kube-scheduler from the pinned release, on the bridge's
-//!   address.
+//! * **Control plane.** etcd, kube-apiserver (Node and RBAC authorisation, NodeRestriction) on
+//!   the bridge's address, kube-controller-manager and kube-scheduler (on the namespace's
+//!   loopback), from the pinned release.
 //! * **Nodes.** QEMU guests (TCG) booting Debian's kernel from a tmpfs root, each with Debian's
 //!   containerd, runc and CNI plugins and the pinned kubelet. Pod networking is the standard
 //!   `bridge` plugin with `host-local` addresses from the node's Pod CIDR and static routes
@@ -165,17 +165,41 @@ pub(crate) fn down() -> Result<()> {
 /// Makes the namespace: loopback, the bridge with [`GATEWAY`], a tap per node on it, and a
 /// route to each node's Pod CIDR through the node.
 fn netns_up(nodes: &[Node]) -> Result<()> {
-    down()?;
-    if !util::is_root() {
-        bail!("cluster: the lab needs root (network namespace, bridge, tap devices)");
+    if let Some(why) = unavailable() {
+        bail!("cluster: {why}");
+    }
+    if netns_exists() {
+        // Another lab on this host (a developer's, CI's) or what a killed run left: never
+        // take it over; the fixed names and port 6443 are the lab's.
+        bail!(
+            "cluster: network namespace {NETNS} exists (a lab is running, or a killed run left \
+             it): stop that lab or run `cargo xtask cluster down`"
+        );
     }
     util::run(ip().args(["netns", "add", NETNS]))?;
-    crate::reaper::at_exit(vec![
-        "/usr/sbin/ip".into(),
-        "netns".into(),
-        "del".into(),
-        NETNS.into(),
-    ]);
+    crate::reaper::at_exit(|| {
+        let _ = down();
+    });
+    let made = populate(nodes);
+    if made.is_err() {
+        let _ = down();
+    }
+    made
+}
+
+/// Why this machine cannot run the lab, if it cannot: it needs root and the tun device.
+pub(crate) fn unavailable() -> Option<String> {
+    if !util::is_root() {
+        return Some("the lab needs root (a network namespace, a bridge, tap devices)".into());
+    }
+    if !Path::new("/dev/net/tun").exists() {
+        return Some("the lab needs /dev/net/tun for its nodes' tap devices".into());
+    }
+    None
+}
+
+/// The namespace's loopback, bridge, taps and routes.
+fn populate(nodes: &[Node]) -> Result<()> {
     let inside = |args: &[&str]| util::run(ip().args(["-n", NETNS]).args(args));
     inside(&["link", "set", "lo", "up"])?;
     inside(&["link", "add", BRIDGE, "type", "bridge"])?;
@@ -210,6 +234,9 @@ struct Artifacts {
 
 fn artifacts(proxy: Proxy) -> Result<Artifacts> {
     crate::host::ensure_lab_packages()?;
+    // The guest kernel and base image, once, before the nodes' threads would both make them
+    // (and outside the namespace, where apt cannot download a new kernel).
+    vm::prepare()?;
     let tools = match tools::ensure()? {
         Ok(t) => t,
         Err(tools::Unavailable(why)) => bail!("cluster: {why}"),
@@ -380,7 +407,7 @@ kubelet --config=/lab/kubelet.yaml --kubeconfig=/lab/kubelet.kubeconfig \
 kubelet=$!
 echo "##lab:kubelet-started {name}"
 # The console carries the kubelet's errors; everything else is read through the API server.
-tail -F /var/log/kubelet.log 2>/dev/null | grep --line-buffered '^E' &
+tail -F /var/log/kubelet.log 2>/dev/null | grep '^E' &
 rc=0
 wait "$kubelet" || rc=$?
 echo "lab: kubelet exited with $rc"

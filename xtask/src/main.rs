@@ -42,9 +42,9 @@ const USAGE: &str = "usage: cargo xtask <command>
   bench soak [--minutes 120] [--services 10000] [--rate 5]
                                     hours of endpoint churn: RSS, fds, threads, update latency; repair after ipvsadm -C
   fuzz [TARGET] [--seconds N]       coverage-guided fuzzing of every parser of outside input (crates/fuzz)
-  cluster up [--nodes N] [--mem MIB] | down
+  cluster up [--proxy kube-ipvs|kube-proxy] [--nodes N] [--mem MIB] | down
                                     a real Kubernetes cluster in QEMU guests, kube-ipvs on every node
-  conformance [--focus RE] [--skip RE] [--smoke] [--nodes N]
+  conformance [--proxy kube-ipvs|kube-proxy] [--focus RE] [--skip RE] [--smoke] [--nodes N] [--mem MIB]
                                     upstream e2e.test ([sig-network]) on that cluster
   tools                             build kube-apiserver, etcd, kube-proxy, kubectl (integration/tools)
   deploy-check                      kubectl apply --dry-run=server of deploy/ against a real API server

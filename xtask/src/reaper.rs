@@ -11,16 +11,17 @@ use std::time::{Duration, Instant};
 
 static CHILDREN: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
 
-/// Commands run after the children are gone, in order (e.g. deleting a network namespace).
-static AT_EXIT: Mutex<Vec<Vec<String>>> = Mutex::new(Vec::new());
+/// Cleanups run after the children are gone, in order (e.g. removing a network namespace and
+/// what still runs in it).
+static AT_EXIT: Mutex<Vec<fn()>> = Mutex::new(Vec::new());
 
-/// Runs `argv` when a signal stops xtask, after its children have been stopped. Owners that
+/// Runs `cleanup` when a signal stops xtask, after its children have been stopped. Owners that
 /// finish normally clean up themselves and call [`forget_at_exit`].
-pub(crate) fn at_exit(argv: Vec<String>) {
+pub(crate) fn at_exit(cleanup: fn()) {
     AT_EXIT
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .push(argv);
+        .push(cleanup);
 }
 
 /// Drops every command [`at_exit`] registered.
@@ -104,10 +105,8 @@ pub(crate) fn install() {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
-        for argv in cleanups {
-            if let Some((program, args)) = argv.split_first() {
-                let _ = Command::new(program).args(args).status();
-            }
+        for cleanup in cleanups {
+            cleanup();
         }
         std::process::exit(128 + 15);
     });

@@ -112,8 +112,9 @@ pub(crate) fn coredns_ref() -> Result<ImageRef> {
 /// The pinned `k8s.io/kubernetes` module's directory in the Go module cache (the tools build
 /// put it there).
 fn kubernetes_module_dir() -> Result<PathBuf> {
+    let go = crate::tools::go().context("no Go toolchain to locate the pinned module")?;
     let out = util::output(
-        Command::new("go")
+        Command::new(go)
             .current_dir(util::workspace_root().join("integration/tools"))
             .args(["list", "-m", "-f", "{{.Dir}}", "k8s.io/kubernetes"])
             .env("GOFLAGS", "-mod=readonly")
@@ -211,6 +212,9 @@ pub(crate) fn ensure(cluster: &ClusterTools, coredns: &Path, refs: &Refs) -> Res
     for (host, guest) in AGNHOST_TOOLS {
         file_key(&mut key, Path::new(host))?;
         key.str(guest);
+        for lib in crate::initramfs::shared_libraries(Path::new(host))? {
+            file_key(&mut key, &lib)?;
+        }
     }
     let dir = util::target_dir()?.join("lab/images").join(key.hex());
     let archives = vec![

@@ -91,7 +91,7 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
 
 /// The `go` command: `$GO` if set (which also lets one check the no-Go path with
 /// `GO=/nonexistent`), else `go` on `PATH`, else the usual install location.
-fn go() -> Option<PathBuf> {
+pub(crate) fn go() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("GO") {
         let path = PathBuf::from(path);
         return path.is_file().then_some(path);
@@ -174,7 +174,13 @@ pub(crate) fn ensure_cluster() -> Result<std::result::Result<ClusterTools, Unava
         .context("the tools directory has no parent")?
         .to_path_buf();
     let target = base.parent().context("no target dir")?.to_path_buf();
-    let out = PathBuf::from(format!("{}-cluster", base.display()));
+    let flags = version_ldflags(&tools.kubernetes_version, true);
+    let mut key = Fnv::default();
+    key.str(&flags);
+    for (pkg, name) in CLUSTER_PACKAGES.iter().chain(CLUSTER_TESTS) {
+        key.str(pkg).str(name);
+    }
+    let out = PathBuf::from(format!("{}-cluster-{}", base.display(), key.hex()));
     let cluster = ClusterTools {
         kubelet: out.join("kubelet"),
         kube_controller_manager: out.join("kube-controller-manager"),
@@ -194,7 +200,7 @@ pub(crate) fn ensure_cluster() -> Result<std::result::Result<ClusterTools, Unava
             &out,
             CLUSTER_PACKAGES,
             CLUSTER_TESTS,
-            &[&version_ldflags(&tools.kubernetes_version, true)],
+            &[&flags],
         )?;
     }
     Ok(Ok(cluster))

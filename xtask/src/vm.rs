@@ -267,6 +267,15 @@ pub(crate) fn vm_dir() -> Result<PathBuf> {
     Ok(util::target_dir()?.join("vm"))
 }
 
+/// Makes sure the guest kernel and the base image are cached (what [`run`] does first), for
+/// callers that boot several guests at once.
+pub(crate) fn prepare() -> Result<()> {
+    host::ensure_packages()?;
+    let vm_dir = vm_dir()?;
+    let kernel = kernel::prepare(&vm_dir)?;
+    base_image(&vm_dir, &kernel).map(drop)
+}
+
 /// Builds the image for `job`, boots it, streams the console and waits for power-off.
 pub(crate) fn run(job: &Job) -> Result<Outcome> {
     host::ensure_packages()?;
@@ -331,6 +340,8 @@ pub(crate) fn run(job: &Job) -> Result<Outcome> {
     overlay.write_newc(&overlay_path, Some(&base))?;
     let initrd = run_dir.join("initrd.cpio");
     concat(&[&base_path, &overlay_path], &initrd)?;
+    // A lab node's overlay is most of a gigabyte; the concatenation is all QEMU reads.
+    fs::remove_file(&overlay_path)?;
     let log = job
         .log
         .clone()
@@ -545,6 +556,7 @@ fn boot(job: &Job, kernel: &Kernel, initrd: &Path, log_path: &Path) -> Result<Ou
     let mut lines = Vec::new();
     let mut timed_out = false;
     let mut stopped = false;
+    let mut loaded_initrd = Some(initrd.to_path_buf());
     let stdout = io::stdout();
     loop {
         let now = Instant::now();
@@ -563,6 +575,12 @@ fn boot(job: &Job, kernel: &Kernel, initrd: &Path, log_path: &Path) -> Result<Ou
         };
         match rx.recv_timeout(wait) {
             Ok(chunk) => {
+                // QEMU read the whole initrd into guest memory before the guest printed
+                // anything: the file (up to a gigabyte for a lab node) can go now, which also
+                // keeps it from outliving a run stopped by a signal.
+                if let Some(path) = loaded_initrd.take() {
+                    let _ = fs::remove_file(path);
+                }
                 log.write_all(&chunk)?;
                 if !job.echo {
                     // Nobody sees the console otherwise while the guest runs (a lab node runs
