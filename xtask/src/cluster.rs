@@ -123,26 +123,7 @@ fn certificates(dir: &Path, extra_sans: &[String]) -> Result<()> {
         dir.join("serving.ext"),
         format!("subjectAltName={sans}\nextendedKeyUsage=serverAuth\n"),
     )?;
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "serving.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "serving.ext",
-            "-out",
-            "serving.crt",
-        ],
-    )?;
+    sign(dir, "serving")?;
     openssl(
         dir,
         &[
@@ -164,7 +145,6 @@ fn certificates(dir: &Path, extra_sans: &[String]) -> Result<()> {
 fn client_certificate(dir: &Path, name: &str, subject: &str) -> Result<()> {
     let key = format!("{name}.key");
     let csr = format!("{name}.csr");
-    let crt = format!("{name}.crt");
     let ext = format!("{name}.ext");
     openssl(
         dir,
@@ -184,6 +164,17 @@ fn client_certificate(dir: &Path, name: &str, subject: &str) -> Result<()> {
         ],
     )?;
     fs::write(dir.join(&ext), "extendedKeyUsage=clientAuth\n")?;
+    sign(dir, name)
+}
+
+/// Signs `NAME.csr` with the CA in `dir`, with the extensions in `NAME.ext`, into `NAME.crt`
+/// (valid two days: the certificates live for one run).
+fn sign(dir: &Path, name: &str) -> Result<()> {
+    let (csr, ext, crt) = (
+        format!("{name}.csr"),
+        format!("{name}.ext"),
+        format!("{name}.crt"),
+    );
     openssl(
         dir,
         &[

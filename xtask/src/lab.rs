@@ -580,37 +580,40 @@ fn start(options: &Options, artifacts: &Artifacts) -> Result<Cluster> {
     let plane = ControlPlane::start_lab(&artifacts.tools, &dir.join("control-plane"), &lab)?;
     let kubeconfig = plane.host_kubeconfig()?;
     let d = |name: &str| plane.dir().join(name).display().to_string();
-    let mut controllers = Vec::new();
-    let kcm_args = vec![
-        format!("--kubeconfig={}", kubeconfig.display()),
-        format!("--authentication-kubeconfig={}", kubeconfig.display()),
-        format!("--authorization-kubeconfig={}", kubeconfig.display()),
-        format!("--service-account-private-key-file={}", d("sa.key")),
-        format!("--root-ca-file={}", d("ca.crt")),
-        format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-        "--use-service-account-credentials=false".to_owned(),
-        "--leader-elect=false".to_owned(),
-        "--bind-address=127.0.0.1".to_owned(),
-        "--secure-port=10257".to_owned(),
-        // The Nodes carry their Pod CIDRs from creation (see the module docs).
-        "--allocate-node-cidrs=false".to_owned(),
-    ];
-    controllers.push(cluster::spawn_logged(
+    // Both controllers talk to the API server as the admin, serve their own ports on the
+    // namespace's loopback and run alone (no leader election).
+    let component = |port: u16, extra: &[String]| -> Vec<String> {
+        let mut args: Vec<String> = ["", "authentication-", "authorization-"]
+            .iter()
+            .map(|which| format!("--{which}kubeconfig={}", kubeconfig.display()))
+            .collect();
+        args.extend([
+            "--leader-elect=false".to_owned(),
+            "--bind-address=127.0.0.1".to_owned(),
+            format!("--secure-port={port}"),
+        ]);
+        args.extend_from_slice(extra);
+        args
+    };
+    let kcm_args = component(
+        10257,
+        &[
+            format!("--service-account-private-key-file={}", d("sa.key")),
+            format!("--root-ca-file={}", d("ca.crt")),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            "--use-service-account-credentials=false".to_owned(),
+            // The Nodes carry their Pod CIDRs from creation (see the module docs).
+            "--allocate-node-cidrs=false".to_owned(),
+        ],
+    );
+    let mut controllers = vec![cluster::spawn_logged(
         &artifacts.cluster.kube_controller_manager,
         &kcm_args,
         &plane.dir().join("kube-controller-manager.log"),
-    )?);
-    let scheduler_args = vec![
-        format!("--kubeconfig={}", kubeconfig.display()),
-        format!("--authentication-kubeconfig={}", kubeconfig.display()),
-        format!("--authorization-kubeconfig={}", kubeconfig.display()),
-        "--leader-elect=false".to_owned(),
-        "--bind-address=127.0.0.1".to_owned(),
-        "--secure-port=10259".to_owned(),
-    ];
+    )?];
     controllers.push(cluster::spawn_logged(
         &artifacts.cluster.kube_scheduler,
-        &scheduler_args,
+        &component(10259, &[]),
         &plane.dir().join("kube-scheduler.log"),
     )?);
 
