@@ -271,6 +271,20 @@ fn artifacts(proxy: Proxy) -> Result<Artifacts> {
     })
 }
 
+/// Builds the lab's Go programs (kubelet, controllers, agnhost, e2e.test, CoreDNS) if the
+/// cache lacks them; nothing else (no apt, no images), so it can run beside other work.
+pub(crate) fn prebuild() -> Result<()> {
+    for built in [
+        tools::ensure_cluster()?.map(drop),
+        tools::coredns()?.map(drop),
+    ] {
+        if let Err(tools::Unavailable(why)) = built {
+            bail!("cluster: {why}");
+        }
+    }
+    Ok(())
+}
+
 /// containerd's configuration on a node: the CRI plugin with runc under the cgroupfs driver,
 /// the overlayfs snapshotter, the standard CNI plugins, and the pause image built here.
 fn containerd_config(pause: &str) -> String {
