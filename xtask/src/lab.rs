@@ -818,15 +818,21 @@ fn enter(command: &str, args: &[String], options: &Options) -> Option<Result<()>
         // Build outside: the namespace has no route to the package registries.
         artifacts(options.proxy)?;
         netns_up(&options.nodes())?;
-        let exe = std::env::current_exe()?;
+        // A copy of this very binary: `cargo xtask ci` rebuilds target/debug/xtask with other
+        // features while it runs, so the path may name a deleted file by now (CI failed
+        // exactly so); /proc/self/exe still reads the running one.
+        let exe = util::target_dir()?.join(format!("lab/xtask-{}", std::process::id()));
+        fs::create_dir_all(exe.parent().context("no parent")?)?;
+        fs::copy("/proc/self/exe", &exe).context("copying /proc/self/exe")?;
         let mut cmd = ip();
         cmd.args(["netns", "exec", NETNS])
-            .arg(exe)
+            .arg(&exe)
             .arg(command)
             .args(args)
             .env(INSIDE_ENV, "1")
             .stdin(Stdio::inherit());
         let result = util::run(&mut cmd);
+        let _ = fs::remove_file(&exe);
         let _ = down();
         crate::reaper::forget_at_exit();
         result
