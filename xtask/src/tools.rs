@@ -271,7 +271,14 @@ fn build(
     flags: &[&str],
 ) -> Result<()> {
     let started = Instant::now();
-    let scratch = target.join(format!("building-{}", std::process::id()));
+    // Named after the output too: two builds of one process (the lab's programs and CoreDNS)
+    // must not share a scratch directory.
+    let scratch = target.join(format!(
+        "building-{}-{}",
+        out.file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+        std::process::id()
+    ));
     let _ = fs::remove_dir_all(&scratch);
     fs::create_dir_all(&scratch)?;
     eprintln!(
@@ -369,21 +376,7 @@ fn own_module(
     if bin.is_file() {
         return Ok(Ok(bin));
     }
-    let started = Instant::now();
-    let scratch = target.join(format!("building-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&scratch);
-    fs::create_dir_all(&scratch)?;
-    eprintln!("xtask: building {name} from the Go module proxy (first time on this machine)");
-    let mut cmd = go_command(&go, &dir);
-    cmd.args(["build", "-trimpath"])
-        .args(flags)
-        .arg("-o")
-        .arg(scratch.join(name))
-        .arg(package);
-    util::run(&mut cmd)?;
-    let _ = fs::remove_dir_all(&out);
-    fs::rename(&scratch, &out)?;
-    eprintln!("xtask: built {name} in {}", secs(started.elapsed()));
+    build(&go, &dir, &target, &out, &[(package, name)], &[], flags)?;
     Ok(Ok(bin))
 }
 
