@@ -682,108 +682,80 @@ fn start(options: &Options, artifacts: &Artifacts) -> Result<Cluster> {
 }
 
 impl Cluster {
-    /// Polls the Nodes' Ready condition (the kubelets post it; nothing pushes it to us).
-    fn wait_nodes_ready(&mut self, nodes: &[Node], timeout: Duration) -> Result<()> {
+    /// Asks `jsonpath` of `kubectl get ARGS` every 2 s until `done` holds for its output (the
+    /// kubelets and controllers post status; nothing pushes it to us), failing at once if a
+    /// node stopped and after `timeout` with `what` and the last output.
+    fn poll(
+        &mut self,
+        what: &str,
+        args: &[&str],
+        jsonpath: &str,
+        timeout: Duration,
+        done: impl Fn(&str) -> bool,
+    ) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
             self.check_nodes()?;
-            let out = util::output(self.kubectl()?.args([
-                "get",
-                "nodes",
-                "-o",
-                "jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
-            ]))?;
-            let ready = out.lines().filter(|l| l.ends_with("=True")).count();
-            if ready == nodes.len() {
+            let out = util::output(
+                self.kubectl()?
+                    .arg("get")
+                    .args(args)
+                    .arg(format!("-o=jsonpath={jsonpath}")),
+            )?;
+            if done(out.trim()) {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                bail!("nodes not Ready after {}:\n{out}", secs(timeout));
+                let pods = util::output(self.kubectl()?.args(["get", "pods", "-A", "-o", "wide"]))
+                    .unwrap_or_default();
+                bail!("{what} after {} (last: {out:?}):\n{pods}", secs(timeout));
             }
             std::thread::sleep(Duration::from_secs(2));
         }
+    }
+
+    /// Waits for every node's Ready condition.
+    fn wait_nodes_ready(&mut self, nodes: &[Node], timeout: Duration) -> Result<()> {
+        self.poll(
+            "nodes not Ready",
+            &["nodes"],
+            "{range .items[*]}{.metadata.name}={.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
+            timeout,
+            |out| out.lines().filter(|l| l.ends_with("=True")).count() == nodes.len(),
+        )
     }
 
     /// Applies the proxy (`kubectl apply -k` of the agent's lab overlay, or kube-proxy's
     /// manifest), then waits for its DaemonSet to be available on every node.
     fn deploy_proxy(&mut self, proxy: Proxy, nodes: usize, timeout: Duration) -> Result<()> {
         let root = util::workspace_root();
-        match proxy {
-            Proxy::KubeIpvs => util::output(
-                self.kubectl()?
-                    .arg("apply")
-                    .arg("-k")
-                    .arg(root.join(KUBE_IPVS_OVERLAY)),
-            )?,
-            Proxy::KubeProxy => util::output(
-                self.kubectl()?
-                    .arg("apply")
-                    .arg("-f")
-                    .arg(root.join(KUBE_PROXY_MANIFEST)),
-            )?,
+        let (how, path) = match proxy {
+            Proxy::KubeIpvs => ("-k", root.join(KUBE_IPVS_OVERLAY)),
+            Proxy::KubeProxy => ("-f", root.join(KUBE_PROXY_MANIFEST)),
         };
+        util::output(self.kubectl()?.args(["apply", how]).arg(path))?;
         let daemonset = proxy.daemonset();
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.check_nodes()?;
-            let out = util::output(self.kubectl()?.args([
-                "-n",
-                "kube-system",
-                "get",
-                "daemonset",
-                daemonset,
-                "-o",
-                "jsonpath={.status.numberAvailable}",
-            ]))?;
-            if out.trim().parse::<usize>().is_ok_and(|n| n == nodes) {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                let pods = util::output(self.kubectl()?.args([
-                    "-n",
-                    "kube-system",
-                    "get",
-                    "pods",
-                    "-o",
-                    "wide",
-                ]))
-                .unwrap_or_default();
-                bail!(
-                    "{daemonset} not available on {nodes} node(s) after {}:\n{pods}",
-                    secs(timeout)
-                );
-            }
-            std::thread::sleep(Duration::from_secs(2));
-        }
+        self.poll(
+            &format!("{daemonset} not available on {nodes} node(s)"),
+            &["-n", "kube-system", "daemonset", daemonset],
+            "{.status.numberAvailable}",
+            timeout,
+            |out| out.parse::<usize>().is_ok_and(|n| n == nodes),
+        )
     }
-}
 
-impl Cluster {
     /// Applies the DNS and waits for its Deployment to be available: CoreDNS reads the API
     /// through the `kubernetes` Service, so this is also the first proof the proxy works.
     fn deploy_coredns(&mut self, timeout: Duration) -> Result<()> {
         let manifest = util::workspace_root().join(COREDNS_MANIFEST);
         util::output(self.kubectl()?.arg("apply").arg("-f").arg(&manifest))?;
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.check_nodes()?;
-            let out = util::output(self.kubectl()?.args([
-                "-n",
-                "kube-system",
-                "get",
-                "deployment",
-                "coredns",
-                "-o",
-                "jsonpath={.status.availableReplicas}",
-            ]))?;
-            if out.trim().parse::<u32>().is_ok_and(|n| n > 0) {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("CoreDNS not available after {}", secs(timeout));
-            }
-            std::thread::sleep(Duration::from_secs(2));
-        }
+        self.poll(
+            "CoreDNS not available",
+            &["-n", "kube-system", "deployment", "coredns"],
+            "{.status.availableReplicas}",
+            timeout,
+            |out| out.parse::<u32>().is_ok_and(|n| n > 0),
+        )
     }
 }
 
