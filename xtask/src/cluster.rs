@@ -103,27 +103,17 @@ fn certificates(dir: &Path, extra_sans: &[String]) -> Result<()> {
         "/CN=kube-ipvs-test-ca",
     ]);
     openssl(dir, &args)?;
-    let mut args = vec!["req", "-nodes"];
-    args.extend(ec);
-    args.extend([
-        "-keyout",
-        "serving.key",
-        "-out",
-        "serving.csr",
-        "-subj",
-        "/CN=kube-apiserver",
-    ]);
-    openssl(dir, &args)?;
     let mut sans = format!("IP:127.0.0.1,IP:{HOST_ALIAS},DNS:localhost");
     for san in extra_sans {
         sans.push(',');
         sans.push_str(san);
     }
-    fs::write(
-        dir.join("serving.ext"),
-        format!("subjectAltName={sans}\nextendedKeyUsage=serverAuth\n"),
+    issue(
+        dir,
+        "serving",
+        "/CN=kube-apiserver",
+        &format!("subjectAltName={sans}\nextendedKeyUsage=serverAuth\n"),
     )?;
-    sign(dir, "serving")?;
     openssl(
         dir,
         &[
@@ -140,12 +130,11 @@ fn certificates(dir: &Path, extra_sans: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// A client certificate `NAME.crt`/`NAME.key` signed by the CA in `dir` (the API server's
-/// identity towards kubelets, in the lab).
-fn client_certificate(dir: &Path, name: &str, subject: &str) -> Result<()> {
+/// A key `NAME.key` and a certificate `NAME.crt` for `subject`, signed by the CA in `dir`
+/// with `extensions` (openssl's extension file syntax).
+fn issue(dir: &Path, name: &str, subject: &str, extensions: &str) -> Result<()> {
     let key = format!("{name}.key");
     let csr = format!("{name}.csr");
-    let ext = format!("{name}.ext");
     openssl(
         dir,
         &[
@@ -163,7 +152,7 @@ fn client_certificate(dir: &Path, name: &str, subject: &str) -> Result<()> {
             subject,
         ],
     )?;
-    fs::write(dir.join(&ext), "extendedKeyUsage=clientAuth\n")?;
+    fs::write(dir.join(format!("{name}.ext")), extensions)?;
     sign(dir, name)
 }
 
@@ -315,10 +304,12 @@ impl ControlPlane {
         }
         fs::write(dir.join("tokens.csv"), tokens)?;
         if lab.is_some() {
-            client_certificate(
+            // The API server's identity towards kubelets.
+            issue(
                 dir,
                 "kubelet-client",
                 "/O=system:masters/CN=kube-apiserver-kubelet-client",
+                "extendedKeyUsage=clientAuth\n",
             )?;
         }
         let etcd_client = free_port()?;
