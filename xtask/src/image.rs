@@ -87,8 +87,20 @@ fn build(out_dir: &Path) -> Result<PathBuf> {
     let target = out_dir.parent().context("image dir has no parent")?;
     let binary = target.join("release/kube-ipvs");
 
+    // The archive is a function of the binary and the packages: when neither changed (the lab
+    // asks for it on every run, and `ci` right after `image --check`), it is kept.
+    let archive = out_dir.join(format!("{IMAGE_NAME}-{VERSION}.tar"));
+    let debs = download_debs(&out_dir.join("debs"), PACKAGES)?;
+    let mut key = util::Fnv::default();
+    key.str(VERSION);
+    inputs_key(&mut key, &binary, &debs)?;
+    let stamp = out_dir.join("archive.key");
+    if archive.is_file() && std::fs::read_to_string(&stamp).is_ok_and(|k| k == key.hex()) {
+        return Ok(archive);
+    }
+    let _ = std::fs::remove_file(&stamp);
     let rootfs = out_dir.join("rootfs");
-    debian_rootfs(&rootfs, &out_dir.join("debs"), PACKAGES)?;
+    unpack_debs(&rootfs, &debs)?;
     for dir in [
         "tmp",
         "run",
@@ -126,9 +138,19 @@ fn build(out_dir: &Path) -> Result<PathBuf> {
             "org.opencontainers.image.version": VERSION,
         },
     });
-    let archive = out_dir.join(format!("{IMAGE_NAME}-{VERSION}.tar"));
     write_archive(out_dir, &rootfs, config, IMAGE_NAME, VERSION, &archive)?;
+    std::fs::write(&stamp, key.hex())?;
     Ok(archive)
+}
+
+/// Adds an image's inputs to a cache key: the binary (size and modification time, which every
+/// rebuild changes) and the `.deb` files by name (name and version).
+pub(crate) fn inputs_key(key: &mut util::Fnv, binary: &Path, debs: &[PathBuf]) -> Result<()> {
+    key.file(binary)?;
+    for deb in debs {
+        key.str(deb.file_name().unwrap_or_default());
+    }
+    Ok(())
 }
 
 /// The name containerd files an image under: Docker's normalisation of `repository` (a bare
@@ -227,17 +249,16 @@ pub(crate) fn write_archive(
     Ok(())
 }
 
-/// A fresh `rootfs` holding Debian's `packages` and their dependency closure (downloaded into
-/// `debs` once), without documentation, with the iptables alternatives Debian's maintainer
-/// scripts would have made.
-pub(crate) fn debian_rootfs(rootfs: &Path, debs: &Path, packages: &[&str]) -> Result<()> {
+/// A fresh `rootfs` holding the files of Debian's `debs` (from [`download_debs`]), without
+/// documentation, with the iptables alternatives Debian's maintainer scripts would have made.
+pub(crate) fn unpack_debs(rootfs: &Path, debs: &[PathBuf]) -> Result<()> {
     if rootfs.exists() {
         std::fs::remove_dir_all(rootfs)
             .with_context(|| format!("removing {}", rootfs.display()))?;
     }
     std::fs::create_dir_all(rootfs)?;
-    for deb in download_debs(debs, packages)? {
-        util::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(rootfs))?;
+    for deb in debs {
+        util::run(Command::new("dpkg-deb").arg("-x").arg(deb).arg(rootfs))?;
     }
     // Documentation and locales are most of the packages' size and nothing reads them here.
     for dir in [
@@ -288,7 +309,7 @@ fn deterministic_tar(out: &Path, dir: &Path) -> Command {
 
 /// The packages and their dependency closure, downloaded once into `cache` (re-runs reuse the
 /// `.deb` files apt-get already fetched).
-fn download_debs(cache: &Path, packages: &[&str]) -> Result<Vec<PathBuf>> {
+pub(crate) fn download_debs(cache: &Path, packages: &[&str]) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(cache)?;
     let text = util::output(
         Command::new("apt-cache")
@@ -451,4 +472,49 @@ fn self_check(out_dir: &Path) -> Result<()> {
     }
     std::fs::remove_dir_all(&unpacked)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_archive_key_follows_the_binary_and_every_package_version() -> Result<()> {
+        let dir = std::env::temp_dir().join(format!("xtask-image-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let binary = dir.join("kube-ipvs");
+        std::fs::write(&binary, b"one")?;
+        let debs = vec![
+            PathBuf::from("/c/iptables_1.8.9-2_amd64.deb"),
+            PathBuf::from("/c/kmod_30+20221128-1_amd64.deb"),
+        ];
+        let key = |binary: &Path, debs: &[PathBuf]| -> Result<String> {
+            let mut k = util::Fnv::default();
+            inputs_key(&mut k, binary, debs)?;
+            Ok(k.hex())
+        };
+        let first = key(&binary, &debs)?;
+        assert_eq!(key(&binary, &debs)?, first, "same inputs, same key");
+        let mut upgraded = debs.clone();
+        upgraded[0] = PathBuf::from("/c/iptables_1.8.9-3_amd64.deb");
+        assert_ne!(key(&binary, &upgraded)?, first);
+        std::fs::write(&binary, b"a rebuilt binary")?;
+        let rebuilt = key(&binary, &debs)?;
+        std::fs::remove_dir_all(&dir)?;
+        assert_ne!(rebuilt, first);
+        Ok(())
+    }
+
+    #[test]
+    fn containerd_files_images_under_dockers_normalised_names() {
+        assert_eq!(
+            containerd_name("kube-ipvs", "0.1.0"),
+            "docker.io/library/kube-ipvs:0.1.0"
+        );
+        assert_eq!(
+            containerd_name("registry.k8s.io/pause", "3.10.2"),
+            "registry.k8s.io/pause:3.10.2"
+        );
+        assert_eq!(containerd_name("user/app", "1"), "docker.io/user/app:1");
+    }
 }

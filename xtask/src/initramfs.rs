@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, BufWriter, Write};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 
@@ -261,14 +261,7 @@ impl Tree {
                             hash.bytes(bytes);
                         }
                         Source::Host(host) => {
-                            let meta = fs::metadata(host)
-                                .with_context(|| format!("reading {}", host.display()))?;
-                            hash.str(host).str(format!(
-                                "{} {}.{}",
-                                meta.len(),
-                                meta.mtime(),
-                                meta.mtime_nsec()
-                            ));
+                            hash.file(host)?;
                         }
                     }
                 }

@@ -11,7 +11,6 @@
 //! Archives are cached under `<target>/lab/images/<hash>/` by a hash of their inputs.
 
 use std::fs;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -130,17 +129,6 @@ pub(crate) fn refs() -> Result<Refs> {
     parse_manifest(&text).with_context(|| format!("reading {}", path.display()))
 }
 
-fn file_key(key: &mut Fnv, path: &Path) -> Result<()> {
-    let meta = fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
-    key.str(path).str(format!(
-        "{} {}.{}",
-        meta.len(),
-        meta.mtime(),
-        meta.mtime_nsec()
-    ));
-    Ok(())
-}
-
 /// A busybox tree: the binary at `/bin/busybox`, a link per applet, and the files a shell
 /// expects.
 fn busybox_tree(root: &Path, busybox: &Path) -> Result<()> {
@@ -206,14 +194,14 @@ pub(crate) fn ensure(cluster: &ClusterTools, coredns: &Path, refs: &Refs) -> Res
     let mut key = Fnv::default();
     key.str(LAYOUT_VERSION).str(format!("{refs:?}"));
     key.bytes(&fs::read(&source).with_context(|| format!("reading {}", source.display()))?);
-    file_key(&mut key, &busybox)?;
-    file_key(&mut key, &cluster.agnhost)?;
-    file_key(&mut key, coredns)?;
+    key.file(&busybox)?;
+    key.file(&cluster.agnhost)?;
+    key.file(coredns)?;
     for (host, guest) in AGNHOST_TOOLS {
-        file_key(&mut key, Path::new(host))?;
+        key.file(Path::new(host))?;
         key.str(guest);
         for lib in crate::initramfs::shared_libraries(Path::new(host))? {
-            file_key(&mut key, &lib)?;
+            key.file(&lib)?;
         }
     }
     let dir = util::target_dir()?.join("lab/images").join(key.hex());
@@ -360,13 +348,12 @@ pub(crate) fn kube_proxy(tools: &crate::tools::Tools) -> Result<Archive> {
         repository: "registry.k8s.io/kube-proxy".to_owned(),
         tag: tools.kubernetes_version.clone(),
     };
+    let base = util::target_dir()?.join("lab/kube-proxy-image");
+    let debs_dir = base.join("debs");
+    let debs = crate::image::download_debs(&debs_dir, KUBE_PROXY_PACKAGES)?;
     let mut key = Fnv::default();
     key.str(LAYOUT_VERSION).str(reference.to_string());
-    for p in KUBE_PROXY_PACKAGES {
-        key.str(p);
-    }
-    file_key(&mut key, &tools.kube_proxy)?;
-    let base = util::target_dir()?.join("lab/kube-proxy-image");
+    crate::image::inputs_key(&mut key, &tools.kube_proxy, &debs)?;
     let dir = base.join(key.hex());
     let archive = Archive {
         reference,
@@ -375,11 +362,16 @@ pub(crate) fn kube_proxy(tools: &crate::tools::Tools) -> Result<Archive> {
     if archive.path.is_file() {
         return Ok(archive);
     }
-    let _ = fs::remove_dir_all(&base);
+    // Earlier inputs' archives are dead weight; the downloaded packages are kept.
+    for old in fs::read_dir(&base)?.filter_map(|e| e.ok().map(|e| e.path())) {
+        if old != debs_dir {
+            let _ = fs::remove_dir_all(old);
+        }
+    }
     let scratch = base.join(format!("tmp{}", std::process::id()));
     fs::create_dir_all(&scratch)?;
     let root = scratch.join("root");
-    crate::image::debian_rootfs(&root, &base.join("debs"), KUBE_PROXY_PACKAGES)?;
+    crate::image::unpack_debs(&root, &debs)?;
     for d in [
         "tmp",
         "run",

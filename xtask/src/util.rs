@@ -131,6 +131,19 @@ impl Fnv {
         self.bytes(s.as_ref().as_encoded_bytes())
     }
 
+    /// Adds a host file by its path, size and modification time: cheap, and changed by every
+    /// rebuild or package upgrade that replaces the file.
+    pub(crate) fn file(&mut self, path: &Path) -> Result<&mut Self> {
+        let meta =
+            std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+        Ok(self.str(path).str(format!(
+            "{} {}.{}",
+            meta.len(),
+            meta.mtime(),
+            meta.mtime_nsec()
+        )))
+    }
+
     pub(crate) fn hex(&self) -> String {
         format!("{:016x}", self.0)
     }
