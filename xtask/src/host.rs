@@ -45,12 +45,14 @@ const TOOLS: &[(&str, &str)] = &[
 
 /// What the lab cluster (`cargo xtask cluster`) needs besides [`PACKAGES`]: the node's container
 /// runtime and CNI plugins, the tools the agnhost image carries (as upstream's: curl, an
-/// OpenBSD nc, ss and ip, dig, bash, socat), and gcc for the pause binary.
+/// OpenBSD nc, ss and ip, dig, bash, socat, and GNU wget in place of busybox's), and gcc for
+/// the pause binary.
 const LAB_PACKAGES: &[&str] = &[
     "containerd",
     "runc",
     "containernetworking-plugins",
     "curl",
+    "wget",
     "netcat-openbsd",
     "bind9-dnsutils",
     "bash",
@@ -64,6 +66,7 @@ const LAB_FILES: &[&str] = &[
     "/usr/sbin/runc",
     "/usr/lib/cni/bridge",
     "/usr/bin/curl",
+    "/usr/bin/wget",
     "/usr/bin/nc.openbsd",
     "/usr/bin/dig",
     "/usr/bin/bash",

@@ -104,8 +104,10 @@ pub(crate) const BOOT_MODULES: &[&str] = &[
 
 /// Modules staged in the guest but not loaded at boot: the lab cluster's nodes load them
 /// (`modprobe`), while the kernel tests keep a kernel without them (`br_netfilter` would send
-/// their bridged test traffic through iptables).
-pub(crate) const NODE_MODULES: &[&str] = &["overlay", "br_netfilter"];
+/// their bridged test traffic through iptables). `sctp` is for the SCTP Services and Pods of
+/// the `[sig-network]` suite, loaded at boot so that they do not depend on the kernel's
+/// on-demand module load.
+pub(crate) const NODE_MODULES: &[&str] = &["overlay", "br_netfilter", "sctp"];
 
 /// An unpacked kernel with the boot modules staged for the guest.
 #[derive(Debug)]

@@ -13,9 +13,10 @@
 //!   `bridge` plugin with `host-local` addresses from the node's Pod CIDR and static routes
 //!   between nodes. The host creates the Node objects with their Pod CIDRs before the kubelets
 //!   register, so every address is known before anything boots.
-//! * **Images.** Nothing is pulled: `testimages.rs` builds pause, busybox and agnhost under the
-//!   pinned manifest's references, and `cargo xtask image` the agent's; the nodes import them
-//!   before the kubelet starts.
+//! * **Images.** Nothing is pulled: `testimages.rs` builds every image the `[sig-network]`
+//!   tests run (pause, busybox, agnhost, glibc-dns-testing, nginx, regression-issue-74839,
+//!   distroless-iptables) and CoreDNS under the pinned manifest's references, and `cargo xtask
+//!   image` the agent's; the nodes import them before the kubelet starts.
 //!
 //! What a lab differs in from a production cluster, all forced by running on one machine
 //! without a registry: kubelets authorise every request from a client certificate of the lab's
@@ -398,7 +399,7 @@ mount -t cgroup2 cgroup2 /sys/fs/cgroup
 for c in cpuset cpu io memory pids hugetlb; do
     echo "+$c" > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || echo "lab: no cgroup controller $c"
 done
-modprobe -a overlay br_netfilter
+modprobe -a overlay br_netfilter sctp
 sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1 net.bridge.bridge-nf-call-ip6tables=1
 mkdir -p /var/lib/kubelet /var/log/pods /var/lib/containerd /run/containerd
 {routes}

@@ -5,8 +5,15 @@
 //! * `pause`: the sandbox process, `integration/images/pause.c` built statically;
 //! * `busybox`: Debian's static busybox with its applet links;
 //! * `agnhost`: the pinned release's agnhost (built by `cargo xtask tools`) over the busybox tree,
-//!   with the tools upstream's image carries (curl, an OpenBSD nc, ss, ip, dig, bash, socat);
-//! * `coredns`: the pinned CoreDNS (`integration/tools/coredns`), for the lab's DNS.
+//!   with the tools upstream's image carries (curl, an OpenBSD nc, ss, ip, dig, bash, socat,
+//!   CoreDNS) and GNU wget;
+//! * `coredns`: the pinned CoreDNS (`integration/tools/coredns`), for the lab's DNS;
+//! * `glibc-dns-testing`: the busybox tree with glibc's `getent` and Debian's `dig`, `host`
+//!   and `nslookup` (upstream's is Debian with dnsutils), for the DNS tests' glibc prober;
+//! * `nginx`: Debian's nginx serving port 80 (upstream's is nginx on Alpine);
+//! * `regression-issue-74839`: the pinned release's server of that name, alone;
+//! * `distroless-iptables`: Debian's iptables, ipset, nftables and conntrack with a shell, as
+//!   upstream's (the tests exec `conntrack -L` and `grep` in it).
 //!
 //! Archives are cached under `<target>/lab/images/<hash>/` by a hash of their inputs.
 
@@ -44,6 +51,10 @@ pub(crate) struct Refs {
     pub(crate) busybox: ImageRef,
     pub(crate) agnhost: ImageRef,
     pub(crate) coredns: ImageRef,
+    pub(crate) glibc_dns_testing: ImageRef,
+    pub(crate) nginx: ImageRef,
+    pub(crate) regression_74839: ImageRef,
+    pub(crate) distroless_iptables: ImageRef,
 }
 
 /// One built image archive, with the reference containerd files it under.
@@ -88,6 +99,10 @@ pub(crate) fn parse_manifest(text: &str) -> Result<Refs> {
         busybox: config("BusyBox")?,
         agnhost: config("Agnhost")?,
         coredns: coredns_ref()?,
+        glibc_dns_testing: config("GlibcDnsTesting")?,
+        nginx: config("Nginx")?,
+        regression_74839: config("RegressionIssue74839")?,
+        distroless_iptables: config("DistrolessIptables")?,
     })
 }
 
@@ -155,15 +170,62 @@ fn busybox_tree(root: &Path, busybox: &Path) -> Result<()> {
 
 /// Host programs the agnhost image carries beside agnhost, at the paths upstream's image has
 /// them (its Dockerfile installs curl, netcat-openbsd, iproute2, bind-tools, bash and socat):
-/// the e2e tests exec `nc -v -t -w 2`, `curl`, `ss` and `dig` in agnhost Pods.
+/// the e2e tests exec `nc -v -t -w 2`, `curl`, `ss`, `dig` and `wget -T 1` in agnhost Pods.
+/// `wget` is GNU's: Debian 12's static busybox 1.35 (whose applets the image has otherwise)
+/// dies of a segmentation fault on `wget -T`, which failed every test that checks a Service
+/// with `wget -q -O - -T 1` as reachable by nobody.
 const AGNHOST_TOOLS: &[(&str, &str)] = &[
     ("/usr/bin/curl", "/usr/bin/curl"),
+    ("/usr/bin/wget", "/usr/bin/wget"),
     ("/usr/bin/nc.openbsd", "/usr/bin/nc"),
     ("/usr/bin/ss", "/usr/bin/ss"),
     ("/usr/sbin/ip", "/sbin/ip"),
     ("/usr/bin/dig", "/usr/bin/dig"),
     ("/usr/bin/bash", "/bin/bash"),
     ("/usr/bin/socat", "/usr/bin/socat"),
+];
+
+/// Host programs of the `glibc-dns-testing` image: the DNS tests' glibc prober runs `dig` and
+/// `getent hosts` (glibc's resolver, where busybox would use its own).
+const GLIBC_DNS_TOOLS: &[(&str, &str)] = &[
+    ("/usr/bin/dig", "/usr/bin/dig"),
+    ("/usr/bin/host", "/usr/bin/host"),
+    ("/usr/bin/nslookup", "/usr/bin/nslookup"),
+    ("/usr/bin/getent", "/usr/bin/getent"),
+    ("/usr/bin/bash", "/bin/bash"),
+];
+
+/// Debian packages of the `nginx` image.
+const NGINX_PACKAGES: &[&str] = &["nginx"];
+
+/// nginx's configuration in the `nginx` image: port 80, as upstream's image serves, in the
+/// foreground, logging to the container's output.
+const NGINX_CONF: &str = "user root;
+worker_processes 1;
+daemon off;
+pid /run/nginx.pid;
+error_log stderr;
+events { worker_connections 64; }
+http {
+    access_log off;
+    server {
+        listen 80;
+        location / { return 200 \"nginx\\n\"; }
+    }
+}
+";
+
+/// Debian packages of the `distroless-iptables` image: upstream's carries iptables, ipset,
+/// nftables and conntrack, and the tests exec `sh -c` with `test`, `which`, `grep` and `cat`.
+const DISTROLESS_IPTABLES_PACKAGES: &[&str] = &[
+    "iptables",
+    "ipset",
+    "nftables",
+    "conntrack",
+    "bash",
+    "coreutils",
+    "grep",
+    "debianutils",
 ];
 
 /// Copies a host program into `root` at `guest`, with every shared library it links at the
@@ -187,7 +249,7 @@ fn add_host_program(root: &Path, host: &Path, guest: &str) -> Result<()> {
     Ok(())
 }
 
-/// Builds (or finds cached) the three archives.
+/// Builds (or finds cached) the archives.
 pub(crate) fn ensure(cluster: &ClusterTools, coredns: &Path, refs: &Refs) -> Result<Vec<Archive>> {
     let source = util::workspace_root().join("integration/images/pause.c");
     let busybox = fs::canonicalize(util::which("busybox").context("busybox not found")?)?;
@@ -197,12 +259,20 @@ pub(crate) fn ensure(cluster: &ClusterTools, coredns: &Path, refs: &Refs) -> Res
     key.file(&busybox)?;
     key.file(&cluster.agnhost)?;
     key.file(coredns)?;
-    for (host, guest) in AGNHOST_TOOLS {
+    key.file(&cluster.regression_74839)?;
+    for (host, guest) in AGNHOST_TOOLS.iter().chain(GLIBC_DNS_TOOLS) {
         key.file(Path::new(host))?;
         key.str(guest);
         for lib in crate::initramfs::shared_libraries(Path::new(host))? {
             key.file(&lib)?;
         }
+    }
+    let debs_dir = util::target_dir()?.join("lab/test-image-debs");
+    let nginx_debs = crate::image::download_debs(&debs_dir, NGINX_PACKAGES)?;
+    let iptables_debs = crate::image::download_debs(&debs_dir, DISTROLESS_IPTABLES_PACKAGES)?;
+    key.str(NGINX_CONF);
+    for deb in nginx_debs.iter().chain(&iptables_debs) {
+        key.str(deb.file_name().unwrap_or_default());
     }
     let dir = util::target_dir()?.join("lab/images").join(key.hex());
     let archives = vec![
@@ -221,6 +291,22 @@ pub(crate) fn ensure(cluster: &ClusterTools, coredns: &Path, refs: &Refs) -> Res
         Archive {
             reference: refs.coredns.clone(),
             path: dir.join("coredns.tar"),
+        },
+        Archive {
+            reference: refs.glibc_dns_testing.clone(),
+            path: dir.join("glibc-dns-testing.tar"),
+        },
+        Archive {
+            reference: refs.nginx.clone(),
+            path: dir.join("nginx.tar"),
+        },
+        Archive {
+            reference: refs.regression_74839.clone(),
+            path: dir.join("regression-issue-74839.tar"),
+        },
+        Archive {
+            reference: refs.distroless_iptables.clone(),
+            path: dir.join("distroless-iptables.tar"),
         },
     ];
     if archives.iter().all(|a| a.path.is_file()) {
@@ -269,6 +355,20 @@ pub(crate) fn ensure(cluster: &ClusterTools, coredns: &Path, refs: &Refs) -> Res
         .with_context(|| format!("copying {}", cluster.agnhost.display()))?;
     std::os::unix::fs::symlink("agnhost", root.join("agnhost-2"))?;
     fs::create_dir_all(root.join("uploads"))?;
+    // Upstream's image carries CoreDNS at /coredns (the DNS tests run it as a Pod's DNS
+    // server) and a user and group its tests name.
+    fs::copy(coredns, root.join("coredns"))
+        .with_context(|| format!("copying {}", coredns.display()))?;
+    fs::write(
+        root.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n\
+         user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n",
+    )?;
+    fs::write(
+        root.join("etc/group"),
+        "root:x:0:\nnogroup:x:65534:\nuser-defined-in-image:x:1000:\n\
+         group-defined-in-image:x:50000:user-defined-in-image\n",
+    )?;
     for (host, guest) in AGNHOST_TOOLS {
         add_host_program(&root, Path::new(host), guest)?;
     }
@@ -304,10 +404,101 @@ pub(crate) fn ensure(cluster: &ClusterTools, coredns: &Path, refs: &Refs) -> Res
         &scratch.join("coredns.tar"),
     )?;
 
+    // glibc-dns-testing: a shell, `seq` and `sleep` from busybox, the resolver tools from
+    // the host (glibc's).
+    let root = scratch.join("glibc-dns-root");
+    busybox_tree(&root, &busybox)?;
+    for (host, guest) in GLIBC_DNS_TOOLS {
+        add_host_program(&root, Path::new(host), guest)?;
+    }
+    fs::remove_file(root.join("bin/sh"))?;
+    std::os::unix::fs::symlink("bash", root.join("bin/sh"))?;
+    fs::write(root.join("etc/nsswitch.conf"), "hosts: files dns\n")?;
+    let config = json!({ "Cmd": ["sh"], "Env": env });
+    write_archive(
+        &scratch,
+        &root,
+        config,
+        &refs.glibc_dns_testing.repository,
+        &refs.glibc_dns_testing.tag,
+        &scratch.join("glibc-dns-testing.tar"),
+    )?;
+
+    // nginx
+    let root = scratch.join("nginx-root");
+    crate::image::unpack_debs(&root, &nginx_debs)?;
+    for dir in ["run", "tmp", "var/lib/nginx", "var/log/nginx", "etc/nginx"] {
+        fs::create_dir_all(root.join(dir))?;
+    }
+    fs::write(root.join("etc/nginx/nginx.conf"), NGINX_CONF)?;
+    fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n")?;
+    fs::write(root.join("etc/group"), "root:x:0:\n")?;
+    let config = json!({
+        "Entrypoint": ["/usr/sbin/nginx"],
+        "ExposedPorts": { "80/tcp": {} },
+        "Env": env,
+    });
+    write_archive(
+        &scratch,
+        &root,
+        config,
+        &refs.nginx.repository,
+        &refs.nginx.tag,
+        &scratch.join("nginx.tar"),
+    )?;
+
+    // regression-issue-74839: the server alone (it is static).
+    let root = scratch.join("regression-root");
+    fs::create_dir_all(root.join("tmp"))?;
+    fs::copy(
+        &cluster.regression_74839,
+        root.join("regression-issue-74839"),
+    )
+    .with_context(|| format!("copying {}", cluster.regression_74839.display()))?;
+    let config = json!({ "Entrypoint": ["/regression-issue-74839"], "Env": env });
+    write_archive(
+        &scratch,
+        &root,
+        config,
+        &refs.regression_74839.repository,
+        &refs.regression_74839.tag,
+        &scratch.join("regression-issue-74839.tar"),
+    )?;
+
+    // distroless-iptables
+    let root = scratch.join("iptables-root");
+    crate::image::unpack_debs(&root, &iptables_debs)?;
+    for dir in ["run", "tmp", "proc", "sys", "dev"] {
+        fs::create_dir_all(root.join(dir))?;
+    }
+    let sh = root.join("bin/sh");
+    if sh.symlink_metadata().is_ok() {
+        fs::remove_file(&sh)?;
+    }
+    std::os::unix::fs::symlink("bash", &sh)?;
+    // debianutils' `which` is an alternative its maintainer script would link.
+    let which = root.join("usr/bin/which");
+    if which.symlink_metadata().is_err() {
+        std::os::unix::fs::symlink("which.debianutils", &which)?;
+    }
+    let config = json!({ "Env": env });
+    write_archive(
+        &scratch,
+        &root,
+        config,
+        &refs.distroless_iptables.repository,
+        &refs.distroless_iptables.tag,
+        &scratch.join("distroless-iptables.tar"),
+    )?;
+
     for name in [
         "pause-root",
         "busybox-root",
         "coredns-root",
+        "glibc-dns-root",
+        "nginx-root",
+        "regression-root",
+        "iptables-root",
         "oci",
         "layer.tar",
     ] {
@@ -412,9 +603,14 @@ mod tests {
 func initReg() RegistryList {
 	registry := RegistryList{
 		PromoterE2eRegistry:      "registry.k8s.io/e2e-test-images",
+		BuildImageRegistry:       "registry.k8s.io/build-image",
 		GcRegistry:               "registry.k8s.io",
 	}
 }
+	configs[DistrolessIptables] = Config{list.BuildImageRegistry, "distroless-iptables", "v0.9.9"}
+	configs[GlibcDnsTesting] = Config{list.PromoterE2eRegistry, "glibc-dns-testing", "2.1.1"}
+	configs[Nginx] = Config{list.PromoterE2eRegistry, "nginx", "1.27.0-2"}
+	configs[RegressionIssue74839] = Config{list.PromoterE2eRegistry, "regression-issue-74839", "1.5"}
 	configs[Agnhost] = Config{list.PromoterE2eRegistry, "agnhost", "2.66.1"}
 	configs[BusyBox] = Config{list.PromoterE2eRegistry, "busybox", "1.37.0-2"}
 	configs[Pause] = Config{list.GcRegistry, "pause", "3.10.2"}
@@ -429,6 +625,14 @@ func initReg() RegistryList {
             "registry.k8s.io/e2e-test-images/busybox:1.37.0-2"
         );
         assert_eq!(refs.pause.to_string(), "registry.k8s.io/pause:3.10.2");
+        assert_eq!(
+            refs.distroless_iptables.to_string(),
+            "registry.k8s.io/build-image/distroless-iptables:v0.9.9"
+        );
+        assert_eq!(
+            refs.glibc_dns_testing.to_string(),
+            "registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1"
+        );
         assert!(
             refs.coredns
                 .to_string()

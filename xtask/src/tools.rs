@@ -39,6 +39,14 @@ const CLUSTER_PACKAGES: &[(&str, &str)] = &[
     ("k8s.io/kubernetes/test/images/agnhost", "agnhost"),
 ];
 
+/// Programs of the pinned release's test images that are not agnhost, built apart from
+/// [`CLUSTER_PACKAGES`] (small, standard library only) so that adding one does not rebuild
+/// the large programs.
+const IMAGE_PACKAGES: &[(&str, &str)] = &[(
+    "k8s.io/kubernetes/test/images/regression-issue-74839",
+    "regression-issue-74839",
+)];
+
 /// Test binaries (`go test -c`) of the lab: the upstream end-to-end suite.
 const CLUSTER_TESTS: &[(&str, &str)] = &[("k8s.io/kubernetes/test/e2e", "e2e.test")];
 
@@ -60,6 +68,8 @@ pub(crate) struct ClusterTools {
     pub(crate) kube_controller_manager: PathBuf,
     pub(crate) kube_scheduler: PathBuf,
     pub(crate) agnhost: PathBuf,
+    /// The server of the `regression-issue-74839` test image (see [`IMAGE_PACKAGES`]).
+    pub(crate) regression_74839: PathBuf,
     /// Upstream `e2e.test` of the pinned release.
     pub(crate) e2e_test: PathBuf,
 }
@@ -186,6 +196,7 @@ pub(crate) fn ensure_cluster() -> Result<std::result::Result<ClusterTools, Unava
         kube_controller_manager: out.join("kube-controller-manager"),
         kube_scheduler: out.join("kube-scheduler"),
         agnhost: out.join("agnhost"),
+        regression_74839: PathBuf::new(),
         e2e_test: out.join("e2e.test"),
     };
     let complete = CLUSTER_PACKAGES
@@ -203,7 +214,30 @@ pub(crate) fn ensure_cluster() -> Result<std::result::Result<ClusterTools, Unava
             &[&flags],
         )?;
     }
-    Ok(Ok(cluster))
+    let mut key = Fnv::default();
+    key.str(&flags);
+    for (pkg, name) in IMAGE_PACKAGES {
+        key.str(pkg).str(name);
+    }
+    let images = PathBuf::from(format!("{}-images-{}", base.display(), key.hex()));
+    if !IMAGE_PACKAGES
+        .iter()
+        .all(|(_, name)| images.join(name).is_file())
+    {
+        build(
+            &go,
+            &module_dir(),
+            &target,
+            &images,
+            IMAGE_PACKAGES,
+            &[],
+            &[&flags],
+        )?;
+    }
+    Ok(Ok(ClusterTools {
+        regression_74839: images.join("regression-issue-74839"),
+        ..cluster
+    }))
 }
 
 /// `-ldflags` stamping the release into the programs, as upstream's build does: without it
