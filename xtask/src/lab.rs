@@ -392,6 +392,7 @@ fn node_script(node: &Node, all: &[Node], images: &[String]) -> String {
         ));
     }
     let images = images.join(" ");
+    let modules = crate::kernel::NODE_MODULES.join(" ");
     format!(
         r###"set -eu
 hostname {name}
@@ -399,7 +400,7 @@ mount -t cgroup2 cgroup2 /sys/fs/cgroup
 for c in cpuset cpu io memory pids hugetlb; do
     echo "+$c" > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || echo "lab: no cgroup controller $c"
 done
-modprobe -a overlay br_netfilter sctp
+modprobe -a {modules}
 sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1 net.bridge.bridge-nf-call-ip6tables=1
 mkdir -p /var/lib/kubelet /var/log/pods /var/lib/containerd /run/containerd
 {routes}
@@ -957,5 +958,11 @@ mod tests {
         assert!(script.contains("route add 10.244.2.0/24 via 10.88.0.12"));
         assert!(!script.contains("route add 10.244.1.0/24"));
         assert!(script.contains("--node-ip=10.88.0.11"));
+        // The node loads what the kernel stage put in the guest for it, no more, no less.
+        let modprobe = script.lines().find_map(|l| l.strip_prefix("modprobe -a "));
+        assert_eq!(
+            modprobe,
+            Some(crate::kernel::NODE_MODULES.join(" ").as_str())
+        );
     }
 }

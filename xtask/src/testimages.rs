@@ -249,6 +249,28 @@ fn add_host_program(root: &Path, host: &Path, guest: &str) -> Result<()> {
     Ok(())
 }
 
+/// Makes `/bin/sh` bash. Debian's static busybox prefers its own applets: as `/bin/sh` it
+/// would run its `nc` (which lacks `-v` and `-t`) whatever PATH says; the tests' `sh -c` must
+/// find the image's tools, as on upstream's images.
+fn shell_is_bash(root: &Path) -> Result<()> {
+    let sh = root.join("bin/sh");
+    if sh.symlink_metadata().is_ok() {
+        fs::remove_file(&sh)?;
+    }
+    std::os::unix::fs::symlink("bash", &sh)?;
+    Ok(())
+}
+
+/// Appends `text` to a file of the image tree.
+fn append(path: &Path, text: &str) -> Result<()> {
+    use std::io::Write as _;
+    fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .with_context(|| format!("appending to {}", path.display()))
+}
+
 /// Builds (or finds cached) the archives.
 pub(crate) fn ensure(cluster: &ClusterTools, coredns: &Path, refs: &Refs) -> Result<Vec<Archive>> {
     let source = util::workspace_root().join("integration/images/pause.c");
@@ -275,50 +297,61 @@ pub(crate) fn ensure(cluster: &ClusterTools, coredns: &Path, refs: &Refs) -> Res
         key.str(deb.file_name().unwrap_or_default());
     }
     let dir = util::target_dir()?.join("lab/images").join(key.hex());
-    let archives = vec![
-        Archive {
-            reference: refs.pause.clone(),
-            path: dir.join("pause.tar"),
-        },
-        Archive {
-            reference: refs.busybox.clone(),
-            path: dir.join("busybox.tar"),
-        },
-        Archive {
-            reference: refs.agnhost.clone(),
-            path: dir.join("agnhost.tar"),
-        },
-        Archive {
-            reference: refs.coredns.clone(),
-            path: dir.join("coredns.tar"),
-        },
-        Archive {
-            reference: refs.glibc_dns_testing.clone(),
-            path: dir.join("glibc-dns-testing.tar"),
-        },
-        Archive {
-            reference: refs.nginx.clone(),
-            path: dir.join("nginx.tar"),
-        },
-        Archive {
-            reference: refs.regression_74839.clone(),
-            path: dir.join("regression-issue-74839.tar"),
-        },
-        Archive {
-            reference: refs.distroless_iptables.clone(),
-            path: dir.join("distroless-iptables.tar"),
-        },
+    let archive = |reference: &ImageRef, file: &str| Archive {
+        reference: reference.clone(),
+        path: dir.join(file),
+    };
+    let pause = archive(&refs.pause, "pause.tar");
+    let busybox_image = archive(&refs.busybox, "busybox.tar");
+    let agnhost = archive(&refs.agnhost, "agnhost.tar");
+    let coredns_image = archive(&refs.coredns, "coredns.tar");
+    let glibc_dns = archive(&refs.glibc_dns_testing, "glibc-dns-testing.tar");
+    let nginx = archive(&refs.nginx, "nginx.tar");
+    let regression = archive(&refs.regression_74839, "regression-issue-74839.tar");
+    let iptables = archive(&refs.distroless_iptables, "distroless-iptables.tar");
+    let all = [
+        &pause,
+        &busybox_image,
+        &agnhost,
+        &coredns_image,
+        &glibc_dns,
+        &nginx,
+        &regression,
+        &iptables,
     ];
-    if archives.iter().all(|a| a.path.is_file()) {
-        return Ok(archives);
+    if all.iter().all(|a| a.path.is_file()) {
+        return Ok(all.into_iter().cloned().collect());
     }
+    let names: Vec<_> = all.iter().filter_map(|a| a.path.file_name()).collect();
     let scratch = dir.with_extension(format!("tmp{}", std::process::id()));
     let _ = fs::remove_dir_all(&scratch);
     fs::create_dir_all(&scratch)?;
+    // Each image's tree is `scratch/<archive name>.root`, packed into `scratch/<archive name>`.
+    let tree = |image: &Archive| -> Result<PathBuf> {
+        let name = image
+            .path
+            .file_name()
+            .context("an archive path has no name")?;
+        Ok(scratch.join(Path::new(name).with_extension("root")))
+    };
+    let pack = |root: &Path, config: serde_json::Value, image: &Archive| -> Result<()> {
+        let name = image
+            .path
+            .file_name()
+            .context("an archive path has no name")?;
+        write_archive(
+            &scratch,
+            root,
+            config,
+            &image.reference.repository,
+            &image.reference.tag,
+            &scratch.join(name),
+        )
+    };
     let env = json!(["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]);
 
     // pause
-    let root = scratch.join("pause-root");
+    let root = tree(&pause)?;
     fs::create_dir_all(&root)?;
     util::run(
         Command::new("gcc")
@@ -327,28 +360,16 @@ pub(crate) fn ensure(cluster: &ClusterTools, coredns: &Path, refs: &Refs) -> Res
             .arg(&source),
     )
     .context("building the pause binary (needs gcc and libc6-dev)")?;
-    let config = json!({ "Entrypoint": ["/pause"], "Env": env });
-    write_archive(
-        &scratch,
+    pack(
         &root,
-        config,
-        &refs.pause.repository,
-        &refs.pause.tag,
-        &scratch.join("pause.tar"),
+        json!({ "Entrypoint": ["/pause"], "Env": env }),
+        &pause,
     )?;
 
     // busybox
-    let root = scratch.join("busybox-root");
+    let root = tree(&busybox_image)?;
     busybox_tree(&root, &busybox)?;
-    let config = json!({ "Cmd": ["sh"], "Env": env });
-    write_archive(
-        &scratch,
-        &root,
-        config,
-        &refs.busybox.repository,
-        &refs.busybox.tag,
-        &scratch.join("busybox.tar"),
-    )?;
+    pack(&root, json!({ "Cmd": ["sh"], "Env": env }), &busybox_image)?;
 
     // agnhost, over the same busybox tree, with upstream's tools.
     fs::copy(&cluster.agnhost, root.join("agnhost"))
@@ -359,73 +380,47 @@ pub(crate) fn ensure(cluster: &ClusterTools, coredns: &Path, refs: &Refs) -> Res
     // server) and a user and group its tests name.
     fs::copy(coredns, root.join("coredns"))
         .with_context(|| format!("copying {}", coredns.display()))?;
-    fs::write(
-        root.join("etc/passwd"),
-        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n\
-         user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n",
+    append(
+        &root.join("etc/passwd"),
+        "user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n",
     )?;
-    fs::write(
-        root.join("etc/group"),
-        "root:x:0:\nnogroup:x:65534:\nuser-defined-in-image:x:1000:\n\
-         group-defined-in-image:x:50000:user-defined-in-image\n",
+    append(
+        &root.join("etc/group"),
+        "user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n",
     )?;
     for (host, guest) in AGNHOST_TOOLS {
         add_host_program(&root, Path::new(host), guest)?;
     }
-    // Debian's static busybox prefers its own applets: as `/bin/sh` it would run its `nc`
-    // (which lacks `-v` and `-t`) whatever PATH says. The tests' `sh -c` must find the tools
-    // above, as on upstream's image, so `sh` is bash here.
-    fs::remove_file(root.join("bin/sh"))?;
-    std::os::unix::fs::symlink("bash", root.join("bin/sh"))?;
+    shell_is_bash(&root)?;
     let config = json!({ "Entrypoint": ["/agnhost"], "Cmd": ["pause"], "Env": env });
-    write_archive(
-        &scratch,
-        &root,
-        config,
-        &refs.agnhost.repository,
-        &refs.agnhost.tag,
-        &scratch.join("agnhost.tar"),
-    )?;
+    pack(&root, config, &agnhost)?;
 
     // coredns: the binary alone (it runs as root with NET_BIND_SERVICE, reading its Corefile).
-    let root = scratch.join("coredns-root");
+    let root = tree(&coredns_image)?;
     for dir in ["etc", "tmp"] {
         fs::create_dir_all(root.join(dir))?;
     }
     fs::copy(coredns, root.join("coredns"))
         .with_context(|| format!("copying {}", coredns.display()))?;
-    let config = json!({ "Entrypoint": ["/coredns"], "Env": env });
-    write_archive(
-        &scratch,
+    pack(
         &root,
-        config,
-        &refs.coredns.repository,
-        &refs.coredns.tag,
-        &scratch.join("coredns.tar"),
+        json!({ "Entrypoint": ["/coredns"], "Env": env }),
+        &coredns_image,
     )?;
 
     // glibc-dns-testing: a shell, `seq` and `sleep` from busybox, the resolver tools from
     // the host (glibc's).
-    let root = scratch.join("glibc-dns-root");
+    let root = tree(&glibc_dns)?;
     busybox_tree(&root, &busybox)?;
     for (host, guest) in GLIBC_DNS_TOOLS {
         add_host_program(&root, Path::new(host), guest)?;
     }
-    fs::remove_file(root.join("bin/sh"))?;
-    std::os::unix::fs::symlink("bash", root.join("bin/sh"))?;
+    shell_is_bash(&root)?;
     fs::write(root.join("etc/nsswitch.conf"), "hosts: files dns\n")?;
-    let config = json!({ "Cmd": ["sh"], "Env": env });
-    write_archive(
-        &scratch,
-        &root,
-        config,
-        &refs.glibc_dns_testing.repository,
-        &refs.glibc_dns_testing.tag,
-        &scratch.join("glibc-dns-testing.tar"),
-    )?;
+    pack(&root, json!({ "Cmd": ["sh"], "Env": env }), &glibc_dns)?;
 
     // nginx
-    let root = scratch.join("nginx-root");
+    let root = tree(&nginx)?;
     crate::image::unpack_debs(&root, &nginx_debs)?;
     for dir in ["run", "tmp", "var/lib/nginx", "var/log/nginx", "etc/nginx"] {
         fs::create_dir_all(root.join(dir))?;
@@ -438,17 +433,10 @@ pub(crate) fn ensure(cluster: &ClusterTools, coredns: &Path, refs: &Refs) -> Res
         "ExposedPorts": { "80/tcp": {} },
         "Env": env,
     });
-    write_archive(
-        &scratch,
-        &root,
-        config,
-        &refs.nginx.repository,
-        &refs.nginx.tag,
-        &scratch.join("nginx.tar"),
-    )?;
+    pack(&root, config, &nginx)?;
 
     // regression-issue-74839: the server alone (it is static).
-    let root = scratch.join("regression-root");
+    let root = tree(&regression)?;
     fs::create_dir_all(root.join("tmp"))?;
     fs::copy(
         &cluster.regression_74839,
@@ -456,56 +444,31 @@ pub(crate) fn ensure(cluster: &ClusterTools, coredns: &Path, refs: &Refs) -> Res
     )
     .with_context(|| format!("copying {}", cluster.regression_74839.display()))?;
     let config = json!({ "Entrypoint": ["/regression-issue-74839"], "Env": env });
-    write_archive(
-        &scratch,
-        &root,
-        config,
-        &refs.regression_74839.repository,
-        &refs.regression_74839.tag,
-        &scratch.join("regression-issue-74839.tar"),
-    )?;
+    pack(&root, config, &regression)?;
 
     // distroless-iptables
-    let root = scratch.join("iptables-root");
+    let root = tree(&iptables)?;
     crate::image::unpack_debs(&root, &iptables_debs)?;
     for dir in ["run", "tmp", "proc", "sys", "dev"] {
         fs::create_dir_all(root.join(dir))?;
     }
-    let sh = root.join("bin/sh");
-    if sh.symlink_metadata().is_ok() {
-        fs::remove_file(&sh)?;
-    }
-    std::os::unix::fs::symlink("bash", &sh)?;
+    shell_is_bash(&root)?;
     // debianutils' `which` is an alternative its maintainer script would link.
     let which = root.join("usr/bin/which");
     if which.symlink_metadata().is_err() {
         std::os::unix::fs::symlink("which.debianutils", &which)?;
     }
-    let config = json!({ "Env": env });
-    write_archive(
-        &scratch,
-        &root,
-        config,
-        &refs.distroless_iptables.repository,
-        &refs.distroless_iptables.tag,
-        &scratch.join("distroless-iptables.tar"),
-    )?;
+    pack(&root, json!({ "Env": env }), &iptables)?;
 
-    for name in [
-        "pause-root",
-        "busybox-root",
-        "coredns-root",
-        "glibc-dns-root",
-        "nginx-root",
-        "regression-root",
-        "iptables-root",
-        "oci",
-        "layer.tar",
-    ] {
-        let path = scratch.join(name);
+    // Only the archives stay: the trees and `write_archive`'s work files go.
+    for entry in fs::read_dir(&scratch)? {
+        let path = entry?.path();
+        if path.file_name().is_some_and(|n| names.contains(&n)) {
+            continue;
+        }
         if path.is_dir() {
             fs::remove_dir_all(&path)?;
-        } else if path.exists() {
+        } else {
             fs::remove_file(&path)?;
         }
     }
@@ -518,7 +481,7 @@ pub(crate) fn ensure(cluster: &ClusterTools, coredns: &Path, refs: &Refs) -> Res
         }
     }
     fs::rename(&scratch, &dir)?;
-    Ok(archives)
+    Ok(all.into_iter().cloned().collect())
 }
 
 /// Debian packages of the kube-proxy image: what its IPVS, iptables and nftables modes call

@@ -185,59 +185,45 @@ pub(crate) fn ensure_cluster() -> Result<std::result::Result<ClusterTools, Unava
         .to_path_buf();
     let target = base.parent().context("no target dir")?.to_path_buf();
     let flags = version_ldflags(&tools.kubernetes_version, true);
-    let mut key = Fnv::default();
-    key.str(&flags);
-    for (pkg, name) in CLUSTER_PACKAGES.iter().chain(CLUSTER_TESTS) {
-        key.str(pkg).str(name);
-    }
-    let out = PathBuf::from(format!("{}-cluster-{}", base.display(), key.hex()));
-    let cluster = ClusterTools {
+    let build_set =
+        |set: &str, packages, tests| build_set(&go, &base, &target, set, packages, tests, &flags);
+    let out = build_set("cluster", CLUSTER_PACKAGES, CLUSTER_TESTS)?;
+    let images = build_set("images", IMAGE_PACKAGES, &[])?;
+    Ok(Ok(ClusterTools {
         kubelet: out.join("kubelet"),
         kube_controller_manager: out.join("kube-controller-manager"),
         kube_scheduler: out.join("kube-scheduler"),
         agnhost: out.join("agnhost"),
-        regression_74839: PathBuf::new(),
+        regression_74839: images.join("regression-issue-74839"),
         e2e_test: out.join("e2e.test"),
-    };
-    let complete = CLUSTER_PACKAGES
-        .iter()
-        .chain(CLUSTER_TESTS)
-        .all(|(_, name)| out.join(name).is_file());
-    if !complete {
-        build(
-            &go,
-            &module_dir(),
-            &target,
-            &out,
-            CLUSTER_PACKAGES,
-            CLUSTER_TESTS,
-            &[&flags],
-        )?;
-    }
+    }))
+}
+
+/// One set of programs built together into `<base>-<set>-<key>/` (the key hashes the flags and
+/// the packages), unless every one of them is already there; returns that directory.
+fn build_set(
+    go: &Path,
+    base: &Path,
+    target: &Path,
+    set: &str,
+    packages: &[(&str, &str)],
+    tests: &[(&str, &str)],
+    flags: &str,
+) -> Result<PathBuf> {
     let mut key = Fnv::default();
-    key.str(&flags);
-    for (pkg, name) in IMAGE_PACKAGES {
+    key.str(flags);
+    for (pkg, name) in packages.iter().chain(tests) {
         key.str(pkg).str(name);
     }
-    let images = PathBuf::from(format!("{}-images-{}", base.display(), key.hex()));
-    if !IMAGE_PACKAGES
+    let out = PathBuf::from(format!("{}-{set}-{}", base.display(), key.hex()));
+    let complete = packages
         .iter()
-        .all(|(_, name)| images.join(name).is_file())
-    {
-        build(
-            &go,
-            &module_dir(),
-            &target,
-            &images,
-            IMAGE_PACKAGES,
-            &[],
-            &[&flags],
-        )?;
+        .chain(tests)
+        .all(|(_, name)| out.join(name).is_file());
+    if !complete {
+        build(go, &module_dir(), target, &out, packages, tests, &[flags])?;
     }
-    Ok(Ok(ClusterTools {
-        regression_74839: images.join("regression-issue-74839"),
-        ..cluster
-    }))
+    Ok(out)
 }
 
 /// `-ldflags` stamping the release into the programs, as upstream's build does: without it
