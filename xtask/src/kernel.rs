@@ -106,8 +106,9 @@ pub(crate) const BOOT_MODULES: &[&str] = &[
 /// (`modprobe`), while the kernel tests keep a kernel without them (`br_netfilter` would send
 /// their bridged test traffic through iptables). `sctp` is for the SCTP Services and Pods of
 /// the `[sig-network]` suite, loaded at boot so that they do not depend on the kernel's
-/// on-demand module load.
-pub(crate) const NODE_MODULES: &[&str] = &["overlay", "br_netfilter", "sctp"];
+/// on-demand module load; `xt_sctp` is the iptables match the CNI `portmap` plugin's rules for
+/// an SCTP `hostPort` use (without it the sandbox fails with "RULE_APPEND failed").
+pub(crate) const NODE_MODULES: &[&str] = &["overlay", "br_netfilter", "sctp", "xt_sctp"];
 
 /// An unpacked kernel with the boot modules staged for the guest.
 #[derive(Debug)]

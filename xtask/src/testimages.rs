@@ -170,7 +170,9 @@ fn busybox_tree(root: &Path, busybox: &Path) -> Result<()> {
 
 /// Host programs the agnhost image carries beside agnhost, at the paths upstream's image has
 /// them (its Dockerfile installs curl, netcat-openbsd, iproute2, bind-tools, bash and socat):
-/// the e2e tests exec `nc -v -t -w 2`, `curl`, `ss`, `dig` and `wget -T 1` in agnhost Pods.
+/// the e2e tests exec `nc -v -t -w 2`, `curl`, `ss`, `dig` and `wget -T 1` in agnhost Pods, and
+/// the DNS tests' prober `getent hosts` (Alpine's, musl's, upstream; glibc's here, under
+/// [`NSSWITCH`]; busybox has none, which failed every DNS test that checks `/etc/hosts`).
 /// `wget` is GNU's: Debian 12's static busybox 1.35 (whose applets the image has otherwise)
 /// dies of a segmentation fault on `wget -T`, which failed every test that checks a Service
 /// with `wget -q -O - -T 1` as reachable by nobody.
@@ -183,7 +185,17 @@ const AGNHOST_TOOLS: &[(&str, &str)] = &[
     ("/usr/bin/dig", "/usr/bin/dig"),
     ("/usr/bin/bash", "/bin/bash"),
     ("/usr/bin/socat", "/usr/bin/socat"),
+    ("/usr/bin/getent", "/usr/bin/getent"),
 ];
+
+/// `/etc/nsswitch.conf` of the images with glibc's `getent`: the hosts file first, as musl
+/// reads it (without the file glibc asks DNS first and stops at its "no such name").
+const NSSWITCH: &str = "hosts: files dns\n";
+
+/// Files of upstream's agnhost `porter` directory its image carries at `/`: the certificate
+/// and key `porter` serves its TLS ports with (the "Proxy through a service and a pod" test
+/// reads through them).
+const PORTER_TLS: &[&str] = &["localhost.crt", "localhost.key"];
 
 /// Host programs of the `glibc-dns-testing` image: the DNS tests' glibc prober runs `dig` and
 /// `getent hosts` (glibc's resolver, where busybox would use its own).
@@ -280,6 +292,9 @@ pub(crate) fn ensure(cluster: &ClusterTools, coredns: &Path, refs: &Refs) -> Res
     key.bytes(&fs::read(&source).with_context(|| format!("reading {}", source.display()))?);
     key.file(&busybox)?;
     key.file(&cluster.agnhost)?;
+    for file in PORTER_TLS {
+        key.file(&cluster.agnhost_porter.join(file))?;
+    }
     key.file(coredns)?;
     key.file(&cluster.regression_74839)?;
     for (host, guest) in AGNHOST_TOOLS.iter().chain(GLIBC_DNS_TOOLS) {
@@ -376,6 +391,11 @@ pub(crate) fn ensure(cluster: &ClusterTools, coredns: &Path, refs: &Refs) -> Res
         .with_context(|| format!("copying {}", cluster.agnhost.display()))?;
     std::os::unix::fs::symlink("agnhost", root.join("agnhost-2"))?;
     fs::create_dir_all(root.join("uploads"))?;
+    // `porter` serves TLS with these, found relative to its working directory (`/`).
+    for file in PORTER_TLS {
+        let from = cluster.agnhost_porter.join(file);
+        fs::copy(&from, root.join(file)).with_context(|| format!("copying {}", from.display()))?;
+    }
     // Upstream's image carries CoreDNS at /coredns (the DNS tests run it as a Pod's DNS
     // server) and a user and group its tests name.
     fs::copy(coredns, root.join("coredns"))
@@ -392,6 +412,7 @@ pub(crate) fn ensure(cluster: &ClusterTools, coredns: &Path, refs: &Refs) -> Res
         add_host_program(&root, Path::new(host), guest)?;
     }
     shell_is_bash(&root)?;
+    fs::write(root.join("etc/nsswitch.conf"), NSSWITCH)?;
     let config = json!({ "Entrypoint": ["/agnhost"], "Cmd": ["pause"], "Env": env });
     pack(&root, config, &agnhost)?;
 
@@ -416,7 +437,7 @@ pub(crate) fn ensure(cluster: &ClusterTools, coredns: &Path, refs: &Refs) -> Res
         add_host_program(&root, Path::new(host), guest)?;
     }
     shell_is_bash(&root)?;
-    fs::write(root.join("etc/nsswitch.conf"), "hosts: files dns\n")?;
+    fs::write(root.join("etc/nsswitch.conf"), NSSWITCH)?;
     pack(&root, json!({ "Cmd": ["sh"], "Env": env }), &glibc_dns)?;
 
     // nginx

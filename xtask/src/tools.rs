@@ -68,6 +68,9 @@ pub(crate) struct ClusterTools {
     pub(crate) kube_controller_manager: PathBuf,
     pub(crate) kube_scheduler: PathBuf,
     pub(crate) agnhost: PathBuf,
+    /// The directory of agnhost's `porter` in the pinned module's source: upstream's image
+    /// carries its `localhost.crt` and `localhost.key` (the TLS port of `porter`).
+    pub(crate) agnhost_porter: PathBuf,
     /// The server of the `regression-issue-74839` test image (see [`IMAGE_PACKAGES`]).
     pub(crate) regression_74839: PathBuf,
     /// Upstream `e2e.test` of the pinned release.
@@ -189,11 +192,21 @@ pub(crate) fn ensure_cluster() -> Result<std::result::Result<ClusterTools, Unava
         |set: &str, packages, tests| build_set(&go, &base, &target, set, packages, tests, &flags);
     let out = build_set("cluster", CLUSTER_PACKAGES, CLUSTER_TESTS)?;
     let images = build_set("images", IMAGE_PACKAGES, &[])?;
+    // The module is in the Go module cache once the builds above have run.
+    let source = util::output(go_command(&go, &module_dir()).args([
+        "list",
+        "-m",
+        "-f",
+        "{{.Dir}}",
+        "k8s.io/kubernetes",
+    ]))
+    .context("finding the pinned k8s.io/kubernetes source")?;
     Ok(Ok(ClusterTools {
         kubelet: out.join("kubelet"),
         kube_controller_manager: out.join("kube-controller-manager"),
         kube_scheduler: out.join("kube-scheduler"),
         agnhost: out.join("agnhost"),
+        agnhost_porter: PathBuf::from(source.trim()).join("test/images/agnhost/porter"),
         regression_74839: images.join("regression-issue-74839"),
         e2e_test: out.join("e2e.test"),
     }))
