@@ -218,7 +218,13 @@ pub(crate) fn table(cases: &[Case]) -> String {
 pub(crate) struct Run {
     pub(crate) focus: String,
     pub(crate) skip: Option<String>,
+    /// The suite's time box in seconds (ginkgo's `--timeout`: when it runs out, the test
+    /// running is interrupted, the rest are not started, and the report is still written).
+    pub(crate) timeout_secs: u64,
 }
+
+/// The time box when none is given: a day, as long as any whole run could take.
+pub(crate) const DEFAULT_TIMEOUT_SECS: u64 = 24 * 3600;
 
 /// Runs `e2e.test` (already inside the lab's namespace, the cluster up) and reads its report.
 pub(crate) fn run_suite(
@@ -247,7 +253,7 @@ pub(crate) fn run_suite(
         .arg(format!("--report-dir={}", report_dir.display()))
         .arg(format!("--ginkgo.focus={}", run.focus))
         .arg("--ginkgo.no-color")
-        .arg("--ginkgo.timeout=24h")
+        .arg(format!("--ginkgo.timeout={}s", run.timeout_secs))
         .stdout(fs::File::create(&log)?)
         .stderr(fs::File::create(report_dir.join("e2e.stderr"))?);
     if !skip.is_empty() {

@@ -849,13 +849,15 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
 }
 
 /// `cargo xtask conformance [--proxy kube-ipvs|kube-proxy] [--focus RE] [--skip RE] [--smoke]
-/// [--nodes N] [--mem MIB]`.
+/// [--timeout S] [--nodes N] [--mem MIB]`.
 pub(crate) fn conformance_command(args: &[String]) -> Result<()> {
     let mut focus = None;
     let mut skip = None;
     let mut smoke = false;
+    let mut timeout_secs = crate::conformance::DEFAULT_TIMEOUT_SECS;
     let options = parse_options(args, |a, it| {
         match a {
+            "--timeout" => timeout_secs = vm::parse_next(it, "--timeout")?,
             "--focus" => focus = Some(it.next().context("--focus needs a value")?.clone()),
             "--skip" => skip = Some(it.next().context("--skip needs a value")?.clone()),
             "--smoke" => smoke = true,
@@ -869,6 +871,9 @@ pub(crate) fn conformance_command(args: &[String]) -> Result<()> {
         (None, true) => crate::conformance::focus_of(crate::conformance::SMOKE),
         (None, false) => crate::conformance::DEFAULT_FOCUS.to_owned(),
     };
+    if timeout_secs == 0 {
+        bail!("conformance: --timeout must be at least 1 second");
+    }
     if let Some(outer) = enter("conformance", args, &options) {
         return outer;
     }
@@ -880,7 +885,11 @@ pub(crate) fn conformance_command(args: &[String]) -> Result<()> {
         &artifacts.cluster.e2e_test,
         &artifacts.tools.kubectl,
         &cluster.plane.host_kubeconfig()?,
-        &crate::conformance::Run { focus, skip },
+        &crate::conformance::Run {
+            focus,
+            skip,
+            timeout_secs,
+        },
         &report,
     )?;
     drop(cluster);
