@@ -84,6 +84,13 @@ impl Node {
     pub(crate) fn pod_cidr(&self) -> String {
         format!("10.244.{}.0/24", self.index)
     }
+    /// The node's `topology.kubernetes.io/zone`: three zones, dealt out in turn (node-1 in
+    /// zone-a, node-2 in zone-b, node-3 in zone-c, node-4 in zone-a again), so that three
+    /// nodes make the three zones the topology tests ask for, and six make two nodes in each.
+    pub(crate) fn zone(&self) -> String {
+        let letter = char::from(b'a' + (self.index - 1) % 3);
+        format!("zone-{letter}")
+    }
 }
 
 /// The service proxy the lab runs on every node.
@@ -640,9 +647,10 @@ fn start(options: &Options, artifacts: &Artifacts) -> Result<Cluster> {
     let mut objects = String::new();
     for node in &nodes {
         objects.push_str(&format!(
-            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {}\n  labels:\n    kubernetes.io/hostname: {}\nspec:\n  podCIDR: {}\n  podCIDRs: [\"{}\"]\n---\n",
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {}\n  labels:\n    kubernetes.io/hostname: {}\n    topology.kubernetes.io/zone: {}\nspec:\n  podCIDR: {}\n  podCIDRs: [\"{}\"]\n---\n",
             node.name(),
             node.name(),
+            node.zone(),
             node.pod_cidr(),
             node.pod_cidr()
         ));
@@ -933,6 +941,26 @@ mod tests {
         }
         assert_eq!(nodes[0].address(), "10.88.0.11");
         assert_eq!(nodes[1].pod_cidr(), "10.244.2.0/24");
+    }
+
+    #[test]
+    fn three_nodes_make_three_zones_and_six_make_two_nodes_in_each() {
+        let zones = |n| {
+            let mut count = std::collections::BTreeMap::new();
+            for node in (Options {
+                nodes: n,
+                ..Options::default()
+            })
+            .nodes()
+            {
+                *count.entry(node.zone()).or_insert(0) += 1;
+            }
+            count.into_values().collect::<Vec<_>>()
+        };
+        assert_eq!(zones(2), [1, 1]);
+        assert_eq!(zones(3), [1, 1, 1]);
+        assert_eq!(zones(6), [2, 2, 2]);
+        assert_eq!(zones(8), [3, 3, 2]);
     }
 
     #[test]
