@@ -55,8 +55,8 @@ pub(crate) struct Case {
 /// The regular expression matching the `[sig-network]` tests named `names` (a test's full
 /// name contains one of them; other SIGs' tests of the same words, such as `[sig-windows]`'s
 /// NodePort test, are left out).
-pub(crate) fn focus_of(names: &[&str]) -> String {
-    let escaped: Vec<String> = names.iter().map(|n| regex_escape(n)).collect();
+pub(crate) fn focus_of<S: AsRef<str>>(names: &[S]) -> String {
+    let escaped: Vec<String> = names.iter().map(|n| regex_escape(n.as_ref())).collect();
     format!(r"\[sig-network\] (?:{})", escaped.join("|"))
 }
 
@@ -226,6 +226,108 @@ pub(crate) struct Run {
 /// The time box when none is given: a day, as long as any whole run could take.
 pub(crate) const DEFAULT_TIMEOUT_SECS: u64 = 24 * 3600;
 
+/// The committed skip list with the run's own `--skip`.
+fn run_skip(run: &Run) -> Result<String> {
+    let skip = skip_expression()?;
+    Ok(match &run.skip {
+        Some(extra) if skip.is_empty() => extra.clone(),
+        Some(extra) => format!("{skip}|{extra}"),
+        None => skip,
+    })
+}
+
+/// One part of a focus too long for one sitting: the `index`-th (from 1) of `count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shard {
+    pub(crate) index: usize,
+    pub(crate) count: usize,
+}
+
+impl std::str::FromStr for Shard {
+    type Err = anyhow::Error;
+
+    /// `I/N`, `1 <= I <= N`.
+    fn from_str(text: &str) -> Result<Shard> {
+        let (i, n) = text
+            .split_once('/')
+            .with_context(|| format!("--shard {text:?}: want I/N, e.g. 2/4"))?;
+        let index: usize = i
+            .parse()
+            .with_context(|| format!("--shard {text:?}: {i:?} is not a number"))?;
+        let count: usize = n
+            .parse()
+            .with_context(|| format!("--shard {text:?}: {n:?} is not a number"))?;
+        if count == 0 || index == 0 || index > count {
+            bail!("--shard {text:?}: want 1 <= I <= N");
+        }
+        Ok(Shard { index, count })
+    }
+}
+
+/// A selected test's name as a focus can match it: the JUnit name without `[It] `, the
+/// `[sig-network] ` it starts with (`focus_of` puts that back) and the label list Ginkgo
+/// appends (`[sig-network, Conformance]`), which is not part of the text a focus matches.
+pub(crate) fn spec_name(junit_name: &str) -> &str {
+    let name = junit_name.strip_prefix("[It] ").unwrap_or(junit_name);
+    let name = name.strip_prefix("[sig-network] ").unwrap_or(name);
+    match name.rfind(" [sig-") {
+        Some(at) if name.ends_with(']') => &name[..at],
+        _ => name,
+    }
+}
+
+/// The shard's tests out of every selected one: sorted by name, then dealt out in turn, so
+/// the slow groups (session affinity timeouts, DNS) spread over the shards. The same
+/// `e2e.test` and skip list always deal the same shards.
+pub(crate) fn shard_of(names: &[String], shard: Shard) -> Vec<String> {
+    let mut sorted = names.to_vec();
+    sorted.sort();
+    sorted.dedup();
+    sorted
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| i % shard.count == shard.index - 1)
+        .map(|(_, n)| n)
+        .collect()
+}
+
+/// The tests `run` selects, by name (`spec_name`): `e2e.test --ginkgo.dry-run` with the run's
+/// focus and skip, read from the JUnit report it writes. Needs no cluster.
+pub(crate) fn selected(e2e: &Path, run: &Run) -> Result<Vec<String>> {
+    let dir = util::target_dir()?.join("lab/dry-run");
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir)?;
+    let junit = dir.join("junit.xml");
+    let skip = run_skip(run)?;
+    let mut cmd = Command::new(e2e);
+    cmd.arg("--provider=local")
+        .arg("--kubeconfig=/dev/null")
+        .arg("--ginkgo.dry-run")
+        .arg("--ginkgo.no-color")
+        .arg(format!("--ginkgo.focus={}", run.focus))
+        .arg(format!("--ginkgo.junit-report={}", junit.display()))
+        .stdout(fs::File::create(dir.join("e2e.log"))?)
+        .stderr(std::process::Stdio::null());
+    if !skip.is_empty() {
+        cmd.arg(format!("--ginkgo.skip={skip}"));
+    }
+    let status = cmd.status().context("starting e2e.test --ginkgo.dry-run")?;
+    if !status.success() {
+        bail!(
+            "e2e.test --ginkgo.dry-run failed ({status}); see {}",
+            dir.join("e2e.log").display()
+        );
+    }
+    let xml = fs::read_to_string(&junit)
+        .with_context(|| format!("e2e.test --ginkgo.dry-run wrote no {}", junit.display()))?;
+    // A dry run reports what it would run as passed and what the filters left out as skipped.
+    Ok(parse_junit(&xml)?
+        .into_iter()
+        .filter(|c| c.outcome == Outcome::Passed && c.name.starts_with("[sig-network] "))
+        .map(|c| spec_name(&c.name).to_owned())
+        .collect())
+}
+
 /// Runs `e2e.test` (already inside the lab's namespace, the cluster up) and reads its report.
 pub(crate) fn run_suite(
     e2e: &Path,
@@ -236,14 +338,7 @@ pub(crate) fn run_suite(
 ) -> Result<Vec<Case>> {
     let _ = fs::remove_dir_all(report_dir);
     fs::create_dir_all(report_dir)?;
-    let mut skip = skip_expression()?;
-    if let Some(extra) = &run.skip {
-        skip = if skip.is_empty() {
-            extra.clone()
-        } else {
-            format!("{skip}|{extra}")
-        };
-    }
+    let skip = run_skip(run)?;
     let log = report_dir.join("e2e.log");
     let started = Instant::now();
     let mut cmd = Command::new(e2e);
@@ -357,6 +452,52 @@ mod tests {
         assert_eq!(focus.split('|').count(), SMOKE.len());
         assert!(focus.contains("type clusterIP"));
         assert_eq!(regex_escape("a [b] (c)."), r"a \[b\] \(c\)\.");
+    }
+
+    #[test]
+    fn spec_names_lose_the_it_the_sig_and_the_labels() {
+        assert_eq!(
+            spec_name(
+                "[It] [sig-network] API Server should provide secure master service [Conformance] [sig-network, Conformance]"
+            ),
+            "API Server should provide secure master service [Conformance]"
+        );
+        assert_eq!(
+            spec_name(
+                "[sig-network] Connectivity Pod Lifecycle should be able to connect [sig-network]"
+            ),
+            "Connectivity Pod Lifecycle should be able to connect"
+        );
+        // No label list: nothing is cut.
+        assert_eq!(
+            spec_name("[sig-network] DNS should provide DNS for the cluster [Provider:gce]"),
+            "DNS should provide DNS for the cluster [Provider:gce]"
+        );
+    }
+
+    #[test]
+    fn shards_deal_every_test_to_exactly_one() -> Result<()> {
+        let names: Vec<String> = (0..10).rev().map(|i| format!("test {i}")).collect();
+        let count = 3;
+        let mut all = Vec::new();
+        for index in 1..=count {
+            let shard = shard_of(&names, Shard { index, count });
+            // Dealt in turn: sizes differ by at most one.
+            assert!((3..=4).contains(&shard.len()), "{shard:?}");
+            all.extend(shard);
+        }
+        all.sort();
+        let mut want = names.clone();
+        want.sort();
+        assert_eq!(all, want);
+        assert_eq!(
+            shard_of(&names, "2/3".parse()?),
+            ["test 1", "test 4", "test 7"]
+        );
+        for bad in ["0/3", "4/3", "1/0", "3", "a/3", "1/b"] {
+            assert!(bad.parse::<Shard>().is_err(), "{bad}");
+        }
+        Ok(())
     }
 
     #[test]

@@ -863,9 +863,11 @@ pub(crate) fn conformance_command(args: &[String]) -> Result<()> {
     let mut skip = None;
     let mut smoke = false;
     let mut timeout_secs = crate::conformance::DEFAULT_TIMEOUT_SECS;
+    let mut shard: Option<crate::conformance::Shard> = None;
     let options = parse_options(args, |a, it| {
         match a {
             "--timeout" => timeout_secs = vm::parse_next(it, "--timeout")?,
+            "--shard" => shard = Some(it.next().context("--shard needs I/N")?.parse()?),
             "--focus" => focus = Some(it.next().context("--focus needs a value")?.clone()),
             "--skip" => skip = Some(it.next().context("--skip needs a value")?.clone()),
             "--smoke" => smoke = true,
@@ -887,17 +889,40 @@ pub(crate) fn conformance_command(args: &[String]) -> Result<()> {
     }
     let started = Instant::now();
     let artifacts = artifacts(options.proxy)?;
+    let mut run = crate::conformance::Run {
+        focus,
+        skip,
+        timeout_secs,
+    };
+    if let Some(shard) = shard {
+        // The shard's tests by their whole names: `$` so that a name that begins another
+        // (the Conntrack ClusterIP tests) selects only itself.
+        let all = crate::conformance::selected(&artifacts.cluster.e2e_test, &run)?;
+        let mine = crate::conformance::shard_of(&all, shard);
+        if mine.is_empty() {
+            bail!(
+                "conformance: shard {}/{} of the {} tests the focus selects is empty",
+                shard.index,
+                shard.count,
+                all.len()
+            );
+        }
+        eprintln!(
+            "xtask: shard {}/{}: {} of the {} tests the focus selects",
+            shard.index,
+            shard.count,
+            mine.len(),
+            all.len()
+        );
+        run.focus = format!("{}$", crate::conformance::focus_of(&mine));
+    }
     let cluster = start(&options, &artifacts)?;
     let report = crate::conformance::report_dir()?;
     let cases = crate::conformance::run_suite(
         &artifacts.cluster.e2e_test,
         &artifacts.tools.kubectl,
         &cluster.plane.host_kubeconfig()?,
-        &crate::conformance::Run {
-            focus,
-            skip,
-            timeout_secs,
-        },
+        &run,
         &report,
     )?;
     drop(cluster);

@@ -44,7 +44,7 @@ const USAGE: &str = "usage: cargo xtask <command>
   fuzz [TARGET] [--seconds N]       coverage-guided fuzzing of every parser of outside input (crates/fuzz)
   cluster up [--proxy kube-ipvs|kube-proxy] [--nodes N] [--mem MIB] | down
                                     a real Kubernetes cluster in QEMU guests, kube-ipvs on every node
-  conformance [--proxy kube-ipvs|kube-proxy] [--focus RE] [--skip RE] [--smoke] [--timeout S] [--nodes N] [--mem MIB]
+  conformance [--proxy kube-ipvs|kube-proxy] [--focus RE] [--skip RE] [--smoke] [--timeout S] [--shard I/N] [--nodes N] [--mem MIB]
                                     upstream e2e.test ([sig-network]) on that cluster
   tools                             build kube-apiserver, etcd, kube-proxy, kubectl (integration/tools)
   deploy-check                      kubectl apply --dry-run=server of deploy/ against a real API server
