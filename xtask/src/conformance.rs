@@ -226,14 +226,25 @@ pub(crate) struct Run {
 /// The time box when none is given: a day, as long as any whole run could take.
 pub(crate) const DEFAULT_TIMEOUT_SECS: u64 = 24 * 3600;
 
-/// The committed skip list with the run's own `--skip`.
-fn run_skip(run: &Run) -> Result<String> {
-    let skip = skip_expression()?;
-    Ok(match &run.skip {
-        Some(extra) if skip.is_empty() => extra.clone(),
-        Some(extra) => format!("{skip}|{extra}"),
-        None => skip,
-    })
+/// `e2e.test` with what every run of it here shares: the local provider, the run's focus,
+/// and the committed skip list with the run's own `--skip`.
+fn e2e_command(e2e: &Path, run: &Run) -> Result<Command> {
+    let mut skip = skip_expression()?;
+    if let Some(extra) = &run.skip {
+        skip = if skip.is_empty() {
+            extra.clone()
+        } else {
+            format!("{skip}|{extra}")
+        };
+    }
+    let mut cmd = Command::new(e2e);
+    cmd.arg("--provider=local")
+        .arg(format!("--ginkgo.focus={}", run.focus))
+        .arg("--ginkgo.no-color");
+    if !skip.is_empty() {
+        cmd.arg(format!("--ginkgo.skip={skip}"));
+    }
+    Ok(cmd)
 }
 
 /// One part of a focus too long for one sitting: the `index`-th (from 1) of `count`.
@@ -264,11 +275,10 @@ impl std::str::FromStr for Shard {
     }
 }
 
-/// A selected test's name as a focus can match it: the JUnit name without `[It] `, the
+/// A selected test's name (as `parse_junit` gives it) as a focus can match it: without the
 /// `[sig-network] ` it starts with (`focus_of` puts that back) and the label list Ginkgo
 /// appends (`[sig-network, Conformance]`), which is not part of the text a focus matches.
-pub(crate) fn spec_name(junit_name: &str) -> &str {
-    let name = junit_name.strip_prefix("[It] ").unwrap_or(junit_name);
+pub(crate) fn spec_name(name: &str) -> &str {
     let name = name.strip_prefix("[sig-network] ").unwrap_or(name);
     match name.rfind(" [sig-") {
         Some(at) if name.ends_with(']') => &name[..at],
@@ -282,7 +292,6 @@ pub(crate) fn spec_name(junit_name: &str) -> &str {
 pub(crate) fn shard_of(names: &[String], shard: Shard) -> Vec<String> {
     let mut sorted = names.to_vec();
     sorted.sort();
-    sorted.dedup();
     sorted
         .into_iter()
         .enumerate()
@@ -298,20 +307,14 @@ pub(crate) fn selected(e2e: &Path, run: &Run) -> Result<Vec<String>> {
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir)?;
     let junit = dir.join("junit.xml");
-    let skip = run_skip(run)?;
-    let mut cmd = Command::new(e2e);
-    cmd.arg("--provider=local")
+    let status = e2e_command(e2e, run)?
         .arg("--kubeconfig=/dev/null")
         .arg("--ginkgo.dry-run")
-        .arg("--ginkgo.no-color")
-        .arg(format!("--ginkgo.focus={}", run.focus))
         .arg(format!("--ginkgo.junit-report={}", junit.display()))
         .stdout(fs::File::create(dir.join("e2e.log"))?)
-        .stderr(std::process::Stdio::null());
-    if !skip.is_empty() {
-        cmd.arg(format!("--ginkgo.skip={skip}"));
-    }
-    let status = cmd.status().context("starting e2e.test --ginkgo.dry-run")?;
+        .stderr(std::process::Stdio::null())
+        .status()
+        .context("starting e2e.test --ginkgo.dry-run")?;
     if !status.success() {
         bail!(
             "e2e.test --ginkgo.dry-run failed ({status}); see {}",
@@ -338,22 +341,15 @@ pub(crate) fn run_suite(
 ) -> Result<Vec<Case>> {
     let _ = fs::remove_dir_all(report_dir);
     fs::create_dir_all(report_dir)?;
-    let skip = run_skip(run)?;
     let log = report_dir.join("e2e.log");
     let started = Instant::now();
-    let mut cmd = Command::new(e2e);
-    cmd.arg("--provider=local")
-        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+    let mut cmd = e2e_command(e2e, run)?;
+    cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg(format!("--kubectl-path={}", kubectl.display()))
         .arg(format!("--report-dir={}", report_dir.display()))
-        .arg(format!("--ginkgo.focus={}", run.focus))
-        .arg("--ginkgo.no-color")
         .arg(format!("--ginkgo.timeout={}s", run.timeout_secs))
         .stdout(fs::File::create(&log)?)
         .stderr(fs::File::create(report_dir.join("e2e.stderr"))?);
-    if !skip.is_empty() {
-        cmd.arg(format!("--ginkgo.skip={skip}"));
-    }
     eprintln!(
         "xtask: running e2e.test --ginkgo.focus={:?} (log: {})",
         run.focus,
@@ -458,7 +454,7 @@ mod tests {
     fn spec_names_lose_the_it_the_sig_and_the_labels() {
         assert_eq!(
             spec_name(
-                "[It] [sig-network] API Server should provide secure master service [Conformance] [sig-network, Conformance]"
+                "[sig-network] API Server should provide secure master service [Conformance] [sig-network, Conformance]"
             ),
             "API Server should provide secure master service [Conformance]"
         );
