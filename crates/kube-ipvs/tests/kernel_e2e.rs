@@ -275,6 +275,12 @@ impl Lab {
 
     /// One TCP connection from host `from` to `target`: the answering pod's (address, peer).
     fn connect(&self, from: &str, target: &str) -> Option<(String, String)> {
+        self.connect_why(from, target).ok()
+    }
+
+    /// [`Lab::connect`], and when no answer came, why: socat's last error line (or the exit
+    /// status), for a test that must tell a refused connection from a timed-out one.
+    fn connect_why(&self, from: &str, target: &str) -> Result<(String, String), String> {
         let ns = self.ns(from);
         let remote = format!("TCP:{target},connect-timeout=3");
         let out = run(
@@ -283,7 +289,13 @@ impl Lab {
                 "netns", "exec", &ns, "socat", "-T", "5", "-u", &remote, "STDOUT",
             ],
         );
-        answer(&out)
+        answer(&out).ok_or_else(|| {
+            let err = String::from_utf8_lossy(&out.stderr);
+            err.lines().last().map_or_else(
+                || format!("no answer (exit {:?})", out.status.code()),
+                str::to_owned,
+            )
+        })
     }
 
     /// A TCP connection from host `from` to `target` left open: the client process and the
@@ -2129,11 +2141,27 @@ fn each_detect_local_mode_decides_whose_cluster_ip_traffic_is_masqueraded() {
     }
 }
 
+/// The wall-clock time of day in UTC, `HH:MM:SS.mmm`, to set beside the agent's log lines.
+fn utc_now() -> String {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let (secs, ms) = (since.as_secs() % 86_400, since.subsec_millis());
+    format!(
+        "{:02}:{:02}:{:02}.{ms:03}",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
 /// One connection of the traffic generator of [`faults_under_live_traffic_cost_only_what_they_must`].
 struct Attempt {
     phase: usize,
     target: usize,
     answer: Option<String>,
+    /// When it failed: when it started (UTC, as the agent's log), how long it took and why.
+    failure: Option<String>,
     /// The backends that were valid for its Service when it started or when it ended.
     allowed: BTreeSet<String>,
 }
@@ -2304,6 +2332,7 @@ fn faults_under_live_traffic_cost_only_what_they_must() {
     ];
     let mut converge: Vec<Option<f64>> = vec![None; phases.len()];
     let mut notes: Vec<String> = vec![String::new(); phases.len()];
+    let mut agent_log = String::new();
 
     /// Stops the generator when the faults end, also by a failed assertion (else the scope
     /// would wait for it forever).
@@ -2323,7 +2352,15 @@ fn faults_under_live_traffic_cost_only_what_they_must() {
                 i += 1;
                 let before = traffic.allowed.lock().expect("allowed")[service].clone();
                 let phase = traffic.phase.load(Ordering::SeqCst);
-                let answer = lab.connect("client", target).map(|(a, _)| a);
+                let (at, began) = (utc_now(), Instant::now());
+                let result = lab.connect_why("client", target).map(|(a, _)| a);
+                let failure = result.as_ref().err().map(|why| {
+                    format!(
+                        "{target} at {at} after {} ms: {why}",
+                        began.elapsed().as_millis()
+                    )
+                });
+                let answer = result.ok();
                 let mut allowed = before;
                 allowed.extend(
                     traffic.allowed.lock().expect("allowed")[service]
@@ -2334,6 +2371,7 @@ fn faults_under_live_traffic_cost_only_what_they_must() {
                     phase,
                     target: i % targets.len(),
                     answer,
+                    failure,
                     allowed,
                 });
             }
@@ -2366,6 +2404,7 @@ fn faults_under_live_traffic_cost_only_what_they_must() {
         }
         converge[1] = Some(started.elapsed().as_secs_f64() / 4.0);
         notes[1] = "seconds per swap, until check exits 0".to_owned();
+        agent_log = agent.log();
 
         // 2-4: the kernel state changed behind the agent's back.
         let flushes: [(usize, &dyn Fn()); 3] = [
@@ -2530,6 +2569,12 @@ fn faults_under_live_traffic_cost_only_what_they_must() {
         );
         if !wrong.is_empty() {
             println!("  wrong backends: {wrong:?}");
+        }
+        for why in mine.iter().filter_map(|a| a.failure.as_ref()) {
+            println!("  failed: {why}");
+        }
+        if p <= 1 && failed > 0 {
+            println!("--- the agent's log until the churn ended ---\n{agent_log}");
         }
         if p <= 1 {
             assert_eq!(
