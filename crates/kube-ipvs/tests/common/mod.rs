@@ -189,14 +189,19 @@ impl RunningAgent {
         }
     }
 
-    /// Waits until the default `/healthz` (port 10256) says 200, the first sync done.
+    /// Waits until the default `/healthz` (port 10256) says 200, the first sync done. The
+    /// limit only catches an agent that never gets there, not a slow one (speed is measured in
+    /// benchmarks): CI's guest shares the host with the lab's Go builds, and there a startup of
+    /// 300 Services once took 15 s to get from its sysctls to its first sync (0.5 s otherwise)
+    /// and was not healthy after 30 s.
     pub(crate) fn wait_healthy(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        const LIMIT: Duration = Duration::from_secs(120);
+        let deadline = Instant::now() + LIMIT;
         while http_status(10256, "/healthz") != Some(200) {
             self.assert_running();
             assert!(
                 Instant::now() < deadline,
-                "not healthy in 30s:\n{}",
+                "not healthy in {LIMIT:?}:\n{}",
                 self.log()
             );
             std::thread::sleep(Duration::from_millis(100));
