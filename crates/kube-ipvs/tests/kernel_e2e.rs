@@ -2506,20 +2506,39 @@ fn faults_under_live_traffic_cost_only_what_they_must() {
         drop(agent);
         std::fs::write(dir.join("filler.yaml"), &filler).expect("write filler.yaml");
         let (addrs_before, services_before) = (kube_ipvs0_addresses(), kernel_services());
+        // The kill follows the first new address's notification (`ip monitor`), not a poll of
+        // `ip addr show`: a poll once missed the whole sync between two looks.
+        let mut monitor = Command::new(IP)
+            .args(["-o", "monitor", "address", "dev", "kube-ipvs0"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start ip monitor");
+        let (seen_tx, seen_rx) = std::sync::mpsc::channel();
+        let monitor_out = monitor.stdout.take().expect("ip monitor's stdout");
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for line in std::io::BufReader::new(monitor_out).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("inet 10.97.") && !line.starts_with("Deleted") {
+                    let _ = seen_tx.send(());
+                    break;
+                }
+            }
+        });
         let started = Instant::now();
         let mut interrupted = Agent::spawn(&dir, &source, "10.244.0.0/16", &[]);
         // Loading the 1,000 Services' manifests takes the agent over a minute on a slow host
-        // before it binds anything; the poll pauses between looks (each forks `ip`), so it
-        // does not take the guest's CPU from the agent it waits for.
+        // before it binds anything.
         let deadline = Instant::now() + Duration::from_secs(300);
-        while kube_ipvs0_addresses() <= addrs_before {
+        while seen_rx.recv_timeout(Duration::from_millis(200)).is_err() {
             if let Ok(Some(status)) = interrupted.child.try_wait() {
                 panic!("kube-ipvs run exited ({status}):\n{}", interrupted.log());
             }
             assert!(Instant::now() < deadline, "the startup sync never began");
-            std::thread::sleep(Duration::from_millis(20));
         }
         interrupted.kill();
+        let _ = monitor.kill();
+        let _ = monitor.wait();
         let (addrs_at_kill, services_at_kill) = (kube_ipvs0_addresses(), kernel_services());
         drop(interrupted);
         // The step tests a restart after an interrupted sync: it must have been one.
