@@ -451,7 +451,7 @@ mod tests {
     }
 
     #[test]
-    fn spec_names_lose_the_it_the_sig_and_the_labels() {
+    fn spec_names_lose_the_sig_and_the_labels() {
         assert_eq!(
             spec_name(
                 "[sig-network] API Server should provide secure master service [Conformance] [sig-network, Conformance]"

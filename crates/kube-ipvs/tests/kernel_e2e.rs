@@ -2159,9 +2159,9 @@ fn utc_now() -> String {
 struct Attempt {
     phase: usize,
     target: usize,
-    answer: Option<String>,
-    /// When it failed: when it started (UTC, as the agent's log), how long it took and why.
-    failure: Option<String>,
+    /// The answering pod, or why none answered: the target, when it started (UTC, as the
+    /// agent's log), how long it took and socat's error.
+    answer: Result<String, String>,
     /// The backends that were valid for its Service when it started or when it ended.
     allowed: BTreeSet<String>,
 }
@@ -2353,14 +2353,15 @@ fn faults_under_live_traffic_cost_only_what_they_must() {
                 let before = traffic.allowed.lock().expect("allowed")[service].clone();
                 let phase = traffic.phase.load(Ordering::SeqCst);
                 let (at, began) = (utc_now(), Instant::now());
-                let result = lab.connect_why("client", target).map(|(a, _)| a);
-                let failure = result.as_ref().err().map(|why| {
-                    format!(
-                        "{target} at {at} after {} ms: {why}",
-                        began.elapsed().as_millis()
-                    )
-                });
-                let answer = result.ok();
+                let answer = lab
+                    .connect_why("client", target)
+                    .map(|(a, _)| a)
+                    .map_err(|why| {
+                        format!(
+                            "{target} at {at} after {} ms: {why}",
+                            began.elapsed().as_millis()
+                        )
+                    });
                 let mut allowed = before;
                 allowed.extend(
                     traffic.allowed.lock().expect("allowed")[service]
@@ -2371,7 +2372,6 @@ fn faults_under_live_traffic_cost_only_what_they_must() {
                     phase,
                     target: i % targets.len(),
                     answer,
-                    failure,
                     allowed,
                 });
             }
@@ -2570,11 +2570,11 @@ fn faults_under_live_traffic_cost_only_what_they_must() {
     let mut wrong_total = 0;
     for (p, name) in phases.iter().enumerate() {
         let mine: Vec<&Attempt> = attempts.iter().filter(|a| a.phase == p).collect();
-        let failed = mine.iter().filter(|a| a.answer.is_none()).count();
+        let failed = mine.iter().filter(|a| a.answer.is_err()).count();
         let wrong: Vec<String> = mine
             .iter()
             .filter_map(|a| {
-                let got = a.answer.as_ref()?;
+                let got = a.answer.as_ref().ok()?;
                 (!a.allowed.contains(got)).then(|| format!("{} from target {}", got, a.target))
             })
             .collect();
@@ -2589,7 +2589,7 @@ fn faults_under_live_traffic_cost_only_what_they_must() {
         if !wrong.is_empty() {
             println!("  wrong backends: {wrong:?}");
         }
-        for why in mine.iter().filter_map(|a| a.failure.as_ref()) {
+        for why in mine.iter().filter_map(|a| a.answer.as_ref().err()) {
             println!("  failed: {why}");
         }
         if p <= 1 && failed > 0 {
