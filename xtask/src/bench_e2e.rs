@@ -1,5 +1,5 @@
-//! `cargo xtask bench e2e`: kube-ipvs against kube-proxy `--proxy-mode=ipvs` end to end, on a
-//! real kube-apiserver and a real kernel.
+//! `cargo xtask bench e2e`: kube-ipvs against kube-proxy's IPVS, nftables and iptables modes end
+//! to end, on a real kube-apiserver and a real kernel.
 //!
 //! One control plane on the host serves every run. For each size (ascending) the driver
 //! (`integration/examples/e2e-bench.rs`) fills the API from the host, where it runs at native

@@ -37,8 +37,8 @@ const USAGE: &str = "usage: cargo xtask <command>
   bench netlink [-- ARGS]           ipvs-bench in the guest (default --services 10000 --dests 10)
   bench dump [-- ARGS]              kube-ipvs dump vs ipvsadm -Ln in the guest
   bench diff|watch [ARGS]           cargo bench of kube-ipvs-diff / kube-ipvs-watch
-  bench e2e [--sizes N,..] [--updates U] [--agents kube-ipvs,kube-proxy]
-                                    kube-ipvs vs kube-proxy --proxy-mode=ipvs on a real API server, in the guest
+  bench e2e [--sizes N,..] [--updates U] [--agents kube-ipvs,kube-proxy-ipvs,...]
+                                    kube-ipvs vs kube-proxy's ipvs, nftables and iptables modes on a real API server, in the guest
   bench soak [--minutes 120] [--services 10000] [--rate 5]
                                     hours of endpoint churn: RSS, fds, threads, update latency; repair after ipvsadm -C
   fuzz [TARGET] [--seconds N]       coverage-guided fuzzing of every parser of outside input (crates/fuzz)

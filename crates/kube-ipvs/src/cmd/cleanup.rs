@@ -46,8 +46,8 @@ pub struct CleanupArgs {
 }
 
 /// The kernel operations that remove everything ours from `observed`: the full diff towards an
-/// empty table, which leaves excluded, firewall-mark and foreign entries alone just as `run`
-/// does. Deleting a virtual server covers its real servers.
+/// empty table, which leaves excluded, foreign and other firewall-mark entries (marks outside
+/// `--local-fwmark-mask`) alone just as `run` does. Deleting a virtual server covers its real servers.
 pub fn removal_ops(observed: &Table, owned: Ownership<'_>) -> Vec<Op> {
     full_diff(&Table::default(), observed, owned)
 }
