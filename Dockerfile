@@ -6,8 +6,11 @@
 FROM rust:1.89-bookworm AS build
 WORKDIR /src
 COPY . .
+# Under the name kube-proxy the binary is `kube-ipvs run` with kube-proxy's flags, so a kube-proxy
+# DaemonSet whose image alone is swapped keeps its command (as `cargo xtask image` links it).
 RUN cargo build --release --locked -p kube-ipvs \
- && install -D -m 0755 target/release/kube-ipvs /out/usr/local/bin/kube-ipvs
+ && install -D -m 0755 target/release/kube-ipvs /out/usr/local/bin/kube-ipvs \
+ && ln -s kube-ipvs /out/usr/local/bin/kube-proxy
 
 # Runtime stage: iptables for the masquerade rules (both backends; the nft one is the default
 # alternative, as in Debian) and kmod so modprobe can load ip_vs* from the host's /lib/modules.

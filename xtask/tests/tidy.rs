@@ -212,6 +212,29 @@ fn no_bare_ignore() {
     report("bare `#[ignore]`", &violations);
 }
 
+/// Both image builders make the same image: `cargo xtask image` (`xtask/src/image.rs`) and the
+/// `Dockerfile` each link `/usr/local/bin/kube-proxy` to the binary, so a kube-proxy DaemonSet
+/// whose image alone is swapped keeps its `command` with either image.
+#[test]
+fn both_images_answer_to_the_name_kube_proxy() {
+    let root = repo_root();
+    let read = |rel: &str| {
+        std::fs::read_to_string(root.join(rel)).unwrap_or_else(|e| panic!("reading {rel}: {e}"))
+    };
+    let mut violations = Vec::new();
+    if !read("Dockerfile").contains("ln -s kube-ipvs /out/usr/local/bin/kube-proxy") {
+        violations
+            .push("Dockerfile: no `ln -s kube-ipvs /out/usr/local/bin/kube-proxy`".to_owned());
+    }
+    let image = read("xtask/src/image.rs");
+    if !(image.contains(r#"bin_dir.join("kube-proxy")"#)
+        && image.contains(r#"symlink("kube-ipvs""#))
+    {
+        violations.push("xtask/src/image.rs: no kube-proxy -> kube-ipvs link".to_owned());
+    }
+    report("image without the kube-proxy name", &violations);
+}
+
 #[test]
 fn lexer_blanks_comments_and_string_contents() {
     let src = "let a = \"libc::x // no\"; // libc::y\n\

@@ -142,7 +142,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "BIT")]
     pub iptables_masquerade_bit: Option<u8>,
     /// This node's Pod network(s), comma-separated: hairpin traffic is recognised by one
-    /// masquerade rule per CIDR. Without it, one rule per endpoint on this node.
+    /// masquerade rule per CIDR. Without it, by one rule matching the `KUBE-IPVS-HAIRPIN`
+    /// ipsets (one member per endpoint on this node; one rule each without ipset support).
     #[arg(long, value_name = "CIDR[,CIDR]")]
     pub node_pod_cidr: Option<String>,
     /// Leave iptables alone: no masquerade rules in `nat`, no Service filter or
