@@ -369,3 +369,97 @@ fn started_as_kube_proxy_it_is_run_with_kube_proxys_flags() {
     assert!(text(&out.stderr).contains("--proxy-mode \"iptables\""));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A `KubeProxyConfiguration` as the agent's ConfigMap holds it: this node's name and the lc
+/// scheduler.
+const AGENT_CONFIG: &str = "apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: ipvs
+hostnameOverride: node-1
+ipvs:
+  scheduler: lc
+";
+
+#[test]
+fn plan_takes_what_run_takes_from_the_config_file_and_flags_still_win() {
+    let dir = manifest_dir(
+        "config",
+        &[
+            ("config.conf", AGENT_CONFIG),
+            (
+                "bad.conf",
+                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nipvs: {scheduler: fastest}\n",
+            ),
+        ],
+    );
+    let config = dir.join("config.conf");
+    let config = config.to_str().expect("utf-8");
+    let all = examples("");
+    let plan = |extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            "--from-empty",
+            "--manifests",
+            &all,
+            "--config",
+            config,
+        ];
+        args.extend_from_slice(extra);
+        kube_ipvs(&args)
+    };
+    // No --hostname-override and no --scheduler: both come from the file, node-1 being the
+    // one whose Local-policy NodePort has its local endpoint only.
+    let out = plan(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let text_out = text(&out.stdout);
+    assert!(
+        text_out.contains("add service TCP 10.96.0.10:80 lc\n"),
+        "{text_out}"
+    );
+    assert!(
+        text_out.contains("add dest TCP 192.168.56.10:30080 -> 10.244.1.30:8080"),
+        "{text_out}"
+    );
+    assert!(!text_out.contains("192.168.56.11"), "{text_out}");
+
+    // A flag wins over its key, as in `run`.
+    let out = plan(&[
+        "--scheduler",
+        "sed",
+        "--hostname-override",
+        "node-2",
+        "--node-ip",
+        "192.168.56.11",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let text_out = text(&out.stdout);
+    assert!(
+        text_out.contains("add service TCP 10.96.0.10:80 sed\n"),
+        "{text_out}"
+    );
+    assert!(
+        text_out.contains("add dest TCP 192.168.56.11:30080 -> 10.244.2.30:8080"),
+        "{text_out}"
+    );
+    assert!(!text_out.contains("192.168.56.10"), "{text_out}");
+
+    // A bad value in the file is named by its key, before anything is read.
+    let bad = dir.join("bad.conf");
+    let out = kube_ipvs(&[
+        "plan",
+        "--from-empty",
+        "--manifests",
+        &examples(""),
+        "--hostname-override",
+        "node-1",
+        "--config",
+        bad.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).starts_with("kube-ipvs plan: ipvs.scheduler \"fastest\""),
+        "{}",
+        text(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -836,7 +836,12 @@ impl Settings {
             ipvs.scheduler.as_deref(),
             "ipvs.scheduler",
         )
-        .unwrap_or_else(|| ("rr".to_owned(), "--scheduler".to_owned()));
+        .unwrap_or_else(|| {
+            (
+                crate::cmd::source::DEFAULT_SCHEDULER.to_owned(),
+                "--scheduler".to_owned(),
+            )
+        });
         let exclude = pick(
             args.exclude_cidrs.as_deref(),
             "exclude-cidrs",
@@ -996,6 +1001,7 @@ impl Settings {
         cidrs(exclude.clone())?;
 
         let source = SourceArgs {
+            config: None,
             manifests: args.manifests.clone(),
             kubeconfig: if args.manifests.is_some() {
                 None
@@ -1007,7 +1013,7 @@ impl Settings {
             node_zone: args.node_zone.clone(),
             node_ips: args.node_ips.clone(),
             nodeport_addresses: nodeport_addresses.map(|(v, _)| v),
-            scheduler: scheduler.0.clone(),
+            scheduler: Some(scheduler.0.clone()),
             cluster_cidr: cluster.map(|(v, _)| v),
             exclude_cidrs: exclude.map(|(v, _)| v),
             service_proxy_name: args
@@ -1259,7 +1265,7 @@ mod tests {
         assert_eq!(s.sync_period, Duration::from_secs(30));
         assert!(s.strict_arp);
         assert_eq!(s.timeouts.tcp, Some(900));
-        assert_eq!(s.source.scheduler, "lc");
+        assert_eq!(s.source.scheduler.as_deref(), Some("lc"));
         assert_eq!(s.warnings.len(), 7, "{:?}", s.warnings);
         assert!(
             s.warnings[2].starts_with("--oom-score-adj=-998 is accepted"),

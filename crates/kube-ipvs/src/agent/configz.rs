@@ -98,7 +98,7 @@ pub fn document(settings: &Settings) -> Value {
         "ipvs": {
             "syncPeriod": sync,
             "minSyncPeriod": min_sync,
-            "scheduler": src.scheduler,
+            "scheduler": src.scheduler.as_deref().unwrap_or(crate::cmd::source::DEFAULT_SCHEDULER),
             "excludeCIDRs": list(src.exclude_cidrs.as_deref()),
             "strictARP": settings.strict_arp,
             "tcpTimeout": seconds(settings.timeouts.tcp),

@@ -32,6 +32,11 @@ use kube_ipvs_host::masquerade;
 1 something could not be removed (named on stderr), 2 command line."
 )]
 pub struct CleanupArgs {
+    /// kube-proxy's `KubeProxyConfiguration` file, read as `run --config` reads it: its
+    /// `ipvs.excludeCIDRs` are kept as `--exclude-cidrs` keeps them (the flag wins when both
+    /// are given).
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<std::path::PathBuf>,
     /// Networks whose virtual servers and addresses belong to someone else and are kept,
     /// comma-separated (the same value as `run --exclude-cidrs`).
     #[arg(long, value_name = "CIDR[,CIDR]")]
@@ -82,15 +87,32 @@ pub fn as_kube_proxy(run: &crate::agent::RunArgs) -> ExitCode {
         }
     };
     main(&CleanupArgs {
+        config: None,
         exclude_cidrs: settings.source.exclude_cidrs.clone(),
         local_fwmark_mask: settings.node.options.local_marks.unwrap_or_default(),
         dry_run: false,
     })
 }
 
+/// The exclude CIDRs `cleanup` keeps: `--exclude-cidrs`, else `--config`'s
+/// `ipvs.excludeCIDRs` (the file read and checked as `run` reads it).
+fn exclude_cidrs(args: &CleanupArgs) -> Result<Option<String>, String> {
+    let Some(path) = &args.config else {
+        return Ok(args.exclude_cidrs.clone());
+    };
+    let run = crate::agent::RunArgs {
+        config: Some(path.clone()),
+        exclude_cidrs: args.exclude_cidrs.clone(),
+        ..crate::agent::RunArgs::default()
+    };
+    crate::agent::Settings::resolve(&run)
+        .map(|s| s.source.exclude_cidrs)
+        .map_err(|e| e.to_string())
+}
+
 /// Runs `kube-ipvs cleanup`.
 pub fn main(args: &CleanupArgs) -> ExitCode {
-    let exclude = match parse_cidrs(args.exclude_cidrs.as_deref()) {
+    let exclude = match exclude_cidrs(args).and_then(|v| parse_cidrs(v.as_deref())) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("kube-ipvs cleanup: {e}");
@@ -244,6 +266,36 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().expect("literal")
+    }
+
+    #[test]
+    fn the_config_file_gives_the_excluded_networks_unless_the_flag_does() {
+        let dir = std::env::temp_dir().join(format!("kube-ipvs-cleanup-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let file = dir.join("config.conf");
+        std::fs::write(
+            &file,
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+             hostnameOverride: node-1\nipvs: {excludeCIDRs: [10.200.0.0/16, 10.201.0.0/16]}\n",
+        )
+        .expect("write");
+        let mut args = CleanupArgs {
+            config: Some(file.clone()),
+            ..CleanupArgs::default()
+        };
+        assert_eq!(
+            exclude_cidrs(&args).expect("valid file").as_deref(),
+            Some("10.200.0.0/16,10.201.0.0/16")
+        );
+        args.exclude_cidrs = Some("10.9.0.0/16".into());
+        assert_eq!(
+            exclude_cidrs(&args).expect("valid file").as_deref(),
+            Some("10.9.0.0/16")
+        );
+        args.config = Some(dir.join("missing.conf"));
+        let err = exclude_cidrs(&args).expect_err("no such file");
+        assert!(err.contains("missing.conf"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

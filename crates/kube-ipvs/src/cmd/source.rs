@@ -15,6 +15,9 @@ use kube_ipvs_diff::{Cidr, Inputs, MarkSpace, NodeContext, Options, Scheduler};
 use kube_ipvs_watch::translate::SERVICE_NAME_LABEL;
 use kube_ipvs_watch::{ChangeSet, Skipped, Tracker, TranslateOptions};
 
+/// The scheduler of Services without the annotation when neither a flag nor the file names one.
+pub const DEFAULT_SCHEDULER: &str = "rr";
+
 /// Why the desired state could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
@@ -43,6 +46,9 @@ pub enum SourceError {
     /// The node context was refused by the model.
     #[error("node context: {0}")]
     Node(kube_ipvs_diff::Error),
+    /// `--config`, or a setting it gives, is unusable (the error names the file or key).
+    #[error(transparent)]
+    Config(Box<crate::agent::config::ConfigError>),
     /// The async runtime for the API client could not start.
     #[error("starting the API client runtime: {0}")]
     Runtime(std::io::Error),
@@ -51,6 +57,12 @@ pub enum SourceError {
 /// The desired-state flags shared by `plan`, `check` and `explain`.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct SourceArgs {
+    /// kube-proxy's `KubeProxyConfiguration` file, read as `run --config` reads it (in the
+    /// agent's pod: `/var/lib/kube-ipvs/config.conf`): the node name, kubeconfig, scheduler,
+    /// cluster CIDR, exclude CIDRs, NodePort addresses and service-proxy name come from it
+    /// where no flag gives them, so the desired state is the agent's.
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
     /// Read Services and EndpointSlices (and optionally this node's Node) from YAML manifests:
     /// a file or a directory of `.yaml`/`.yml` files. Without it, the API server is asked.
     #[arg(long, value_name = "PATH")]
@@ -78,9 +90,10 @@ pub struct SourceArgs {
     /// local address (the default). Read from the kernel; without one, the Node's InternalIPs.
     #[arg(long, value_name = "CIDR[,CIDR]")]
     pub nodeport_addresses: Option<String>,
-    /// The IPVS scheduler for Services without a `kube-ipvs.io/scheduler` annotation.
-    #[arg(long, default_value = "rr")]
-    pub scheduler: String,
+    /// The IPVS scheduler for Services without a `kube-ipvs.io/scheduler` annotation (default
+    /// rr).
+    #[arg(long, value_name = "NAME")]
+    pub scheduler: Option<String>,
     /// The Pod network(s), comma-separated. Accepted and checked for kube-proxy
     /// compatibility; it does not change the IPVS table (it matters to masquerade rules).
     #[arg(long, value_name = "CIDR[,CIDR]")]
@@ -163,6 +176,39 @@ impl Desired {
 }
 
 impl SourceArgs {
+    /// These flags with `--config`'s settings where no flag gives them: the settings `run`
+    /// would resolve from the same flags and file ([`crate::agent::Settings::resolve`], so the
+    /// file is checked as strictly and a flag wins over its key as there). Without `--config`,
+    /// the flags as they are.
+    pub fn with_config_file(&self) -> Result<SourceArgs, SourceError> {
+        let Some(path) = &self.config else {
+            return Ok(self.clone());
+        };
+        let run = crate::agent::RunArgs {
+            config: Some(path.clone()),
+            manifests: self.manifests.clone(),
+            kubeconfig: self.kubeconfig.clone(),
+            master: self.master.clone(),
+            hostname_override: self.hostname_override.clone(),
+            node_zone: self.node_zone.clone(),
+            node_ips: self.node_ips.clone(),
+            nodeport_addresses: self.nodeport_addresses.clone(),
+            scheduler: self.scheduler.clone(),
+            cluster_cidr: self.cluster_cidr.clone(),
+            exclude_cidrs: self.exclude_cidrs.clone(),
+            service_proxy_name: self.service_proxy_name.clone(),
+            graceful_termination_timeout: self.graceful_termination_timeout.clone(),
+            local_fwmark_mask: self.local_fwmark_mask.clone(),
+            ..crate::agent::RunArgs::default()
+        };
+        let settings =
+            crate::agent::Settings::resolve(&run).map_err(|e| SourceError::Config(Box::new(e)))?;
+        Ok(SourceArgs {
+            config: None,
+            ..settings.source
+        })
+    }
+
     /// The node name these flags give.
     pub fn node_name(&self) -> Result<String, SourceError> {
         match &self.hostname_override {
@@ -182,12 +228,13 @@ impl SourceArgs {
 
     /// The node context from the flags alone (before the Node object fills in the gaps).
     pub fn node_context(&self) -> Result<NodeContext, SourceError> {
+        let scheduler = self.scheduler.as_deref().unwrap_or(DEFAULT_SCHEDULER);
         let default_scheduler: Scheduler =
-            self.scheduler
+            scheduler
                 .parse()
                 .map_err(|e: kube_ipvs_diff::Error| SourceError::Flag {
                     flag: "scheduler",
-                    value: self.scheduler.clone(),
+                    value: scheduler.to_owned(),
                     reason: e.to_string(),
                 })?;
         cidr_list("cluster-cidr", self.cluster_cidr.as_deref())?;
@@ -271,15 +318,16 @@ impl SourceArgs {
         hints: HashMap<kube_ipvs_diff::MarkHint, u32>,
         local: Option<Vec<IpAddr>>,
     ) -> Result<Desired, SourceError> {
-        let ctx = self.node_context()?;
-        let opts = self.translate_options();
-        let (cs, skipped) = match &self.manifests {
+        let this = self.with_config_file()?;
+        let ctx = this.node_context()?;
+        let opts = this.translate_options();
+        let (cs, skipped) = match &this.manifests {
             Some(path) => {
                 kube_ipvs_watch::manifest::snapshot_with_skipped(path, &opts, Some(&ctx.node_name))?
             }
-            None => self.list_cluster(&opts, &ctx.node_name)?,
+            None => this.list_cluster(&opts, &ctx.node_name)?,
         };
-        let (inputs, warnings) = self.inputs_from(ctx, &cs, hints, local.as_deref())?;
+        let (inputs, warnings) = this.inputs_from(ctx, &cs, hints, local.as_deref())?;
         Ok(Desired {
             inputs,
             warnings,
@@ -405,7 +453,6 @@ mod tests {
     fn args() -> SourceArgs {
         SourceArgs {
             hostname_override: Some("Node-1".into()),
-            scheduler: "rr".into(),
             ..SourceArgs::default()
         }
     }
@@ -415,7 +462,7 @@ mod tests {
         let mut a = args();
         a.node_ips = vec!["192.168.1.10".parse().expect("literal")];
         a.exclude_cidrs = Some("10.200.0.0/16, fd00:1::/64".into());
-        a.scheduler = "mh:fallback".into();
+        a.scheduler = Some("mh:fallback".into());
         let ctx = a.node_context().expect("valid flags");
         assert_eq!(ctx.node_name, "node-1");
         assert_eq!(
@@ -429,7 +476,7 @@ mod tests {
     #[test]
     fn bad_flags_name_the_flag_and_value() {
         let mut a = args();
-        a.scheduler = "roundrobin".into();
+        a.scheduler = Some("roundrobin".into());
         let err = a.node_context().expect_err("bad scheduler");
         assert!(
             err.to_string().starts_with("--scheduler \"roundrobin\""),
