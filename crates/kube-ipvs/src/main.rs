@@ -60,7 +60,9 @@ fn started_as_kube_proxy() -> bool {
 
 fn main() -> ExitCode {
     if started_as_kube_proxy() {
-        let cli = KubeProxyCli::parse();
+        let mut cli = KubeProxyCli::parse();
+        // kube-proxy's reading of the flags beside --config (see `kube_proxy_view`).
+        cli.run.as_kube_proxy = true;
         if cli.cleanup {
             return kube_ipvs::cmd::cleanup::as_kube_proxy(&cli.run);
         }

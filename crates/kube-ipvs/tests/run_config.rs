@@ -1,5 +1,6 @@
 //! Host tests of `kube-ipvs run`'s settings: kubeadm's kube-proxy ConfigMap (`config.conf`)
-//! loads unchanged with `mode: ipvs`, flags win over the file, unknown keys are warned about and
+//! loads unchanged with `mode: ipvs`, flags win over the file (under the name `kube-proxy` the
+//! file wins, as kube-proxy reads its command line), unknown keys are warned about and
 //! ignored (kube-proxy's lenient decoding), other modes and bad values are refused naming the
 //! key, and the binary stops before touching the kernel with one line and a
 //! distinct exit code for a bad file (3) and a bad setting (4).
@@ -251,4 +252,45 @@ fn configz_reports_the_settings_in_kube_proxys_shape() {
         c["clientConnection"]["kubeconfig"],
         "/var/lib/kube-proxy/kubeconfig.conf"
     );
+}
+
+/// Under the name `kube-proxy` (the image's link), the binary reads its command line as
+/// kube-proxy does: beside `--config` a contradicting `--proxy-mode` is ignored, so the first
+/// error is the file's own bad value, named by its key; as `kube-ipvs run` the same flags win
+/// and the mode is refused first.
+#[test]
+fn under_kube_proxys_name_the_file_overrides_its_flags() {
+    let bad = config_file(
+        "bad-scheduler.yaml",
+        &KUBEADM.replace("scheduler: lc", "scheduler: fastest"),
+    );
+    assert!(
+        std::fs::read_to_string(&bad)
+            .expect("read")
+            .contains("fastest")
+    );
+    let dir = std::env::temp_dir().join(format!("kube-ipvs-as-kube-proxy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let link = dir.join("kube-proxy");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_kube-ipvs"), &link).expect("link");
+    let flags = [
+        "--config",
+        bad.to_str().expect("utf-8"),
+        "--hostname-override=node-1",
+        "--proxy-mode=iptables",
+    ];
+    let out = Command::new(&link)
+        .args(flags)
+        .output()
+        .expect("run as kube-proxy");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(err.contains("ipvs.scheduler \"fastest\""), "{err}");
+    let mut run = vec!["run"];
+    run.extend(flags);
+    let (code, err) = run_exit(&run);
+    assert_eq!(code, Some(4), "{err}");
+    assert!(err.contains("--proxy-mode \"iptables\""), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

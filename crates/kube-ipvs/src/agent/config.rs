@@ -90,7 +90,8 @@ could not start."
 )]
 pub struct RunArgs {
     /// kube-proxy's `KubeProxyConfiguration` file (e.g. the kube-proxy ConfigMap's
-    /// `config.conf`); flags given on the command line win over it.
+    /// `config.conf`); flags given on the command line win over it (under the name
+    /// `kube-proxy`, kube-proxy's flags are ignored beside it, as kube-proxy ignores them).
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
     /// Read Services and EndpointSlices (and optionally this node's Node) from YAML manifests,
@@ -292,6 +293,98 @@ pub struct RunArgs {
         help_heading = "kube-proxy flags accepted for compatibility"
     )]
     pub kube_api_content_type: Option<String>,
+    /// Set when the program runs under the name `kube-proxy` (not a flag): its command line is
+    /// then read as kube-proxy reads it, so with `--config` every flag the file covers is
+    /// ignored, each named in a warning, instead of winning over the file ([`kube_proxy_view`]).
+    #[arg(skip)]
+    pub as_kube_proxy: bool,
+}
+
+/// `args` as kube-proxy reads its command line when `--config` is given: the file replaces
+/// every setting its flags could give, so only `--config`, `--master`, `--hostname-override`,
+/// `--init-only`, `--cleanup` and the logging flags survive (`cmd/kube-proxy/app/options.go`:
+/// the loaded file overwrites the parsed flags). Flags of kube-ipvs's own, which the file has
+/// no key for, are kept. Returns the flags it dropped, by kube-proxy's names.
+pub fn kube_proxy_view(args: &RunArgs) -> (RunArgs, Vec<&'static str>) {
+    let mut a = args.clone();
+    let mut dropped = Vec::new();
+    let mut opt = |given: bool, name: &'static str| {
+        if given {
+            dropped.push(name);
+        }
+    };
+    opt(a.kubeconfig.take().is_some(), "--kubeconfig");
+    opt(a.scheduler.take().is_some(), "--ipvs-scheduler");
+    opt(a.cluster_cidr.take().is_some(), "--cluster-cidr");
+    opt(std::mem::take(&mut a.masquerade_all), "--masquerade-all");
+    opt(a.detect_local_mode.take().is_some(), "--detect-local-mode");
+    opt(
+        a.pod_bridge_interface.take().is_some(),
+        "--pod-bridge-interface",
+    );
+    opt(
+        a.pod_interface_name_prefix.take().is_some(),
+        "--pod-interface-name-prefix",
+    );
+    opt(
+        a.iptables_masquerade_bit.take().is_some(),
+        "--iptables-masquerade-bit",
+    );
+    opt(
+        a.nodeport_addresses.take().is_some(),
+        "--nodeport-addresses",
+    );
+    opt(a.sync_period.take().is_some(), "--ipvs-sync-period");
+    opt(a.min_sync_period.take().is_some(), "--ipvs-min-sync-period");
+    opt(std::mem::take(&mut a.strict_arp), "--ipvs-strict-arp");
+    opt(a.exclude_cidrs.take().is_some(), "--ipvs-exclude-cidrs");
+    opt(a.tcp_timeout.take().is_some(), "--ipvs-tcp-timeout");
+    opt(a.tcpfin_timeout.take().is_some(), "--ipvs-tcpfin-timeout");
+    opt(a.udp_timeout.take().is_some(), "--ipvs-udp-timeout");
+    opt(
+        a.healthz_bind_address.take().is_some(),
+        "--healthz-bind-address",
+    );
+    opt(
+        a.metrics_bind_address.take().is_some(),
+        "--metrics-bind-address",
+    );
+    opt(
+        a.conntrack_max_per_core.take().is_some(),
+        "--conntrack-max-per-core",
+    );
+    opt(a.conntrack_min.take().is_some(), "--conntrack-min");
+    opt(
+        a.conntrack_tcp_timeout_established.take().is_some(),
+        "--conntrack-tcp-timeout-established",
+    );
+    opt(
+        a.conntrack_tcp_timeout_close_wait.take().is_some(),
+        "--conntrack-tcp-timeout-close-wait",
+    );
+    opt(
+        std::mem::take(&mut a.conntrack_tcp_be_liberal),
+        "--conntrack-tcp-be-liberal",
+    );
+    opt(
+        a.conntrack_udp_timeout.take().is_some(),
+        "--conntrack-udp-timeout",
+    );
+    opt(
+        a.conntrack_udp_timeout_stream.take().is_some(),
+        "--conntrack-udp-timeout-stream",
+    );
+    opt(a.proxy_mode.take().is_some(), "--proxy-mode");
+    opt(a.bind_address.take().is_some(), "--bind-address");
+    opt(a.oom_score_adj.take().is_some(), "--oom-score-adj");
+    opt(a.feature_gates.take().is_some(), "--feature-gates");
+    opt(a.kube_api_qps.take().is_some(), "--kube-api-qps");
+    opt(a.kube_api_burst.take().is_some(), "--kube-api-burst");
+    opt(
+        a.kube_api_content_type.take().is_some(),
+        "--kube-api-content-type",
+    );
+    (a, dropped)
 }
 
 /// Keys of a section that no field took, by name.
@@ -805,6 +898,15 @@ impl Settings {
     }
 
     fn merge(args: &RunArgs, file: ProxyConfig) -> Result<Settings, ConfigError> {
+        // Under kube-proxy's name, its command line means what it means to kube-proxy.
+        let viewed;
+        let mut dropped = Vec::new();
+        let args = if args.as_kube_proxy && args.config.is_some() {
+            (viewed, dropped) = kube_proxy_view(args);
+            &viewed
+        } else {
+            args
+        };
         let mode = match &args.proxy_mode {
             Some(m) => Some((m.as_str(), "--proxy-mode")),
             None => file.mode.as_deref().map(|m| (m, "mode")),
@@ -819,6 +921,12 @@ impl Settings {
             ));
         }
         let mut warnings = ignored_flags(args);
+        warnings.extend(dropped.into_iter().map(|flag| {
+            format!(
+                "{flag} is ignored beside --config, as kube-proxy ignores it (running as \
+                 kube-proxy); set it in the config file"
+            )
+        }));
         // kube-proxy decodes leniently when strict decoding fails, with a warning; so do we.
         warnings.extend(
             file.unknown_keys()
@@ -1284,6 +1392,128 @@ mod tests {
             err.to_string().starts_with("--proxy-mode \"nftables\""),
             "{err}"
         );
+    }
+
+    /// Under kube-proxy's name, a command line with `--config` means what it means to
+    /// kube-proxy: the file's values, whatever the other flags say (a kubeadm-style file beside
+    /// flags that contradict it, even a mode kube-ipvs refuses), each dropped flag named; the
+    /// node name and kube-ipvs's own flags still apply. As `kube-ipvs run`, flags win.
+    #[test]
+    fn as_kube_proxy_the_config_file_overrides_its_flags() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            run: RunArgs,
+        }
+        let dir = std::env::temp_dir().join(format!("kube-ipvs-kp-view-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let file = dir.join("config.conf");
+        std::fs::write(
+            &file,
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+             mode: ipvs\nclusterCIDR: 10.244.0.0/16\nipvs: {scheduler: lc, syncPeriod: 45s}\n",
+        )
+        .expect("write");
+        let line = [
+            "kube-proxy",
+            "--config",
+            file.to_str().expect("utf-8"),
+            "--hostname-override=node-9",
+            "--proxy-mode=iptables",
+            "--ipvs-scheduler=sed",
+            "--ipvs-sync-period=5s",
+            "--cluster-cidr=10.0.0.0/8",
+            "--masquerade-all",
+            "--metrics-bind-address=0.0.0.0:10249",
+            "--graceful-termination-timeout=1m",
+        ];
+        let mut cli = Cli::try_parse_from(line).expect("parses");
+        cli.run.as_kube_proxy = true;
+        let s = Settings::resolve(&cli.run).expect("the file's mode is ipvs");
+        assert_eq!(s.source.scheduler.as_deref(), Some("lc"));
+        assert_eq!(s.sync_period, Duration::from_secs(45));
+        assert_eq!(s.source.cluster_cidr.as_deref(), Some("10.244.0.0/16"));
+        assert!(!s.masquerade_all);
+        assert_eq!(s.metrics.to_string(), "127.0.0.1:10249");
+        // Kept: the node name, and our own flag the file has no key for.
+        assert_eq!(s.node.node_name, "node-9");
+        assert_eq!(
+            s.node.options.graceful_termination_timeout,
+            Duration::from_secs(60)
+        );
+        let dropped: Vec<&String> = s
+            .warnings
+            .iter()
+            .filter(|w| w.contains("is ignored beside --config"))
+            .collect();
+        assert_eq!(dropped.len(), 6, "{:?}", s.warnings);
+        assert!(dropped[0].starts_with("--ipvs-scheduler "), "{dropped:?}");
+
+        // The same command line as `kube-ipvs run`: the flags win, so the mode is refused.
+        cli.run.as_kube_proxy = false;
+        let err = Settings::resolve(&cli.run).expect_err("--proxy-mode=iptables");
+        assert!(
+            err.to_string().starts_with("--proxy-mode \"iptables\""),
+            "{err}"
+        );
+        // Without --config, kube-proxy's flags are its settings under either name.
+        let mut cli = Cli::try_parse_from([
+            "kube-proxy",
+            "--hostname-override=n",
+            "--ipvs-scheduler=sed",
+        ])
+        .expect("parses");
+        cli.run.as_kube_proxy = true;
+        let s = Settings::resolve(&cli.run).expect("valid");
+        assert_eq!(s.source.scheduler.as_deref(), Some("sed"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Every flag of `run` is either dropped beside `--config` under kube-proxy's name (one the
+    /// file covers) or deliberately kept; a new flag must be placed in one of the two.
+    #[test]
+    fn every_flag_is_placed_for_kube_proxys_reading() {
+        use clap::{Args as _, FromArgMatches as _};
+        const KEPT: &[&str] = &[
+            "config",
+            "manifests",
+            "master",
+            "hostname_override",
+            "node_zone",
+            "node_ips",
+            "node_pod_cidr",
+            "no_masquerade",
+            "keep_kube_proxy_rules",
+            "init_only",
+            "graceful_termination_timeout",
+            "local_fwmark_mask",
+            "service_proxy_name",
+            "verbosity",
+        ];
+        let cmd = RunArgs::augment_args(clap::Command::new("run"));
+        let mut line = vec!["run".to_owned()];
+        let mut ids = Vec::new();
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str().to_owned();
+            let long = arg.get_long().expect("every flag has a long name");
+            line.push(format!("--{long}"));
+            if arg.get_action().takes_values() {
+                line.push(if id == "node_ips" { "10.0.0.1" } else { "1" }.to_owned());
+            }
+            ids.push(id);
+        }
+        let every = RunArgs::from_arg_matches(&cmd.try_get_matches_from(&line).expect("parses"))
+            .expect("every flag given");
+        let (_, dropped) = kube_proxy_view(&every);
+        assert_eq!(
+            ids.len(),
+            KEPT.len() + dropped.len(),
+            "a flag is neither kept nor dropped by kube_proxy_view: {ids:?}"
+        );
+        for kept in KEPT {
+            assert!(ids.iter().any(|id| id == kept), "{kept} is not a flag");
+        }
     }
 
     #[test]
