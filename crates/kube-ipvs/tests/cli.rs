@@ -392,6 +392,7 @@ fn plan_takes_what_run_takes_from_the_config_file_and_flags_still_win() {
             ),
         ],
     );
+    let nodeports_file = dir.join("nodeports.conf");
     let config = dir.join("config.conf");
     let config = config.to_str().expect("utf-8");
     let all = examples("");
@@ -442,6 +443,36 @@ fn plan_takes_what_run_takes_from_the_config_file_and_flags_still_win() {
         "{text_out}"
     );
     assert!(!text_out.contains("192.168.56.10"), "{text_out}");
+
+    // Without the kernel, the NodePort addresses are chosen among the Node's InternalIPs
+    // (node-1's is 192.168.56.10), by flag or by the file's key.
+    let nodeports = |how: &str| {
+        let out = plan(&["--nodeport-addresses", how]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        text(&out.stdout).contains("add service TCP 192.168.56.10:30080 lc\n")
+    };
+    assert!(nodeports("192.168.56.0/24"));
+    assert!(!nodeports("10.0.0.0/8"));
+    assert!(nodeports("primary"));
+    std::fs::write(
+        &nodeports_file,
+        AGENT_CONFIG.replace("mode: ipvs", "mode: ipvs\nnodePortAddresses: [10.0.0.0/8]"),
+    )
+    .expect("write");
+    let out = kube_ipvs(&[
+        "plan",
+        "--from-empty",
+        "--manifests",
+        &all,
+        "--config",
+        nodeports_file.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        !text(&out.stdout).contains("192.168.56.10"),
+        "{}",
+        text(&out.stdout)
+    );
 
     // A bad value in the file is named by its key, before anything is read.
     let bad = dir.join("bad.conf");

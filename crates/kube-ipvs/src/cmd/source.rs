@@ -87,7 +87,8 @@ pub struct SourceArgs {
     pub node_ips: Vec<IpAddr>,
     /// NodePorts listen on the node's addresses inside these networks, comma-separated, or on
     /// `primary` (the Node's InternalIP of each family); a family with no network takes every
-    /// local address (the default). Read from the kernel; without one, the Node's InternalIPs.
+    /// local address (the default). Chosen among the kernel's addresses; without them (e.g.
+    /// `plan --from-empty`), among the Node's InternalIPs.
     #[arg(long, value_name = "CIDR[,CIDR]")]
     pub nodeport_addresses: Option<String>,
     /// The IPVS scheduler for Services without a `kube-ipvs.io/scheduler` annotation (default
@@ -359,6 +360,13 @@ impl SourceArgs {
                 let how = self.nodeports()?;
                 let primary: Vec<IpAddr> = ctx.node_ips().collect();
                 crate::agent::nodeports::apply(&mut ctx, &how, &self.node_ips, local, &primary);
+            }
+            // Without the node's addresses, `--nodeport-addresses` chooses among the Node's
+            // InternalIPs.
+            None if self.node_ips.is_empty() && self.nodeport_addresses.is_some() => {
+                let how = self.nodeports()?;
+                let primary: Vec<IpAddr> = ctx.node_ips().collect();
+                ctx.set_node_ips(how.select(&primary, &primary));
             }
             None => self.override_ips(&mut ctx),
         }
