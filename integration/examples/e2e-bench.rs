@@ -1158,7 +1158,10 @@ impl Churn {
 
 /// The data path to the first, middle and last Service (see `datapath.rs`); prints one
 /// `E2E-DATAPATH` line each.
-fn measure_datapath(agent_name: &str, ips: &[Ipv4Addr], opts: &Options) -> Result<()> {
+/// Measures the data path and hands back its lab: the caller keeps it until the agent's run
+/// ends, so that deleting the two namespaces (whose cleanup the kernel defers to a worker that
+/// takes the RTNL lock) does not fall into the timed updates and churn that follow.
+fn measure_datapath(agent_name: &str, ips: &[Ipv4Addr], opts: &Options) -> Result<datapath::Lab> {
     let mut picks = vec![
         ("first", 0),
         ("middle", ips.len() / 2),
@@ -1210,7 +1213,7 @@ fn measure_datapath(agent_name: &str, ips: &[Ipv4Addr], opts: &Options) -> Resul
             m.rate
         );
     }
-    Ok(())
+    Ok(lab)
 }
 
 /// Above this many updates in flight, the open-loop churn checks a rules agent's updates
@@ -1668,9 +1671,11 @@ fn guest(opts: &Options) -> Result<()> {
             if settled { "idle" } else { "still busy" },
             settle_time.as_secs_f64()
         );
-        if opts.datapath > 0 {
-            measure_datapath(agent_name, &ips, opts)?;
-        }
+        let datapath_lab = if opts.datapath > 0 {
+            Some(measure_datapath(agent_name, &ips, opts)?)
+        } else {
+            None
+        };
         if opts.flush_repair {
             let r = flush_repair(
                 plane.ipvs("--flush-repair")?,
@@ -1718,6 +1723,7 @@ fn guest(opts: &Options) -> Result<()> {
         }
         agent.check_running()?;
         let (cpu, rss) = agent.usage()?;
+        drop(datapath_lab);
         eprintln!("--- {agent_name} log (end) ---\n{}\n---", agent.tail());
         eprintln!(
             "--- {agent_name} log, reconciles ---\n{}\n---",
