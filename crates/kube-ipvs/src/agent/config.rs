@@ -1491,7 +1491,7 @@ mod tests {
             "service_proxy_name",
             "verbosity",
         ];
-        let cmd = RunArgs::augment_args(clap::Command::new("run"));
+        let cmd = RunArgs::augment_args(clap::Command::default());
         let mut line = vec!["run".to_owned()];
         let mut ids = Vec::new();
         for arg in cmd.get_arguments() {
