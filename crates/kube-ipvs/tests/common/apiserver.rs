@@ -32,7 +32,9 @@ pub(crate) struct Ports {
 pub(crate) fn ports() -> Ports {
     let text = std::fs::read_to_string(format!("{DIR}/ports")).unwrap_or_else(|e| {
         panic!(
-            "{DIR}/ports: {e}; these tests need the API server that `cargo xtask vm-test` starts"
+            "{DIR}/ports: {e}; these tests need the API server that `cargo xtask vm-test` starts, \
+             which it does when its filter can select a `kernel_apiserver*` target: give the \
+             target with the test (`kube-ipvs/kernel_apiserver::NAME`), not the name alone"
         )
     });
     let get = |key: &str| -> u16 {
