@@ -1157,10 +1157,9 @@ impl Churn {
 }
 
 /// The data path to the first, middle and last Service (see `datapath.rs`); prints one
-/// `E2E-DATAPATH` line each.
-/// Measures the data path and hands back its lab: the caller keeps it until the agent's run
-/// ends, so that deleting the two namespaces (whose cleanup the kernel defers to a worker that
-/// takes the RTNL lock) does not fall into the timed updates and churn that follow.
+/// `E2E-DATAPATH` line each and hands back its lab, which the caller keeps until the agent's
+/// run ends, so that deleting the two namespaces (whose cleanup the kernel defers to a worker
+/// that takes the RTNL lock) does not fall into the timed updates and churn that follow.
 fn measure_datapath(agent_name: &str, ips: &[Ipv4Addr], opts: &Options) -> Result<datapath::Lab> {
     let mut picks = vec![
         ("first", 0),

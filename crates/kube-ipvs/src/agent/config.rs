@@ -1230,6 +1230,22 @@ fn ignored_flags(args: &RunArgs) -> Vec<String> {
     .collect()
 }
 
+/// For unit tests: a directory of this test's own holding `config.conf`, a
+/// `KubeProxyConfiguration` whose body (after `apiVersion` and `kind`) is `body`. Returns the
+/// directory (for the test to remove) and the file.
+#[cfg(test)]
+pub(crate) fn temp_config(tag: &str, body: &str) -> (PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("kube-ipvs-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("config.conf");
+    std::fs::write(
+        &file,
+        format!("apiVersion: {API_VERSION}\nkind: KubeProxyConfiguration\n{body}"),
+    )
+    .expect("write config");
+    (dir, file)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1406,15 +1422,10 @@ mod tests {
             #[command(flatten)]
             run: RunArgs,
         }
-        let dir = std::env::temp_dir().join(format!("kube-ipvs-kp-view-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let file = dir.join("config.conf");
-        std::fs::write(
-            &file,
-            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
-             mode: ipvs\nclusterCIDR: 10.244.0.0/16\nipvs: {scheduler: lc, syncPeriod: 45s}\n",
-        )
-        .expect("write");
+        let (dir, file) = temp_config(
+            "kp-view",
+            "mode: ipvs\nclusterCIDR: 10.244.0.0/16\nipvs: {scheduler: lc, syncPeriod: 45s}\n",
+        );
         let line = [
             "kube-proxy",
             "--config",

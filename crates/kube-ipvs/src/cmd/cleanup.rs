@@ -95,19 +95,17 @@ pub fn as_kube_proxy(run: &crate::agent::RunArgs) -> ExitCode {
 }
 
 /// The exclude CIDRs `cleanup` keeps: `--exclude-cidrs`, else `--config`'s
-/// `ipvs.excludeCIDRs` (the file read and checked as `run` reads it).
+/// `ipvs.excludeCIDRs`, resolved as the debugging commands resolve the file
+/// ([`crate::cmd::source::SourceArgs::with_config_file`]).
 fn exclude_cidrs(args: &CleanupArgs) -> Result<Option<String>, String> {
-    let Some(path) = &args.config else {
-        return Ok(args.exclude_cidrs.clone());
-    };
-    let run = crate::agent::RunArgs {
-        config: Some(path.clone()),
+    crate::cmd::source::SourceArgs {
+        config: args.config.clone(),
         exclude_cidrs: args.exclude_cidrs.clone(),
-        ..crate::agent::RunArgs::default()
-    };
-    crate::agent::Settings::resolve(&run)
-        .map(|s| s.source.exclude_cidrs)
-        .map_err(|e| e.to_string())
+        ..Default::default()
+    }
+    .with_config_file()
+    .map(|s| s.exclude_cidrs)
+    .map_err(|e| e.to_string())
 }
 
 /// Runs `kube-ipvs cleanup`.
@@ -270,15 +268,10 @@ mod tests {
 
     #[test]
     fn the_config_file_gives_the_excluded_networks_unless_the_flag_does() {
-        let dir = std::env::temp_dir().join(format!("kube-ipvs-cleanup-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let file = dir.join("config.conf");
-        std::fs::write(
-            &file,
-            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
-             hostnameOverride: node-1\nipvs: {excludeCIDRs: [10.200.0.0/16, 10.201.0.0/16]}\n",
-        )
-        .expect("write");
+        let (dir, file) = crate::agent::config::temp_config(
+            "cleanup",
+            "hostnameOverride: node-1\nipvs: {excludeCIDRs: [10.200.0.0/16, 10.201.0.0/16]}\n",
+        );
         let mut args = CleanupArgs {
             config: Some(file.clone()),
             ..CleanupArgs::default()
