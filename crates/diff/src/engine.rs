@@ -529,6 +529,29 @@ impl Engine {
         t
     }
 
+    /// One virtual server of [`Engine::desired_table`]: what the engine last asked the kernel
+    /// to hold under `key`, draining real servers at weight 0; `None` when it asks for none.
+    /// Walks only that virtual server's Service.
+    pub fn asked_entry(&self, key: &VirtualKey) -> Option<ServiceEntry> {
+        let (server, dests) = self
+            .applied
+            .get(self.owners.get(key)?)?
+            .servers
+            .iter()
+            .find(|(s, _)| s.key == *key)?;
+        let mut entry = ServiceEntry {
+            server: *server,
+            dests: dests.iter().map(|d| (d.key, *d)).collect(),
+        };
+        for ((_, d), dr) in self
+            .draining
+            .range((*key, DestKey::MIN)..=(*key, DestKey::MAX))
+        {
+            entry.dests.insert(*d, dr.dest);
+        }
+        Some(entry)
+    }
+
     /// The size of [`Engine::desired_table`], virtual servers and real servers (draining
     /// ones included), without building it: one walk, no allocation.
     pub fn desired_size(&self) -> (usize, usize) {

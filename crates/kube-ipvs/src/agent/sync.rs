@@ -18,7 +18,13 @@
 //! during that re-read while they are more than [`LOOP_REREADS`] (up to [`REREAD_ROUNDS`]
 //! rounds, each shorter than the last under churn), the loop reads itself the few changed
 //! during the last round, and it diffs against the read with them all replaced: an operation that failed meanwhile shows as a difference again, and their
-//! connection counts are current. A read during which a virtual server or an address came or
+//! connection counts are current. Under churn (more than [`DEFER_ABOVE`] changed during the
+//! whole read) only those the last reconcile took on the engine's word are read again: for the
+//! others the reconcile takes the engine's word ([`Engine::asked_entry`]: what it asked the
+//! kernel to hold there, every change since applied; one with an operation that failed
+//! meanwhile is read on the loop), and the next reconcile reads them. So every virtual server
+//! is read by one reconcile in two at least, and drift in one the loop keeps changing is
+//! repaired at most one sync period later. A read during which a virtual server or an address came or
 //! went is discarded and read again (the kernel dumps by position, so such a read may have
 //! skipped an entry nobody touched; the second read names its virtual servers, so there only
 //! an address discards it); after [`BACKGROUND_READS`] such reads the reconcile reads on the
@@ -86,6 +92,11 @@ const LOOP_REREADS: usize = 8;
 /// Rounds of re-reads the reader does for one reconcile before the loop reads what is left,
 /// however many: under churn each round is shorter than the last, so its changes are fewer.
 const REREAD_ROUNDS: u32 = 4;
+
+/// Above this many virtual servers changed during a whole read, the reconcile takes the
+/// engine's word for each one the last reconcile did not already take it for, instead of
+/// reading them again (see the module docs).
+const DEFER_ABOVE: usize = 8;
 
 /// What a background read of the kernel found.
 struct Read {
@@ -245,6 +256,9 @@ struct WholeRead {
     rounds: u32,
     /// Virtual servers read again in the rounds before this one, and how long those took.
     earlier: (usize, Duration),
+    /// The virtual servers changed during the whole read whose entries the reconcile takes
+    /// from the engine instead of reading them again.
+    defer: BTreeSet<VirtualKey>,
 }
 
 impl std::fmt::Debug for WholeRead {
@@ -474,6 +488,15 @@ pub struct Agent<K> {
     /// At most this many virtual servers changed during a re-read are read on the loop
     /// ([`LOOP_REREADS`]; tests lower it).
     loop_rereads: usize,
+    /// Above this many virtual servers changed during a whole read the reconcile takes the
+    /// engine's word for them ([`DEFER_ABOVE`]; tests change it).
+    defer_above: usize,
+    /// The virtual servers the last reconcile took the engine's word for: the next one reads
+    /// them.
+    deferred: BTreeSet<VirtualKey>,
+    /// Virtual servers with an operation that failed since the background read began: the
+    /// reconcile never takes the engine's word for them.
+    failed_during_read: BTreeSet<VirtualKey>,
     /// The background read under way, if any.
     reading: Option<ReadInFlight>,
 }
@@ -505,6 +528,9 @@ impl<K: Kernel> Agent<K> {
             reader: None,
             reading: None,
             loop_rereads: LOOP_REREADS,
+            defer_above: DEFER_ABOVE,
+            deferred: BTreeSet::new(),
+            failed_during_read: BTreeSet::new(),
         }
     }
 
@@ -669,6 +695,7 @@ impl<K: Kernel> Agent<K> {
             self.incremental_sync();
         }
         self.reading = Some(ReadInFlight::new(discarded, None));
+        self.failed_during_read.clear();
         let sets = self
             .masq
             .as_mut()
@@ -734,12 +761,14 @@ impl<K: Kernel> Agent<K> {
         if flight.moved {
             return self.discard_read(flight.discarded + 1, reader);
         }
+        let (again, defer) = self.split_touched(flight.touched);
         let whole = WholeRead {
             read,
             took,
-            again: flight.touched,
+            again,
             rounds: 1,
             earlier: (0, Duration::ZERO),
+            defer,
         };
         if !whole.again.is_empty()
             && let Some(r) = reader
@@ -751,9 +780,15 @@ impl<K: Kernel> Agent<K> {
         // Nothing to read again, or no reader to read it: the loop reads it.
         let loop_start = Instant::now();
         let WholeRead {
-            mut read, again, ..
+            mut read,
+            again,
+            defer,
+            ..
         } = whole;
-        if let Err(e) = self.reread_on_loop(&mut read, &again) {
+        if let Err(e) = self
+            .reread_on_loop(&mut read, &again)
+            .and_then(|()| self.take_engine_word(&mut read, defer))
+        {
             return self.read_failed(SyncKind::Reconcile, &e);
         }
         if !again.is_empty() {
@@ -764,6 +799,50 @@ impl<K: Kernel> Agent<K> {
             );
         }
         self.reconcile_with(read, took, loop_start, reader);
+    }
+
+    /// Of the virtual servers the loop changed during a whole read: those to read again, and
+    /// those whose entries the reconcile takes from the engine. Up to `defer_above` changed,
+    /// all are read again; above, only those the last reconcile took the engine's word for
+    /// already, so each virtual server is read by one reconcile in two at least.
+    fn split_touched(
+        &self,
+        touched: BTreeSet<VirtualKey>,
+    ) -> (BTreeSet<VirtualKey>, BTreeSet<VirtualKey>) {
+        if touched.len() <= self.defer_above {
+            return (touched, BTreeSet::new());
+        }
+        touched.into_iter().partition(|k| self.deferred.contains(k))
+    }
+
+    /// Puts in `read`, for each virtual server of `defer`, what the engine asked the kernel
+    /// to hold there (the loop changed it during the read and every change since applied);
+    /// one with an operation that failed since the read began is read on the loop instead.
+    /// The next reconcile reads them: they are remembered as deferred.
+    fn take_engine_word(
+        &mut self,
+        read: &mut Read,
+        mut defer: BTreeSet<VirtualKey>,
+    ) -> Result<(), KernelError> {
+        let unsure: BTreeSet<VirtualKey> = defer
+            .intersection(&self.failed_during_read)
+            .copied()
+            .collect();
+        self.reread_on_loop(read, &unsure)?;
+        defer.retain(|k| !unsure.contains(k));
+        if !defer.is_empty() {
+            let entries = defer
+                .iter()
+                .map(|k| (*k, self.engine.asked_entry(k)))
+                .collect();
+            replace_entries(read, &defer, (entries, Counts::default()));
+            tracing::info!(
+                "reconcile: took the engine's word for {} the loop changed during the read (the next reconcile reads them)",
+                count(defer.len(), "virtual server", "virtual servers"),
+            );
+        }
+        self.deferred = defer;
+        Ok(())
     }
 
     /// Reads the virtual servers `keys` again on the loop, in place of what `read` found of
@@ -806,6 +885,7 @@ impl<K: Kernel> Agent<K> {
             again,
             rounds,
             earlier,
+            defer,
         } = *whole;
         let reread = (earlier.0 + again.len(), earlier.1 + started.elapsed());
         let fresh = match result {
@@ -827,11 +907,15 @@ impl<K: Kernel> Agent<K> {
                 again: last,
                 rounds: rounds + 1,
                 earlier: reread,
+                defer,
             };
             self.reading = Some(ReadInFlight::new(discarded, Some(Box::new(next))));
             return;
         }
-        if let Err(e) = self.reread_on_loop(&mut read, &last) {
+        if let Err(e) = self
+            .reread_on_loop(&mut read, &last)
+            .and_then(|()| self.take_engine_word(&mut read, defer))
+        {
             return self.read_failed(SyncKind::Reconcile, &e);
         }
         tracing::info!(
@@ -1149,6 +1233,8 @@ impl<K: Kernel> Agent<K> {
             Ok(v) => v,
             Err(e) => return self.read_failed(kind, &e),
         };
+        // Everything was read: nothing is left on the engine's word.
+        self.deferred.clear();
         self.resync_observed(kind, start.elapsed(), None, &observed, &counts, None);
         drop((observed, counts));
         release_memory(kind.label());
@@ -1296,6 +1382,10 @@ impl<K: Kernel> Agent<K> {
         }
         // Owners cost a walk over every Service, so they are only worked out for failures.
         let mut failures = apply::apply(&mut self.kernel, ops, &Owners::default());
+        if self.reading.is_some() {
+            self.failed_during_read
+                .extend(failures.iter().filter_map(|f| f.op.service()).copied());
+        }
         if !failures.is_empty() {
             let owners = Owners::from_inputs(&self.inputs);
             for f in &mut failures {
@@ -1711,16 +1801,27 @@ mod tests {
         /// The same with this sync period, reading the kernel for reconciles on a thread of
         /// its own if `background`.
         async fn start_with(period: Duration, background: bool) -> Self {
-            Self::start_configured(period, background, LOOP_REREADS).await
+            Self::start_configured(period, background, LOOP_REREADS, DEFER_ABOVE).await
         }
 
         /// Reads in the background, with at most `loop_rereads` virtual servers re-read on the
         /// loop.
         async fn start_with_loop_rereads(period: Duration, loop_rereads: usize) -> Self {
-            Self::start_configured(period, true, loop_rereads).await
+            Self::start_configured(period, true, loop_rereads, DEFER_ABOVE).await
         }
 
-        async fn start_configured(period: Duration, background: bool, loop_rereads: usize) -> Self {
+        /// Reads in the background, taking the engine's word for any virtual server changed
+        /// during a whole read that the last reconcile read.
+        async fn start_deferring(period: Duration) -> Self {
+            Self::start_configured(period, true, LOOP_REREADS, 0).await
+        }
+
+        async fn start_configured(
+            period: Duration,
+            background: bool,
+            loop_rereads: usize,
+            defer_above: usize,
+        ) -> Self {
             let m = examples();
             let mut tracker = kube_ipvs_watch::Tracker::started_at(
                 kube_ipvs_watch::TranslateOptions::default(),
@@ -1742,6 +1843,7 @@ mod tests {
             let mut agent = Agent::new(kernel.clone(), inputs, cfg, shared.clone())
                 .with_wall_clock(Arc::new(move || *wall.lock().expect("lock")));
             agent.loop_rereads = loop_rereads;
+            agent.defer_above = defer_above;
             if background {
                 agent = agent
                     .with_background_reads(Box::new(kernel.clone()))
@@ -2076,6 +2178,71 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn changes_during_a_re_read_go_back_to_the_reader_above_the_loop_s_share() {
         assert_eq!(change_during_both_reads(0).await, (2, 0));
+    }
+
+    /// Under churn, the reconcile takes the engine's word for a virtual server the loop changed
+    /// during its read, reading it neither on the reader nor on the loop; the next reconcile
+    /// during whose read the loop changes it again reads it (no second time on the engine's
+    /// word), and so repairs drift there that the first one could not see.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[expect(
+        clippy::await_holding_lock,
+        reason = "the guard holds the reader thread, not this task, while the loop runs"
+    )]
+    async fn a_virtual_server_changed_during_two_reads_is_read_by_the_second_reconcile() {
+        // A period long enough for the second hold to be in place before the next read.
+        let mut l = Latency::start_deferring(Duration::from_secs(1)).await;
+        let shop = key(Protocol::Tcp, "10.96.0.30", 80);
+        let read_shop = |k: &MemKernel| {
+            k.state()
+                .service_reads
+                .iter()
+                .filter(|(_, keys)| keys.contains(&shop))
+                .count()
+        };
+        let gate = l.kernel.clone();
+
+        let held = hold_a_read(&gate).await;
+        let full = full_syncs(&l.shared);
+        let (syncs, matches) = matched(&l.shared);
+        l.add_shop_endpoint("10.244.3.30", "2026-01-01T00:00:10Z")
+            .await;
+        until(
+            "the first endpoint programmed during the first read",
+            || shop_dests(&l.kernel).contains(&ip("10.244.3.30")),
+        )
+        .await;
+        drop(held);
+        until("the first reconcile", || full_syncs(&l.shared) > full).await;
+        assert_eq!(trouble(&l.shared), (0, 0, 0));
+        let (now, matched_now) = matched(&l.shared);
+        assert_eq!(
+            (now - syncs, matched_now - matches),
+            (1, 1),
+            "one reconcile, matched by fingerprint"
+        );
+        assert_eq!(read_shop(&l.kernel), 0, "the shop was read again");
+
+        let held = hold_a_read(&gate).await;
+        let full = full_syncs(&l.shared);
+        l.add_shop_endpoint("10.244.3.31", "2026-01-01T00:00:11Z")
+            .await;
+        until(
+            "the second endpoint programmed during the second read",
+            || shop_dests(&l.kernel).contains(&ip("10.244.3.31")),
+        )
+        .await;
+        // Drift in the shop virtual server after the loop's change: only a read sees it.
+        if let Some(e) = l.kernel.state().table.services.get_mut(&shop) {
+            e.dests.retain(|d, _| d.addr != ip("10.244.3.30"));
+        }
+        assert!(!shop_dests(&l.kernel).contains(&ip("10.244.3.30")));
+        drop(held);
+        until("the second reconcile", || full_syncs(&l.shared) > full).await;
+        assert_eq!(full_syncs(&l.shared), full + 1, "one reconcile");
+        assert_eq!(trouble(&l.shared), (0, 1, 0), "the drift repaired");
+        assert!(shop_dests(&l.kernel).contains(&ip("10.244.3.30")));
+        assert_eq!(read_shop(&l.kernel), 1, "the shop read again once");
     }
 
     /// A background read during which a virtual server came may have skipped another in the
