@@ -700,6 +700,23 @@ impl Agent {
         lines[lines.len().saturating_sub(40)..].join("\n")
     }
 
+    /// How long the agent's log is now, for [`Agent::since`].
+    fn log_len(&self) -> u64 {
+        std::fs::metadata(&self.log).map_or(0, |m| m.len())
+    }
+
+    /// The agent's log from `at` (a [`Agent::log_len`]) on, the first 80 lines: what it did
+    /// while the driver measured the data path and timed the one-at-a-time updates.
+    fn since(&self, at: u64) -> String {
+        let text = std::fs::read(&self.log).unwrap_or_default();
+        let from = usize::try_from(at).map_or(text.len(), |a| a.min(text.len()));
+        String::from_utf8_lossy(&text[from..])
+            .lines()
+            .take(80)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// The agent's log lines about its periodic reconciles (kube-ipvs logs where each one's
     /// time went), the last 20.
     fn reconciles(&self) -> String {
@@ -1670,8 +1687,19 @@ fn guest(opts: &Options) -> Result<()> {
             if settled { "idle" } else { "still busy" },
             settle_time.as_secs_f64()
         );
+        let before_datapath = agent.log_len();
         let datapath_lab = if opts.datapath > 0 {
-            Some(measure_datapath(agent_name, &ips, opts)?)
+            let lab = measure_datapath(agent_name, &ips, opts)?;
+            // The data path's links gave the node new addresses, which the agents act on
+            // (kube-ipvs rewrites its NodePort rules): the updates start from an idle agent,
+            // as they do without the data path.
+            let (took, idle) = settle(&mut agent, opts.settle_timeout)?;
+            eprintln!(
+                "e2e-bench: {agent_name} {} {:.1} s after the data path",
+                if idle { "idle" } else { "still busy" },
+                took.as_secs_f64()
+            );
+            Some(lab)
         } else {
             None
         };
@@ -1696,6 +1724,10 @@ fn guest(opts: &Options) -> Result<()> {
         } else {
             Updates::default()
         };
+        eprintln!(
+            "--- {agent_name} log from the data path to the last update ---\n{}\n---",
+            agent.since(before_datapath)
+        );
         if !opts.churn.is_zero() {
             let c = open_loop(opts, &mut plane, &mut agent, &ips)?;
             println!(
