@@ -1905,6 +1905,16 @@ mod tests {
             self.change_slice("shop-m4n8q", edit, trigger).await;
         }
 
+        /// [`Latency::add_shop_endpoint`], then waits until the kernel has the endpoint.
+        async fn add_shop_endpoint_programmed(&mut self, addr: &str, trigger: &str) {
+            self.add_shop_endpoint(addr, trigger).await;
+            let kernel = self.kernel.clone();
+            until(&format!("{addr} programmed"), || {
+                shop_dests(&kernel).contains(&ip(addr))
+            })
+            .await;
+        }
+
         fn histogram(&self) -> (u64, String) {
             self.shared.with_metrics(|m| {
                 (
@@ -2071,12 +2081,8 @@ mod tests {
         let held = hold_a_read(&gate).await;
         let full = full_syncs(&l.shared);
         let (syncs, matches) = matched(&l.shared);
-        l.add_shop_endpoint("10.244.3.30", "2026-01-01T00:00:10Z")
+        l.add_shop_endpoint_programmed("10.244.3.30", "2026-01-01T00:00:10Z")
             .await;
-        until("the new endpoint programmed while the read waits", || {
-            shop_dests(&l.kernel).contains(&ip("10.244.3.30"))
-        })
-        .await;
         drop(held);
         until("the reconcile of the read taken before the change", || {
             full_syncs(&l.shared) > full
@@ -2122,26 +2128,16 @@ mod tests {
         let gate = l.kernel.clone();
         let held = hold_a_read(&gate).await;
         let full = full_syncs(&l.shared);
-        l.add_shop_endpoint("10.244.3.30", "2026-01-01T00:00:10Z")
+        l.add_shop_endpoint_programmed("10.244.3.30", "2026-01-01T00:00:10Z")
             .await;
-        until(
-            "the first endpoint programmed during the whole read",
-            || shop_dests(&l.kernel).contains(&ip("10.244.3.30")),
-        )
-        .await;
         let second = gate.hold_service_reads();
         drop(held);
         until("the reader to read the shop virtual server again", || {
             gate.state().service_reads_waiting == 1
         })
         .await;
-        l.add_shop_endpoint("10.244.3.31", "2026-01-01T00:00:11Z")
+        l.add_shop_endpoint_programmed("10.244.3.31", "2026-01-01T00:00:11Z")
             .await;
-        until(
-            "the second endpoint programmed during the second read",
-            || shop_dests(&l.kernel).contains(&ip("10.244.3.31")),
-        )
-        .await;
         let (syncs, matches) = matched(&l.shared);
         drop(second);
         until("the reconcile", || full_syncs(&l.shared) > full).await;
@@ -2205,13 +2201,8 @@ mod tests {
         let held = hold_a_read(&gate).await;
         let full = full_syncs(&l.shared);
         let (syncs, matches) = matched(&l.shared);
-        l.add_shop_endpoint("10.244.3.30", "2026-01-01T00:00:10Z")
+        l.add_shop_endpoint_programmed("10.244.3.30", "2026-01-01T00:00:10Z")
             .await;
-        until(
-            "the first endpoint programmed during the first read",
-            || shop_dests(&l.kernel).contains(&ip("10.244.3.30")),
-        )
-        .await;
         drop(held);
         until("the first reconcile", || full_syncs(&l.shared) > full).await;
         assert_eq!(trouble(&l.shared), (0, 0, 0));
@@ -2225,13 +2216,8 @@ mod tests {
 
         let held = hold_a_read(&gate).await;
         let full = full_syncs(&l.shared);
-        l.add_shop_endpoint("10.244.3.31", "2026-01-01T00:00:11Z")
+        l.add_shop_endpoint_programmed("10.244.3.31", "2026-01-01T00:00:11Z")
             .await;
-        until(
-            "the second endpoint programmed during the second read",
-            || shop_dests(&l.kernel).contains(&ip("10.244.3.31")),
-        )
-        .await;
         // Drift in the shop virtual server after the loop's change: only a read sees it.
         if let Some(e) = l.kernel.state().table.services.get_mut(&shop) {
             e.dests.retain(|d, _| d.addr != ip("10.244.3.30"));
