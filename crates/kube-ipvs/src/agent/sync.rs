@@ -22,7 +22,8 @@
 //! whole read) only those the last reconcile took on the engine's word are read again: for the
 //! others the reconcile takes the engine's word ([`Engine::asked_entry`]: what it asked the
 //! kernel to hold there, every change since applied; one with an operation that failed
-//! meanwhile is read on the loop), and the next reconcile reads them. So every virtual server
+//! meanwhile is read on the loop, and none is taken on its word while a failed operation waits
+//! for its retry), and the next reconcile reads them. So every virtual server
 //! is read by one reconcile in two at least, and drift in one the loop keeps changing is
 //! repaired at most one sync period later. A read during which a virtual server or an address came or
 //! went is discarded and read again (the kernel dumps by position, so such a read may have
@@ -804,30 +805,43 @@ impl<K: Kernel> Agent<K> {
     /// Of the virtual servers the loop changed during a whole read: those to read again, and
     /// those whose entries the reconcile takes from the engine. Up to `defer_above` changed,
     /// all are read again; above, only those the last reconcile took the engine's word for
-    /// already, so each virtual server is read by one reconcile in two at least.
+    /// already, so each virtual server is read by one reconcile in two at least. While an
+    /// operation waits for its retry, the engine's word is not taken at all.
     fn split_touched(
         &self,
         touched: BTreeSet<VirtualKey>,
     ) -> (BTreeSet<VirtualKey>, BTreeSet<VirtualKey>) {
-        if touched.len() <= self.defer_above {
+        if touched.len() <= self.defer_above || self.unsure_of_the_engine() {
             return (touched, BTreeSet::new());
         }
         touched.into_iter().partition(|k| self.deferred.contains(k))
     }
 
+    /// Whether an operation failed and waits for a full sync to apply it (a retry is pending,
+    /// or a failed change is not yet programmed): the engine's word may then be wrong about
+    /// virtual servers the loop did not record as failed since the read began.
+    fn unsure_of_the_engine(&self) -> bool {
+        !self.retry.is_empty() || !self.unprogrammed.is_empty() || self.unprogrammed_unknown
+    }
+
     /// Puts in `read`, for each virtual server of `defer`, what the engine asked the kernel
     /// to hold there (the loop changed it during the read and every change since applied);
-    /// one with an operation that failed since the read began is read on the loop instead.
+    /// one with an operation that failed since the read began, or every one while a failed
+    /// operation waits for its retry, is read on the loop instead.
     /// The next reconcile reads them: they are remembered as deferred.
     fn take_engine_word(
         &mut self,
         read: &mut Read,
         mut defer: BTreeSet<VirtualKey>,
     ) -> Result<(), KernelError> {
-        let unsure: BTreeSet<VirtualKey> = defer
-            .intersection(&self.failed_during_read)
-            .copied()
-            .collect();
+        let unsure: BTreeSet<VirtualKey> = if self.unsure_of_the_engine() {
+            std::mem::take(&mut defer)
+        } else {
+            defer
+                .intersection(&self.failed_during_read)
+                .copied()
+                .collect()
+        };
         self.reread_on_loop(read, &unsure)?;
         defer.retain(|k| !unsure.contains(k));
         if !defer.is_empty() {
@@ -893,7 +907,8 @@ impl<K: Kernel> Agent<K> {
             Err(e) => return self.read_failed(SyncKind::Reconcile, &e),
         };
         replace_entries(&mut read, &again, fresh);
-        let last = touched;
+        // Those the reconcile takes the engine's word for need no other read.
+        let last: BTreeSet<VirtualKey> = touched.difference(&defer).copied().collect();
         // Many changed during this round (a churn): the reader reads them in another round,
         // shorter than this one, rather than the loop.
         if last.len() > self.loop_rereads
@@ -2186,8 +2201,9 @@ mod tests {
         reason = "the guard holds the reader thread, not this task, while the loop runs"
     )]
     async fn a_virtual_server_changed_during_two_reads_is_read_by_the_second_reconcile() {
-        // A period long enough for the second hold to be in place before the next read.
-        let mut l = Latency::start_deferring(Duration::from_secs(1)).await;
+        // A period long enough for the second hold to be in place before the next read (a
+        // reconcile between the two would read the shop and end its deferral).
+        let mut l = Latency::start_deferring(Duration::from_secs(3)).await;
         let shop = key(Protocol::Tcp, "10.96.0.30", 80);
         let read_shop = |k: &MemKernel| {
             k.state()
@@ -2229,6 +2245,62 @@ mod tests {
         assert_eq!(trouble(&l.shared), (0, 1, 0), "the drift repaired");
         assert!(shop_dests(&l.kernel).contains(&ip("10.244.3.30")));
         assert_eq!(read_shop(&l.kernel), 1, "the shop read again once");
+    }
+
+    /// Above the threshold, only the virtual servers the last reconcile took on the engine's
+    /// word are read again; while a failed operation waits for its retry (or a failed change
+    /// for a clean full sync), every one is read again, since the engine's word may hold what
+    /// the kernel refused before the read began.
+    #[test]
+    fn the_engine_s_word_is_not_taken_while_a_failed_operation_waits() {
+        let period = Duration::from_secs(30);
+        let inputs = Inputs::new(kube_ipvs_diff::NodeContext::new("node-1")).expect("valid node");
+        let mut agent = Agent::new(
+            MemKernel::default(),
+            inputs,
+            AgentConfig::every(period),
+            Arc::new(Shared::new(period)),
+        );
+        agent.defer_above = 1;
+        let (a, b, c) = (
+            key(Protocol::Tcp, "10.96.0.1", 80),
+            key(Protocol::Tcp, "10.96.0.2", 80),
+            key(Protocol::Udp, "10.96.0.3", 53),
+        );
+        let touched = BTreeSet::from([a, b, c]);
+        let none = BTreeSet::new();
+        agent.deferred = BTreeSet::from([a]);
+        assert_eq!(
+            agent.split_touched(touched.clone()),
+            (BTreeSet::from([a]), BTreeSet::from([b, c]))
+        );
+        assert_eq!(
+            agent.split_touched(BTreeSet::from([a])),
+            (BTreeSet::from([a]), none.clone()),
+            "at the threshold"
+        );
+        agent.retry.insert(
+            "default/shop".to_owned(),
+            Pending {
+                attempts: 1,
+                due: Instant::now(),
+            },
+        );
+        assert_eq!(
+            agent.split_touched(touched.clone()),
+            (touched.clone(), none.clone())
+        );
+        agent.retry.clear();
+        agent
+            .unprogrammed
+            .insert(ServiceName::new("default", "shop"));
+        assert_eq!(
+            agent.split_touched(touched.clone()),
+            (touched.clone(), none.clone())
+        );
+        agent.unprogrammed.clear();
+        agent.unprogrammed_unknown = true;
+        assert_eq!(agent.split_touched(touched.clone()), (touched, none));
     }
 
     /// A background read during which a virtual server came may have skipped another in the
