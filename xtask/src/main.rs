@@ -30,8 +30,8 @@ const USAGE: &str = "usage: cargo xtask <command>
   ci [--no-vm]                      fmt, clippy, tests, kernel-test clippy, fuzz, vm-test (timed)
   vm-test [FILTER] [--timeout S] [--test-timeout S] [--no-daemon] [--forward PORT]...
                                     run the kernel tests in a QEMU guest
-  vm-run [--mem MIB] [--timeout S] [--forward PORT]... 'SCRIPT'
-                                    run a shell snippet in the guest
+  vm-run [--mem MIB] [--timeout S] [--forward PORT]... [--exe HOST[:GUEST]]... 'SCRIPT'
+                                    run a shell snippet in the guest (with host executables)
   vm-shell [--mem MIB] [--forward PORT]...
                                     interactive root shell in the guest
   bench netlink [-- ARGS]           ipvs-bench in the guest (default --services 10000 --dests 10)

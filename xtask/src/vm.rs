@@ -702,8 +702,9 @@ pub(crate) fn vm_shell_command(args: &[String]) -> Result<()> {
     run(&job).map(drop)
 }
 
-/// `cargo xtask vm-run [--mem MIB] [--timeout SECS] [--forward PORT]... SCRIPT`: runs a shell
-/// snippet in the VM, for debugging and for poking at the kernel by hand.
+/// `cargo xtask vm-run [--mem MIB] [--timeout SECS] [--forward PORT]... [--exe HOST[:GUEST]]...
+/// SCRIPT`: runs a shell snippet in the VM, for debugging, for poking at the kernel by hand and
+/// for the measurements in `integration/bench/`.
 pub(crate) fn vm_run_command(args: &[String]) -> Result<()> {
     let mut job = Job::new("vm-run", String::new());
     let mut script = None;
@@ -713,12 +714,16 @@ pub(crate) fn vm_run_command(args: &[String]) -> Result<()> {
             "--mem" => job.memory_mib = parse_next(&mut it, "--mem")?,
             "--timeout" => job.timeout = Duration::from_secs(parse_next(&mut it, "--timeout")?),
             "--forward" => job.forward_ports.push(parse_next(&mut it, "--forward")?),
+            "--exe" => {
+                let spec: String = parse_next(&mut it, "--exe")?;
+                job.executables.push(exe_spec(&spec)?);
+            }
             s if s.starts_with("--") => bail!("vm-run: unknown option {s:?}"),
             s => script = Some(s.to_owned()),
         }
     }
     job.script = script.context(
-        "usage: cargo xtask vm-run [--mem MIB] [--timeout SECS] [--forward PORT] 'SHELL COMMANDS'",
+        "usage: cargo xtask vm-run [--mem MIB] [--timeout SECS] [--forward PORT] [--exe HOST[:GUEST]] 'SHELL COMMANDS'",
     )?;
     let outcome = run(&job)?;
     eprintln!("xtask: log in {}", outcome.log.display());
@@ -729,6 +734,26 @@ pub(crate) fn vm_run_command(args: &[String]) -> Result<()> {
         Some(0) => Ok(()),
         rc => bail!("vm-run: the script exited with {rc:?}"),
     }
+}
+
+/// `HOST[:GUEST]`: a host executable (with its libraries) for the guest, at `GUEST` or, without
+/// it, at `/usr/local/bin/` under its own name.
+fn exe_spec(spec: &str) -> Result<GuestFile> {
+    let (host, guest) = match spec.split_once(':') {
+        Some((host, guest)) => (PathBuf::from(host), PathBuf::from(guest)),
+        None => {
+            let host = PathBuf::from(spec);
+            let name = host
+                .file_name()
+                .with_context(|| format!("--exe {spec:?}: no file name"))?;
+            let guest = Path::new("/usr/local/bin").join(name);
+            (host, guest)
+        }
+    };
+    if !guest.is_absolute() {
+        bail!("--exe {spec:?}: the guest path must be absolute");
+    }
+    Ok(GuestFile { host, guest })
 }
 
 pub(crate) fn parse_next<'a, T: std::str::FromStr>(
@@ -744,6 +769,20 @@ pub(crate) fn parse_next<'a, T: std::str::FromStr>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exe_specs_name_their_guest_path() -> Result<()> {
+        let bare = exe_spec("/work/target/release/examples/e2e-bench")?;
+        assert_eq!(
+            bare.host,
+            Path::new("/work/target/release/examples/e2e-bench")
+        );
+        assert_eq!(bare.guest, Path::new("/usr/local/bin/e2e-bench"));
+        let placed = exe_spec("/usr/bin/perf:/usr/bin/perf")?;
+        assert_eq!(placed.guest, Path::new("/usr/bin/perf"));
+        assert!(exe_spec("/usr/bin/perf:perf").is_err());
+        Ok(())
+    }
 
     fn outcome(lines: &[&str]) -> Outcome {
         Outcome {
