@@ -1,6 +1,9 @@
 # A new connection through kube-ipvs's IPVS against the same through kube-proxy's nftables and
 # iptables rules, in one guest, each connection of one client in turn (so a slow moment of the
 # host or the guest falls on every path alike):
+#   cargo xtask bench datapath [--size N] [--count N] [--no-perf]
+# (which builds the release kube-ipvs and e2e-bench, runs this in a 3 GiB guest with the host's
+# perf, and sums up each block's ratios), or by hand:
 #   cargo build --release -p kube-ipvs --bin kube-ipvs -p kube-ipvs-integration --example e2e-bench
 #   cargo xtask vm-run --timeout 1800 --mem 3072 --exe target/release/examples/e2e-bench \
 #     --exe target/release/kube-ipvs --exe /usr/bin/perf "$(cat integration/bench/datapath-cost.sh)"
@@ -29,6 +32,8 @@ IPVS_VIP=10.96.0.10; RAW_VIP=10.100.0.10
 last=$((SIZE - 1)); L="$((last / 256 % 256)).$((last % 256))"
 NFT_VIP=10.98.$L; IPT_VIP=10.99.$L
 uname -r
+echo "PATH direct $DIRECT:$PORT"; echo "PATH kube-ipvs $IPVS_VIP:80"; echo "PATH nftables $NFT_VIP:80"
+echo "PATH iptables $IPT_VIP:80"; echo "PATH ipvs-alone $RAW_VIP:80"
 echo -1 > /proc/sys/kernel/perf_event_paranoid; echo 0 > /proc/sys/kernel/kptr_restrict
 echo 1 > /proc/sys/net/ipv4/ip_forward
 for x in "dp-client dpc0 dpc1 10.250.0.1 10.250.0.2" "dp-server dps0 dps1 10.251.0.1 10.251.0.2"; do

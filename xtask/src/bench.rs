@@ -1,9 +1,14 @@
-//! `cargo xtask bench {netlink,dump,diff,watch}`.
+//! `cargo xtask bench {netlink,dump,datapath,diff,watch}`.
 //!
-//! `netlink` and `dump` need a kernel with IPVS, so they ship an example (release build) into the
-//! VM: `ipvs-bench` of `kube-ipvs-netlink`, and `dump-bench` of `kube-ipvs` together with the
-//! release `kube-ipvs` binary it compares with `ipvsadm`. The others are plain `cargo bench` runs.
+//! `netlink`, `dump` and `datapath` need a kernel with IPVS, so they ship release builds into the
+//! VM: `ipvs-bench` of `kube-ipvs-netlink`; `dump-bench` of `kube-ipvs` together with the
+//! release `kube-ipvs` binary it compares with `ipvsadm`; `datapath` runs
+//! `integration/bench/datapath-cost.sh` with the release `kube-ipvs`, the `e2e-bench` example
+//! (its data path's client and server) and the host's `perf`, and sums up its blocks. The others
+//! are plain `cargo bench` runs.
 
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -18,9 +23,10 @@ const NETLINK_EXAMPLE: &str = "ipvs-bench";
 const NETLINK_DEFAULT_ARGS: &[&str] = &["--services", "10000", "--dests", "10"];
 const DUMP_PACKAGE: &str = "kube-ipvs";
 const DUMP_EXAMPLE: &str = "dump-bench";
+const DATAPATH_SCRIPT: &str = include_str!("../../integration/bench/datapath-cost.sh");
 
 pub(crate) fn command(args: &[String]) -> Result<()> {
-    let usage = "usage: cargo xtask bench netlink [-- ARGS] | bench dump [-- ARGS] | bench diff [ARGS] | bench watch [ARGS] | bench e2e [--sizes N,..] [--updates U] [--agents A,..] | bench soak [--minutes M] [--services N] [--rate R]";
+    let usage = "usage: cargo xtask bench netlink [-- ARGS] | bench dump [-- ARGS] | bench datapath [--size N] [--count N] [--no-perf] | bench diff [ARGS] | bench watch [ARGS] | bench e2e [--sizes N,..] [--updates U] [--agents A,..] | bench soak [--minutes M] [--services N] [--rate R]";
     let (which, rest) = args.split_first().context(usage)?;
     // `--` separates our arguments from the benchmark's; accept it with or without.
     let rest: Vec<String> = match rest.split_first() {
@@ -30,6 +36,7 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
     match which.as_str() {
         "netlink" => netlink(&rest),
         "dump" => dump(&rest),
+        "datapath" => datapath(&rest),
         "diff" => cargo_bench("kube-ipvs-diff", &rest),
         "watch" => cargo_bench("kube-ipvs-watch", &rest),
         "e2e" => crate::bench_e2e::command(&rest),
@@ -158,5 +165,176 @@ fn dump(args: &[String]) -> Result<()> {
     match outcome.guest_rc {
         Some(0) => Ok(()),
         rc => bail!("bench dump: {DUMP_EXAMPLE} exited with {rc:?}"),
+    }
+}
+
+/// A release build of one target of `package` (`what`: `--bin NAME` or `--example NAME`).
+fn release_executable(package: &str, what: &[&str], name: &str) -> Result<PathBuf> {
+    let mut cargo_args = vec!["build", "--release", "-p", package];
+    cargo_args.extend_from_slice(what);
+    let built = cargo_executables(&cargo_args, |m| m["target"]["name"] == name)?;
+    built
+        .into_iter()
+        .next()
+        .map(|(_, exe)| exe)
+        .with_context(|| format!("cargo build produced no {name} executable"))
+}
+
+/// `bench datapath [--size N] [--count N] [--no-perf]`: a new connection through kube-ipvs's
+/// ClusterIP against kube-proxy-like nftables and iptables rules and IPVS alone, in one guest,
+/// connection by connection (`integration/bench/datapath-cost.sh` says how); prints the ratios
+/// of each block.
+fn datapath(args: &[String]) -> Result<()> {
+    let (mut size, mut count, mut perf) = (10_000u32, 3_000u32, true);
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--size" => size = vm::parse_next(&mut it, "--size")?,
+            "--count" => count = vm::parse_next(&mut it, "--count")?,
+            "--no-perf" => perf = false,
+            other => bail!("bench datapath: unknown argument {other:?}"),
+        }
+    }
+    if !(2..=65_536).contains(&size) {
+        bail!("bench datapath: --size must be 2 to 65536 (one /16 of ClusterIPs per path)");
+    }
+    let agent = release_executable("kube-ipvs", &["--bin", "kube-ipvs"], "kube-ipvs")?;
+    let client = release_executable(
+        "kube-ipvs-integration",
+        &["--example", "e2e-bench"],
+        "e2e-bench",
+    )?;
+    let script = format!("SIZE={size}\nCOUNT={count}\n{DATAPATH_SCRIPT}");
+    let mut job = Job::new("bench datapath", script);
+    for (host, guest) in [(agent, "kube-ipvs"), (client, "e2e-bench")] {
+        job.executables.push(GuestFile {
+            host,
+            guest: PathBuf::from(format!("/usr/local/bin/{guest}")),
+        });
+    }
+    match util::which("perf") {
+        Some(host) if perf => job.executables.push(GuestFile {
+            host,
+            guest: PathBuf::from("/usr/local/bin/perf"),
+        }),
+        _ => eprintln!("xtask: bench datapath without perf (no profiles)"),
+    }
+    job.memory_mib = 3072;
+    job.timeout = Duration::from_secs(1800);
+    let outcome = vm::run(&job)?;
+    eprintln!("xtask: console log in {}", outcome.log.display());
+    if let Some(why) = outcome.failure() {
+        bail!("bench datapath: {why}");
+    }
+    if outcome.guest_rc != Some(0) {
+        bail!(
+            "bench datapath: the script exited with {:?}",
+            outcome.guest_rc
+        );
+    }
+    let lines: Vec<&str> = outcome.lines.iter().map(|(_, l)| l.as_str()).collect();
+    print!("{}", datapath_summary(&lines)?);
+    Ok(())
+}
+
+/// One block's p50 and p99 (microseconds) by path name.
+type Block<'a> = BTreeMap<&'a str, (u64, u64)>;
+
+/// The blocks of `datapath-cost.sh`'s output (`PATH NAME ADDR:PORT` names each target,
+/// `STEP BLOCK DATAPATH-TARGET target=ADDR:PORT ... p50_us=N p99_us=N ...` measures it), one
+/// line each: every path's p50 (p99) and kube-ipvs's ratios to the others.
+fn datapath_summary(lines: &[&str]) -> Result<String> {
+    let mut paths: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut blocks: Vec<(&str, Block<'_>)> = Vec::new();
+    for line in lines {
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("PATH") => {
+                if let (Some(name), Some(target)) = (words.next(), words.next()) {
+                    paths.insert(target, name);
+                }
+            }
+            Some("STEP") => {
+                let block = words.next().context("a STEP line without its block")?;
+                let field = |key: &str| {
+                    line.split_whitespace()
+                        .find_map(|w| w.strip_prefix(key))
+                        .with_context(|| format!("{line:?} has no {key}"))
+                };
+                let target = field("target=")?;
+                let name = *paths
+                    .get(target)
+                    .with_context(|| format!("{target} is not a named PATH"))?;
+                let p50: u64 = field("p50_us=")?.parse().context("p50_us")?;
+                let p99: u64 = field("p99_us=")?.parse().context("p99_us")?;
+                if blocks.last().is_none_or(|(b, _)| *b != block) {
+                    blocks.push((block, BTreeMap::new()));
+                }
+                if let Some((_, m)) = blocks.last_mut() {
+                    m.insert(name, (p50, p99));
+                }
+            }
+            _ => {}
+        }
+    }
+    if blocks.is_empty() {
+        bail!("bench datapath: no measurement in the output");
+    }
+    let mut out = String::from(
+        "bench datapath: new-connection p50 (p99) in ms, one client, each path in turn\n",
+    );
+    for (block, m) in &blocks {
+        let _ = write!(out, "{block}:");
+        for (name, (p50, p99)) in m {
+            let _ = write!(out, " {name} {:.2} ({:.1})", ms(*p50), ms(*p99));
+        }
+        let ipvs = m.get("kube-ipvs").map(|v| v.0);
+        for other in ["nftables", "iptables", "ipvs-alone"] {
+            if let (Some(k), Some((o, _))) = (ipvs, m.get(other)) {
+                let _ = write!(
+                    out,
+                    "; kube-ipvs/{other} {:.2}",
+                    k as f64 / (*o).max(1) as f64
+                );
+            }
+        }
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+fn ms(us: u64) -> f64 {
+    us as f64 / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_datapath_summary_names_paths_and_divides_by_the_peers() -> Result<()> {
+        let out = datapath_summary(&[
+            "PATH direct 10.244.0.10:8080",
+            "PATH kube-ipvs 10.96.0.10:80",
+            "PATH nftables 10.98.39.15:80",
+            "PATH iptables 10.99.39.15:80",
+            "noise from the guest",
+            "STEP agent-running DATAPATH-TARGET target=10.244.0.10:8080 conns=3000 failed=0 p50_us=1000 p99_us=3000 rate=700.0",
+            "STEP agent-running DATAPATH-TARGET target=10.96.0.10:80 conns=3000 failed=0 p50_us=1200 p99_us=4000 rate=600.0",
+            "STEP agent-running DATAPATH-TARGET target=10.98.39.15:80 conns=3000 failed=0 p50_us=1000 p99_us=3500 rate=650.0",
+            "STEP agent-running DATAPATH-TARGET target=10.99.39.15:80 conns=3000 failed=0 p50_us=4800 p99_us=9000 rate=200.0",
+        ])?;
+        assert_eq!(
+            out.lines().nth(1),
+            Some(
+                "agent-running: direct 1.00 (3.0) iptables 4.80 (9.0) kube-ipvs 1.20 (4.0) nftables 1.00 (3.5); kube-ipvs/nftables 1.20; kube-ipvs/iptables 0.25"
+            )
+        );
+        assert!(
+            datapath_summary(&["STEP b DATAPATH-TARGET target=1.2.3.4:80 p50_us=1 p99_us=1"])
+                .is_err()
+        );
+        assert!(datapath_summary(&["nothing measured"]).is_err());
+        Ok(())
     }
 }

@@ -36,6 +36,8 @@ const USAGE: &str = "usage: cargo xtask <command>
                                     interactive root shell in the guest
   bench netlink [-- ARGS]           ipvs-bench in the guest (default --services 10000 --dests 10)
   bench dump [-- ARGS]              kube-ipvs dump vs ipvsadm -Ln in the guest
+  bench datapath [--size N] [--count N] [--no-perf]
+                                    a connection through kube-ipvs vs nftables/iptables rules, one guest
   bench diff|watch [ARGS]           cargo bench of kube-ipvs-diff / kube-ipvs-watch
   bench e2e [--sizes N,..] [--updates U] [--agents kube-ipvs,kube-proxy-ipvs,...]
                                     kube-ipvs vs kube-proxy's ipvs, nftables and iptables modes on a real API server, in the guest
