@@ -128,18 +128,8 @@ fn netlink(args: &[String]) -> Result<()> {
 /// `kube-ipvs dump` against `ipvsadm -Ln` on a 10,000 x 10 table: ships the `dump-bench` example
 /// and the release `kube-ipvs` binary.
 fn dump(args: &[String]) -> Result<()> {
-    let release = |what: &[&str], name: &str| -> Result<PathBuf> {
-        let mut cargo_args = vec!["build", "--release", "-p", DUMP_PACKAGE];
-        cargo_args.extend_from_slice(what);
-        let built = cargo_executables(&cargo_args, |m| m["target"]["name"] == name)?;
-        built
-            .into_iter()
-            .next()
-            .map(|(_, exe)| exe)
-            .with_context(|| format!("cargo build produced no {name} executable"))
-    };
-    let bench = release(&["--example", DUMP_EXAMPLE], DUMP_EXAMPLE)?;
-    let daemon = release(&["--bin", "kube-ipvs"], "kube-ipvs")?;
+    let bench = release_executable(DUMP_PACKAGE, &["--example", DUMP_EXAMPLE], DUMP_EXAMPLE)?;
+    let daemon = release_executable(DUMP_PACKAGE, &["--bin", "kube-ipvs"], "kube-ipvs")?;
     let mut script = format!("exec /usr/local/bin/{DUMP_EXAMPLE}");
     for arg in args {
         script.push(' ');
