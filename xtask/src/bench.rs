@@ -185,8 +185,11 @@ fn datapath(args: &[String]) -> Result<()> {
             other => bail!("bench datapath: unknown argument {other:?}"),
         }
     }
-    if !(2..=65_536).contains(&size) {
-        bail!("bench datapath: --size must be 2 to 65536 (one /16 of ClusterIPs per path)");
+    if !(2..=50_000).contains(&size) {
+        bail!("bench datapath: --size must be 2 to 50000 (one /16 of ClusterIPs per path)");
+    }
+    if count == 0 {
+        bail!("bench datapath: --count must be at least 1");
     }
     let agent = release_executable("kube-ipvs", &["--bin", "kube-ipvs"], "kube-ipvs")?;
     let client = release_executable(
@@ -210,7 +213,7 @@ fn datapath(args: &[String]) -> Result<()> {
         _ => eprintln!("xtask: bench datapath without perf (no profiles)"),
     }
     job.memory_mib = 3072;
-    job.timeout = Duration::from_secs(1800);
+    job.timeout = Duration::from_secs(3600);
     let outcome = vm::run(&job)?;
     eprintln!("xtask: console log in {}", outcome.log.display());
     if let Some(why) = outcome.failure() {
@@ -227,12 +230,14 @@ fn datapath(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// One block's p50 and p99 (microseconds) by path name.
-type Block<'a> = BTreeMap<&'a str, (u64, u64)>;
+/// One block's p50, p99 (microseconds) and failed connections by path name.
+type Block<'a> = BTreeMap<&'a str, (u64, u64, u64)>;
 
 /// The blocks of `datapath-cost.sh`'s output (`PATH NAME ADDR:PORT` names each target,
-/// `STEP BLOCK DATAPATH-TARGET target=ADDR:PORT ... p50_us=N p99_us=N ...` measures it), one
-/// line each: every path's p50 (p99) and kube-ipvs's ratios to the others.
+/// `STEP BLOCK DATAPATH-TARGET target=ADDR:PORT ... failed=N p50_us=N p99_us=N ...` measures
+/// it), one line each: every path's p50 (p99), its failed connections if any, and the IPVS
+/// path's (kube-ipvs, or IPVS alone before the agent) ratios to the rule paths. A block in
+/// which a path never connected is an error: its ratios would mean nothing.
 fn datapath_summary(lines: &[&str]) -> Result<String> {
     let mut paths: BTreeMap<&str, &str> = BTreeMap::new();
     let mut blocks: Vec<(&str, Block<'_>)> = Vec::new();
@@ -257,11 +262,16 @@ fn datapath_summary(lines: &[&str]) -> Result<String> {
                     .with_context(|| format!("{target} is not a named PATH"))?;
                 let p50: u64 = field("p50_us=")?.parse().context("p50_us")?;
                 let p99: u64 = field("p99_us=")?.parse().context("p99_us")?;
+                let failed: u64 = field("failed=")?.parse().context("failed")?;
+                let conns: u64 = field("conns=")?.parse().context("conns")?;
+                if failed >= conns {
+                    bail!("bench datapath: every connection to {name} failed in {block}");
+                }
                 if blocks.last().is_none_or(|(b, _)| *b != block) {
                     blocks.push((block, BTreeMap::new()));
                 }
                 if let Some((_, m)) = blocks.last_mut() {
-                    m.insert(name, (p50, p99));
+                    m.insert(name, (p50, p99, failed));
                 }
             }
             _ => {}
@@ -275,17 +285,18 @@ fn datapath_summary(lines: &[&str]) -> Result<String> {
     );
     for (block, m) in &blocks {
         let _ = write!(out, "{block}:");
-        for (name, (p50, p99)) in m {
+        for (name, (p50, p99, failed)) in m {
             let _ = write!(out, " {name} {:.2} ({:.1})", ms(*p50), ms(*p99));
+            if *failed > 0 {
+                let _ = write!(out, " [{failed} failed]");
+            }
         }
-        let ipvs = m.get("kube-ipvs").map(|v| v.0);
-        for other in ["nftables", "iptables", "ipvs-alone"] {
-            if let (Some(k), Some((o, _))) = (ipvs, m.get(other)) {
-                let _ = write!(
-                    out,
-                    "; kube-ipvs/{other} {:.2}",
-                    k as f64 / (*o).max(1) as f64
-                );
+        let ipvs = ["kube-ipvs", "ipvs-alone"]
+            .into_iter()
+            .find_map(|n| m.get(n).map(|v| (n, v.0)));
+        for other in ["nftables", "iptables"] {
+            if let (Some((n, k)), Some((o, _, _))) = (ipvs, m.get(other)) {
+                let _ = write!(out, "; {n}/{other} {:.2}", k as f64 / (*o).max(1) as f64);
             }
         }
         out.push('\n');
@@ -312,13 +323,28 @@ mod tests {
             "STEP agent-running DATAPATH-TARGET target=10.244.0.10:8080 conns=3000 failed=0 p50_us=1000 p99_us=3000 rate=700.0",
             "STEP agent-running DATAPATH-TARGET target=10.96.0.10:80 conns=3000 failed=0 p50_us=1200 p99_us=4000 rate=600.0",
             "STEP agent-running DATAPATH-TARGET target=10.98.39.15:80 conns=3000 failed=0 p50_us=1000 p99_us=3500 rate=650.0",
-            "STEP agent-running DATAPATH-TARGET target=10.99.39.15:80 conns=3000 failed=0 p50_us=4800 p99_us=9000 rate=200.0",
+            "STEP agent-running DATAPATH-TARGET target=10.99.39.15:80 conns=3000 failed=2 p50_us=4800 p99_us=9000 rate=200.0",
+            "PATH ipvs-alone 10.100.0.10:80",
+            "STEP before DATAPATH-TARGET target=10.100.0.10:80 conns=10 failed=0 p50_us=1100 p99_us=2000 rate=600.0",
+            "STEP before DATAPATH-TARGET target=10.98.39.15:80 conns=10 failed=0 p50_us=1000 p99_us=2000 rate=600.0",
         ])?;
         assert_eq!(
             out.lines().nth(1),
             Some(
-                "agent-running: direct 1.00 (3.0) iptables 4.80 (9.0) kube-ipvs 1.20 (4.0) nftables 1.00 (3.5); kube-ipvs/nftables 1.20; kube-ipvs/iptables 0.25"
+                "agent-running: direct 1.00 (3.0) iptables 4.80 (9.0) [2 failed] kube-ipvs 1.20 (4.0) nftables 1.00 (3.5); kube-ipvs/nftables 1.20; kube-ipvs/iptables 0.25"
             )
+        );
+        assert_eq!(
+            out.lines().nth(2),
+            Some("before: ipvs-alone 1.10 (2.0) nftables 1.00 (2.0); ipvs-alone/nftables 1.10")
+        );
+        let dead = [
+            "PATH nftables 10.98.39.15:80",
+            "STEP b DATAPATH-TARGET target=10.98.39.15:80 conns=5 failed=5 p50_us=0 p99_us=0 rate=0.0",
+        ];
+        assert!(
+            datapath_summary(&dead).is_err(),
+            "a path that never connected"
         );
         assert!(
             datapath_summary(&["STEP b DATAPATH-TARGET target=1.2.3.4:80 p50_us=1 p99_us=1"])

@@ -739,7 +739,8 @@ pub(crate) fn vm_run_command(args: &[String]) -> Result<()> {
 /// `HOST[:GUEST]`: a host executable (with its libraries) for the guest, at `GUEST` or, without
 /// it, at `/usr/local/bin/` under its own name.
 fn exe_spec(spec: &str) -> Result<GuestFile> {
-    let (host, guest) = match spec.split_once(':') {
+    // The last colon: a guest path is absolute, so a host path may hold one.
+    let (host, guest) = match spec.rsplit_once(':') {
         Some((host, guest)) => (PathBuf::from(host), PathBuf::from(guest)),
         None => {
             let host = PathBuf::from(spec);
