@@ -78,21 +78,11 @@ fn netlink(args: &[String]) -> Result<()> {
              (crates/netlink/examples/{NETLINK_EXAMPLE}.rs); nothing to run"
         );
     }
-    let built = cargo_executables(
-        &[
-            "build",
-            "--release",
-            "-p",
-            NETLINK_PACKAGE,
-            "--example",
-            NETLINK_EXAMPLE,
-        ],
-        |m| m["target"]["name"] == NETLINK_EXAMPLE,
+    let exe = release_executable(
+        NETLINK_PACKAGE,
+        &["--example", NETLINK_EXAMPLE],
+        NETLINK_EXAMPLE,
     )?;
-    let (_, exe) = built
-        .into_iter()
-        .next()
-        .context("cargo build produced no ipvs-bench executable")?;
     let args: Vec<String> = if args.is_empty() {
         NETLINK_DEFAULT_ARGS
             .iter()
@@ -101,28 +91,12 @@ fn netlink(args: &[String]) -> Result<()> {
     } else {
         args.to_vec()
     };
-    let mut script = String::from("exec /usr/local/bin/ipvs-bench");
-    for arg in &args {
-        script.push(' ');
-        script.push_str(&shell_quote(arg));
-    }
-    script.push('\n');
-    let mut job = Job::new("bench netlink", script);
+    let mut job = bench_job("bench netlink", exec_script(NETLINK_EXAMPLE, &args), 4096);
     job.executables.push(GuestFile {
         host: exe,
-        guest: PathBuf::from("/usr/local/bin/ipvs-bench"),
+        guest: PathBuf::from(format!("/usr/local/bin/{NETLINK_EXAMPLE}")),
     });
-    job.memory_mib = 4096;
-    job.timeout = Duration::from_secs(3600);
-    let outcome = vm::run(&job)?;
-    eprintln!("xtask: console log in {}", outcome.log.display());
-    if let Some(why) = outcome.failure() {
-        bail!("bench netlink: {why}");
-    }
-    match outcome.guest_rc {
-        Some(0) => Ok(()),
-        rc => bail!("bench netlink: ipvs-bench exited with {rc:?}"),
-    }
+    run_in_guest(&job).map(drop)
 }
 
 /// `kube-ipvs dump` against `ipvsadm -Ln` on a 10,000 x 10 table: ships the `dump-bench` example
@@ -130,13 +104,7 @@ fn netlink(args: &[String]) -> Result<()> {
 fn dump(args: &[String]) -> Result<()> {
     let bench = release_executable(DUMP_PACKAGE, &["--example", DUMP_EXAMPLE], DUMP_EXAMPLE)?;
     let daemon = release_executable(DUMP_PACKAGE, &["--bin", "kube-ipvs"], "kube-ipvs")?;
-    let mut script = format!("exec /usr/local/bin/{DUMP_EXAMPLE}");
-    for arg in args {
-        script.push(' ');
-        script.push_str(&shell_quote(arg));
-    }
-    script.push('\n');
-    let mut job = Job::new("bench dump", script);
+    let mut job = bench_job("bench dump", exec_script(DUMP_EXAMPLE, args), 4096);
     job.executables.push(GuestFile {
         host: bench,
         guest: PathBuf::from(format!("/usr/local/bin/{DUMP_EXAMPLE}")),
@@ -145,17 +113,43 @@ fn dump(args: &[String]) -> Result<()> {
         host: daemon,
         guest: PathBuf::from("/usr/local/bin/kube-ipvs"),
     });
-    job.memory_mib = 4096;
+    run_in_guest(&job).map(drop)
+}
+
+/// The guest script that runs `/usr/local/bin/{program}` with `args`, each quoted.
+fn exec_script(program: &str, args: &[String]) -> String {
+    let mut script = format!("exec /usr/local/bin/{program}");
+    for arg in args {
+        script.push(' ');
+        script.push_str(&shell_quote(arg));
+    }
+    script.push('\n');
+    script
+}
+
+/// A benchmark's guest: `memory_mib` of memory and an hour at most.
+fn bench_job(name: &str, script: String, memory_mib: u32) -> Job {
+    let mut job = Job::new(name, script);
+    job.memory_mib = memory_mib;
     job.timeout = Duration::from_secs(3600);
-    let outcome = vm::run(&job)?;
+    job
+}
+
+/// Boots the benchmark's guest; fails unless it booted and its script exited 0.
+fn run_in_guest(job: &Job) -> Result<vm::Outcome> {
+    let outcome = vm::run(job)?;
     eprintln!("xtask: console log in {}", outcome.log.display());
     if let Some(why) = outcome.failure() {
-        bail!("bench dump: {why}");
+        bail!("{}: {why}", job.name);
     }
-    match outcome.guest_rc {
-        Some(0) => Ok(()),
-        rc => bail!("bench dump: {DUMP_EXAMPLE} exited with {rc:?}"),
+    if outcome.guest_rc != Some(0) {
+        bail!(
+            "{}: the guest's script exited with {:?}",
+            job.name,
+            outcome.guest_rc
+        );
     }
+    Ok(outcome)
 }
 
 /// A release build of one target of `package` (`what`: `--bin NAME` or `--example NAME`).
@@ -198,7 +192,7 @@ fn datapath(args: &[String]) -> Result<()> {
         "e2e-bench",
     )?;
     let script = format!("SIZE={size}\nCOUNT={count}\n{DATAPATH_SCRIPT}");
-    let mut job = Job::new("bench datapath", script);
+    let mut job = bench_job("bench datapath", script, 3072);
     for (host, guest) in [(agent, "kube-ipvs"), (client, "e2e-bench")] {
         job.executables.push(GuestFile {
             host,
@@ -212,19 +206,7 @@ fn datapath(args: &[String]) -> Result<()> {
         }),
         _ => eprintln!("xtask: bench datapath without perf (no profiles)"),
     }
-    job.memory_mib = 3072;
-    job.timeout = Duration::from_secs(3600);
-    let outcome = vm::run(&job)?;
-    eprintln!("xtask: console log in {}", outcome.log.display());
-    if let Some(why) = outcome.failure() {
-        bail!("bench datapath: {why}");
-    }
-    if outcome.guest_rc != Some(0) {
-        bail!(
-            "bench datapath: the script exited with {:?}",
-            outcome.guest_rc
-        );
-    }
+    let outcome = run_in_guest(&job)?;
     let lines: Vec<&str> = outcome.lines.iter().map(|(_, l)| l.as_str()).collect();
     print!("{}", datapath_summary(&lines)?);
     Ok(())
@@ -311,6 +293,19 @@ fn ms(us: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_exec_script_quotes_each_argument() {
+        let args = [
+            "--services".to_owned(),
+            "10000".to_owned(),
+            "a b'c".to_owned(),
+        ];
+        assert_eq!(
+            exec_script("ipvs-bench", &args),
+            "exec /usr/local/bin/ipvs-bench --services 10000 'a b'\\''c'\n"
+        );
+    }
 
     #[test]
     fn the_datapath_summary_names_paths_and_divides_by_the_peers() -> Result<()> {
