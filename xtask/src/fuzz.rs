@@ -87,14 +87,42 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
 }
 
 /// Builds the binary and runs each target for `seconds`; fails at the first crash.
+/// Runs the targets as many at a time as the machine has cores (each libFuzzer process uses
+/// one), and returns their outcomes in the order given; the first failure is the error.
 fn run(targets: &[&'static str], seconds: u64) -> Result<Vec<Outcome>> {
     let bin = build()?;
     let base = util::workspace_root().join("target/fuzz");
-    let mut out = Vec::new();
-    for &target in targets {
-        out.push(fuzz_one(&bin, &base, target, seconds)?);
-    }
-    Ok(out)
+    let workers = std::thread::available_parallelism()
+        .map_or(1, std::num::NonZeroUsize::get)
+        .min(targets.len())
+        .max(1);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let Some(&target) = targets.get(i) else { break };
+                    let outcome = fuzz_one(&bin, &base, target, seconds);
+                    let failed = outcome.is_err();
+                    results
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push((i, outcome));
+                    if failed {
+                        // The targets not started yet are not started.
+                        next.store(targets.len(), std::sync::atomic::Ordering::SeqCst);
+                    }
+                }
+            });
+        }
+    });
+    let mut results = results
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    results.sort_by_key(|(i, _)| *i);
+    results.into_iter().map(|(_, outcome)| outcome).collect()
 }
 
 fn host_triple() -> Result<String> {

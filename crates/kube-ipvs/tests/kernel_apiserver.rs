@@ -282,7 +282,9 @@ struct Try {
     allowed: std::collections::BTreeSet<String>,
 }
 
-/// Issue 18: the API server is stopped for five minutes under live traffic, then started again
+/// Issue 18: the API server is stopped for five minutes (`cargo xtask vm-test --long`; 90 s
+/// otherwise, which is what CI runs: the watches' backoff reaches its 30 s cap within it, so
+/// the retries after the outage are the same) under live traffic, then started again
 /// with changes the agent has not seen and etcd's history compacted, so the agent's watches
 /// cannot resume (410 Gone) and must list again. Connections from a client namespace to two
 /// ClusterIPs and a third Service run the whole time. While the API server is away the kernel
@@ -292,7 +294,11 @@ struct Try {
 /// shows.
 #[test]
 fn an_api_server_outage_with_compacted_history_costs_no_connection() {
-    const OUTAGE: Duration = Duration::from_secs(300);
+    let outage = if std::env::var_os("KUBE_IPVS_LONG").is_some() {
+        Duration::from_secs(300)
+    } else {
+        Duration::from_secs(90)
+    };
     let cluster = Cluster::new("outage");
     let mut hosts = Hosts::new();
     hosts.host("out-client", "192.168.57.100", "outc");
@@ -353,7 +359,7 @@ fn an_api_server_outage_with_compacted_history_costs_no_connection() {
     };
     let phases = [
         "steady",
-        "API server stopped, agent cut off (5 min)",
+        "API server stopped, agent cut off (90 s; 5 min with --long)",
         "API server back with changes and compacted history, agent still cut off",
         "agent let back in: watches get 410, relist, converge",
         "after convergence",
@@ -423,7 +429,7 @@ fn an_api_server_outage_with_compacted_history_costs_no_connection() {
         cluster.control("stop-apiserver");
         let stopped = Instant::now();
         let mut samples = 0;
-        while stopped.elapsed() < OUTAGE {
+        while stopped.elapsed() < outage {
             std::thread::sleep(Duration::from_secs(5));
             agent.assert_running();
             assert_eq!(
