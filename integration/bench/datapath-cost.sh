@@ -29,7 +29,8 @@
 # IPVS paths do not walk them; once the agent runs, every path walks its rules. Blocks: two
 # before the agent (direct, nftables, iptables, ipvs-alone), two with it running and two with it
 # stopped (SIGSTOP: with --manifests it reads its files every second, and its reconcile reads
-# the kernel every 30 s); then, with perf in the guest, each path sampled once (the busiest
+# the kernel every 30 s), two with it stopped and the kernel's IPVS rate estimator off
+# (net.ipv4.vs.run_estimation=0); then, with perf in the guest, each path sampled once (the busiest
 # kernel symbols). docs/benchmarks.md has the figures.
 IP=/usr/sbin/ip; E=/usr/local/bin/e2e-bench; PERF=/usr/local/bin/perf; K=/usr/local/bin/kube-ipvs
 COUNT=${COUNT:-3000}; SIZE=${SIZE:-10000}; PORT=8080
@@ -179,6 +180,12 @@ measure agent-running-again
 kill -STOP $AGENT
 measure agent-stopped
 measure agent-stopped-again
+# The kernel's rate estimator off (before 6.2 a timer walks every virtual and real server's
+# counters every 2 s under one lock, in softirq), the agent still stopped.
+echo 0 > /proc/sys/net/ipv4/vs/run_estimation || fail "run_estimation"
+measure no-estimator
+measure no-estimator-again
+echo 1 > /proc/sys/net/ipv4/vs/run_estimation
 profile kube-ipvs $IPVS_VIP:80
 if [ -x $PERF ]; then
   $PERF record -q -e cpu-clock -a -g -o /tmp/callers.data -- $IP netns exec dp-client $E connect --targets $IPVS_VIP:80 --count 1000 >/dev/null 2>&1

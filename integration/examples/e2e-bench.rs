@@ -69,9 +69,56 @@ fn usage() -> &'static str {
      e2e-bench guest --agent kube-ipvs|kube-proxy-ipvs|kube-proxy-nftables|kube-proxy-iptables --services-file PATH --kubeconfig PATH \
      [--endpoints E] [--nodes N] [--updates U] [--update-budget SECS] [--converge-timeout SECS] \
      [--flush-repair] [--soak-seconds S [--churn-rate R] [--sample-seconds S]] [--datapath N] \
-     [--churn-seconds S [--churn-rate R]]\n       \
+     [--churn-seconds S [--churn-rate R]] [--no-ipvs-estimation]\n       \
      e2e-bench serve --port P                      (the data path's server, run by guest)\n       \
-     e2e-bench connect --targets IP:P,... --count N (the data path's client, run by guest)"
+     e2e-bench connect --targets IP:P,... --count N (the data path's client, run by guest)\n       \
+     e2e-bench ipvs-probe --count N                 (N real server adds and deletes, each timed)"
+}
+
+/// `ipvs-probe`: adds a real server to the first TCP/UDP/SCTP virtual server of the table and
+/// deletes it again, `count` requests in all, each timed from the request's send to the
+/// kernel's acknowledgement; prints their distribution (one `PROBE` line). What an agent's
+/// one-operation change costs in the kernel at the table's size, without a process start.
+fn ipvs_probe(count: usize) -> Result<()> {
+    use kube_ipvs_netlink::ipvs::{Destination, ForwardMethod};
+    let mut ipvs = Ipvs::new().context("opening the IPVS netlink socket")?;
+    let key = ipvs
+        .services()?
+        .into_iter()
+        .map(|s| s.key)
+        .find(|k| !matches!(k, ServiceKey::Fwmark { .. }))
+        .context("ipvs-probe: the table has no address virtual server")?;
+    let addr = IpAddr::V4(Ipv4Addr::new(10, 246, 0, 1));
+    let dest = Destination::new(addr, 8080, ForwardMethod::Masq);
+    let mut took = Vec::with_capacity(count);
+    for i in 0..count {
+        let t = Instant::now();
+        if i % 2 == 0 {
+            ipvs.new_dest(&key, &dest)
+        } else {
+            ipvs.del_dest(&key, addr, 8080)
+        }
+        .with_context(|| format!("ipvs-probe: request {i}"))?;
+        took.push(t.elapsed().as_micros() as u64);
+    }
+    if count % 2 == 1 {
+        ipvs.del_dest(&key, addr, 8080)?;
+    }
+    took.sort_unstable();
+    let at = |q: f64| {
+        took.get(((took.len() as f64 * q) as usize).min(took.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0)
+    };
+    println!(
+        "PROBE count={count} p50_us={} p99_us={} p999_us={} max_us={} over_10ms={}",
+        at(0.5),
+        at(0.99),
+        at(0.999),
+        took.last().copied().unwrap_or(0),
+        took.iter().filter(|t| **t > 10_000).count()
+    );
+    Ok(())
 }
 
 /// `serve` and `connect`: the data path's two ends, each run by `guest` in its namespace.
@@ -102,6 +149,14 @@ fn main() -> Result<()> {
     };
     if mode == "serve" || mode == "connect" {
         return datapath_mode(mode, rest);
+    }
+    if mode == "ipvs-probe" {
+        let count = rest
+            .iter()
+            .position(|a| a == "--count")
+            .and_then(|i| rest.get(i + 1))
+            .with_context(|| format!("ipvs-probe needs --count\n{}", usage()))?;
+        return ipvs_probe(count.parse().context("--count")?);
     }
     let opts = Options::parse(rest)?;
     match mode.as_str() {
@@ -140,6 +195,8 @@ struct Options {
     datapath: usize,
     /// Open-loop churn at `--churn-rate` for this long after the update series (zero: none).
     churn: Duration,
+    /// `--no-ipvs-estimation`: `net.ipv4.vs.run_estimation` set to 0 before the agent starts.
+    no_estimation: bool,
 }
 
 impl Options {
@@ -163,6 +220,7 @@ impl Options {
             sample_every: Duration::from_secs(60),
             datapath: 0,
             churn: Duration::ZERO,
+            no_estimation: false,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -194,6 +252,7 @@ impl Options {
                     o.converge_timeout = Duration::from_secs(number(value()?)? as u64);
                 }
                 "--flush-repair" => o.flush_repair = true,
+                "--no-ipvs-estimation" => o.no_estimation = true,
                 "--datapath" => o.datapath = number(value()?)?,
                 "--churn-seconds" => o.churn = Duration::from_secs(number(value()?)? as u64),
                 "--soak-seconds" => o.soak = Duration::from_secs(number(value()?)? as u64),
@@ -1637,6 +1696,9 @@ fn list(samples: &[u64]) -> String {
     words.join(",")
 }
 
+/// The IPVS rate estimator's switch (a sysctl of the network namespace).
+const RUN_ESTIMATION: &str = "/proc/sys/net/ipv4/vs/run_estimation";
+
 fn guest(opts: &Options) -> Result<()> {
     let agent_name = opts
         .agent
@@ -1656,6 +1718,18 @@ fn guest(opts: &Options) -> Result<()> {
         bail!("the IPVS table is not empty before the agent starts ({before} virtual servers)");
     }
     let mut plane = Dataplane::for_agent(agent_name, ipvs)?;
+    if opts.no_estimation {
+        // Before 6.2 the kernel's rate estimator walks every virtual and real server under one
+        // lock every 2 s, in a timer; 0 stops the walk (and the counters `ipvsadm --stats` and
+        // /proc/net/ip_vs_stats show, which that walk also updates on such kernels).
+        std::fs::write(RUN_ESTIMATION, "0")
+            .with_context(|| format!("writing 0 to {RUN_ESTIMATION}"))?;
+    }
+    eprintln!(
+        "e2e-bench: {RUN_ESTIMATION} = {}",
+        std::fs::read_to_string(RUN_ESTIMATION)
+            .map_or_else(|e| format!("unreadable ({e})"), |v| v.trim().to_owned())
+    );
     let started = Instant::now();
     let mut agent = Agent::start(agent_name)?;
     let run = (|| -> Result<String> {

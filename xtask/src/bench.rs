@@ -24,9 +24,10 @@ const NETLINK_DEFAULT_ARGS: &[&str] = &["--services", "10000", "--dests", "10"];
 const DUMP_PACKAGE: &str = "kube-ipvs";
 const DUMP_EXAMPLE: &str = "dump-bench";
 const DATAPATH_SCRIPT: &str = include_str!("../../integration/bench/datapath-cost.sh");
+const ESTIMATOR_SCRIPT: &str = include_str!("../../integration/bench/estimator-cost.sh");
 
 pub(crate) fn command(args: &[String]) -> Result<()> {
-    let usage = "usage: cargo xtask bench netlink [-- ARGS] | bench dump [-- ARGS] | bench datapath [--size N] [--count N] [--no-perf] | bench diff [ARGS] | bench watch [ARGS] | bench e2e [--sizes N,..] [--updates U] [--agents A,..] | bench soak [--minutes M] [--services N] [--rate R]";
+    let usage = "usage: cargo xtask bench netlink [-- ARGS] | bench dump [-- ARGS] | bench datapath [--size N] [--count N] [--no-perf] | bench estimator [--services N] [--endpoints E] [--probes N] | bench diff [ARGS] | bench watch [ARGS] | bench e2e [--sizes N,..] [--updates U] [--agents A,..] | bench soak [--minutes M] [--services N] [--rate R]";
     let (which, rest) = args.split_first().context(usage)?;
     // `--` separates our arguments from the benchmark's; accept it with or without.
     let rest: Vec<String> = match rest.split_first() {
@@ -37,6 +38,7 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
         "netlink" => netlink(&rest),
         "dump" => dump(&rest),
         "datapath" => datapath(&rest),
+        "estimator" => estimator(&rest),
         "diff" => cargo_bench("kube-ipvs-diff", &rest),
         "watch" => cargo_bench("kube-ipvs-watch", &rest),
         "e2e" => crate::bench_e2e::command(&rest),
@@ -209,6 +211,47 @@ fn datapath(args: &[String]) -> Result<()> {
     let outcome = run_in_guest(&job)?;
     let lines: Vec<&str> = outcome.lines.iter().map(|(_, l)| l.as_str()).collect();
     print!("{}", datapath_summary(&lines)?);
+    Ok(())
+}
+
+/// `bench estimator`: `integration/bench/estimator-cost.sh` in a guest with the release
+/// e2e-bench (its `ipvs-probe`); prints the script's `TABLE`, `WALK` and `BLOCK` lines.
+fn estimator(args: &[String]) -> Result<()> {
+    let (mut services, mut endpoints, mut probes) = (10_000u32, 10u32, 100_000u32);
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--services" => services = vm::parse_next(&mut it, "--services")?,
+            "--endpoints" => endpoints = vm::parse_next(&mut it, "--endpoints")?,
+            "--probes" => probes = vm::parse_next(&mut it, "--probes")?,
+            other => bail!("bench estimator: unknown argument {other:?}"),
+        }
+    }
+    // One /16 of virtual addresses; real servers 10.128.0.0 up, one /24 per Service index.
+    if !(1..=65_536).contains(&services) || !(1..=1_000).contains(&endpoints) || probes == 0 {
+        bail!("bench estimator: --services 1 to 65536, --endpoints 1 to 1000, --probes at least 1");
+    }
+    let probe = release_executable(
+        "kube-ipvs-integration",
+        &["--example", "e2e-bench"],
+        "e2e-bench",
+    )?;
+    let script =
+        format!("SERVICES={services}\nENDPOINTS={endpoints}\nPROBES={probes}\n{ESTIMATOR_SCRIPT}");
+    let mut job = bench_job("bench estimator", script, 3072);
+    job.executables.push(GuestFile {
+        host: probe,
+        guest: PathBuf::from("/usr/local/bin/e2e-bench"),
+    });
+    let outcome = run_in_guest(&job)?;
+    for (_, line) in &outcome.lines {
+        if ["TABLE ", "WALK ", "BLOCK "]
+            .iter()
+            .any(|p| line.starts_with(p))
+        {
+            println!("{line}");
+        }
+    }
     Ok(())
 }
 

@@ -43,7 +43,8 @@ const USAGE: &str = "usage: cargo xtask bench e2e [--sizes 1000,5000,10000] [--u
      [--endpoints 10] [--nodes 1] [--datapath 300] [--churn-rate 50] [--churn-seconds 60] \
      [--charts DIR] \
      [--agents kube-ipvs,kube-proxy-ipvs,kube-proxy-nftables,kube-proxy-iptables] \
-     [--update-budget SECS] [--settle-timeout SECS] [--converge-timeout SECS] [--mem MIB]";
+     [--update-budget SECS] [--settle-timeout SECS] [--converge-timeout SECS] [--mem MIB] \
+     [--no-ipvs-estimation]";
 
 #[derive(Debug, Clone, PartialEq)]
 struct Options {
@@ -70,6 +71,9 @@ struct Options {
     /// Services).
     converge_timeout: Option<u64>,
     memory_mib: u32,
+    /// `net.ipv4.vs.run_estimation` set to 0 in every agent's guest before the agent starts
+    /// (the same for every agent of the run).
+    no_estimation: bool,
 }
 
 impl Default for Options {
@@ -88,6 +92,7 @@ impl Default for Options {
             settle_timeout: 600,
             converge_timeout: None,
             memory_mib: 4096,
+            no_estimation: false,
         }
     }
 }
@@ -96,6 +101,10 @@ fn parse_options(args: &[String]) -> Result<Options> {
     let mut o = Options::default();
     let mut it = args.iter();
     while let Some(flag) = it.next() {
+        if flag == "--no-ipvs-estimation" {
+            o.no_estimation = true;
+            continue;
+        }
         let value = it
             .next()
             .with_context(|| format!("bench e2e: {flag} needs a value; {USAGE}"))?;
@@ -737,10 +746,15 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
         }
     }
     println!(
-        "\nbench e2e ({} endpoints per Service over {} node(s); TCG guest, 2 vCPUs; kube-proxy {}):\n{}",
+        "\nbench e2e ({} endpoints per Service over {} node(s); TCG guest, 2 vCPUs; kube-proxy {}{}):\n{}",
         opts.endpoints,
         opts.nodes,
         tools.kubernetes_version,
+        if opts.no_estimation {
+            "; IPVS rate estimator off in every guest"
+        } else {
+            ""
+        },
         table(&results)
     );
     for dir in std::iter::once(work.join("charts")).chain(opts.charts.clone()) {
@@ -848,6 +862,9 @@ fn run_agent(
         .args(),
     );
     args.extend(["--datapath".into(), opts.datapath.to_string()]);
+    if opts.no_estimation {
+        args.push("--no-ipvs-estimation".into());
+    }
     if updates > 0 && opts.churn_seconds > 0 {
         args.extend([
             "--churn-seconds".into(),
@@ -1148,6 +1165,10 @@ mod tests {
         let o = parse_options(&args("--settle-timeout 120 --converge-timeout 900"))?;
         assert_eq!((o.settle_timeout, o.converge_timeout), (120, Some(900)));
         assert_eq!(parse_options(&[])?.converge_timeout, None);
+        // The one flag without a value, anywhere among the others.
+        let o = parse_options(&args("--updates 3 --no-ipvs-estimation --sizes 10"))?;
+        assert!(o.no_estimation && o.updates == 3 && o.sizes == vec![10]);
+        assert!(!parse_options(&[])?.no_estimation);
         Ok(())
     }
 }

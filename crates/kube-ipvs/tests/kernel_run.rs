@@ -1067,6 +1067,49 @@ fn restricted_run(dir: &Path, log: PathBuf) -> Agent {
     )
 }
 
+/// The kernel's IPVS rate estimator (`net.ipv4.vs.run_estimation`, per network namespace) is
+/// left as it is, as kube-proxy leaves it, unless `--no-ipvs-rate-estimation` turns it off;
+/// and nothing turns it back on.
+#[test]
+fn the_rate_estimator_is_left_alone_unless_turned_off() {
+    node_address();
+    let dir = manifests("run-rate-estimation");
+    let sysctl = "/proc/sys/net/ipv4/vs/run_estimation";
+    let read = || {
+        std::fs::read_to_string(sysctl)
+            .expect("run_estimation (kernel 5.12 or later)")
+            .trim()
+            .to_owned()
+    };
+    assert_eq!(read(), "1", "the kernel's default");
+    let init = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--init-only",
+            "--manifests",
+            dir.to_str().expect("utf-8"),
+            "--hostname-override",
+            "node-1",
+            "--cluster-cidr",
+            "10.244.0.0/16",
+        ];
+        args.extend_from_slice(extra);
+        let (code, stderr) = run_exit(&args);
+        assert_eq!(code, Some(0), "run {args:?}:\n{stderr}");
+        stderr
+    };
+    init(&[]);
+    assert_eq!(read(), "1", "left alone without the flag");
+    let log = init(&["--no-ipvs-rate-estimation"]);
+    assert_eq!(read(), "0", "turned off with it");
+    assert!(
+        log.contains("net.ipv4.vs.run_estimation=0"),
+        "the change is logged:\n{log}"
+    );
+    init(&[]);
+    assert_eq!(read(), "0", "not turned back on");
+}
+
 /// kube-proxy's least-privilege split, on the real kernel: `run --init-only` (full root, as a
 /// privileged init container) loads the modules and sets the sysctls, then exits 0; after it,
 /// `run` with only `NET_ADMIN` and `NET_RAW`, a read-only `/proc/sys` and a read-only root

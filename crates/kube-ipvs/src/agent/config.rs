@@ -191,6 +191,14 @@ pub struct RunArgs {
     /// answered for by ARP (needed by some load balancers).
     #[arg(long, alias = "ipvs-strict-arp")]
     pub strict_arp: bool,
+    /// Set `net.ipv4.vs.run_estimation=0` (kernel 5.12 or later): the kernel stops its
+    /// per-2-seconds estimate of every virtual and real server's rates. Before kernel 6.2 that
+    /// estimate is one timer walking every server's counters under the lock each IPVS add and
+    /// delete takes, which at 100,000 real servers holds such changes up by tens of ms every
+    /// 2 s. The cost: `ipvsadm -L --rate` (and, before 6.2, `--stats` and
+    /// `/proc/net/ip_vs_stats`) stop changing. Unset leaves the kernel's value.
+    #[arg(long)]
+    pub no_ipvs_rate_estimation: bool,
     /// Networks whose virtual servers and addresses belong to someone else and are never
     /// touched, comma-separated.
     #[arg(long, value_name = "CIDR[,CIDR]", alias = "ipvs-exclude-cidrs")]
@@ -867,6 +875,8 @@ pub struct Settings {
     pub min_sync_period: Duration,
     /// Strict ARP sysctls.
     pub strict_arp: bool,
+    /// `--no-ipvs-rate-estimation`: `net.ipv4.vs.run_estimation=0`.
+    pub no_rate_estimation: bool,
     /// IPVS timeouts to set.
     pub timeouts: Timeouts,
     /// kube-proxy's conntrack tuning.
@@ -1171,6 +1181,7 @@ impl Settings {
             sync_period,
             min_sync_period,
             strict_arp: args.strict_arp || ipvs.strict_arp.unwrap_or(false),
+            no_rate_estimation: args.no_ipvs_rate_estimation,
             timeouts,
             conntrack,
             healthz,
@@ -1290,7 +1301,11 @@ mod tests {
         assert_eq!(s.metrics.to_string(), "127.0.0.1:10249");
         assert_eq!(s.node.default_scheduler.to_string(), "rr");
         assert_eq!(s.timeouts, Timeouts::default());
-        assert!(!s.strict_arp && !s.masquerade_all);
+        assert!(!s.strict_arp && !s.masquerade_all && !s.no_rate_estimation);
+        let mut a = args();
+        a.no_ipvs_rate_estimation = true;
+        let s = Settings::resolve(&a).expect("valid");
+        assert!(s.no_rate_estimation);
     }
 
     #[test]
@@ -1388,6 +1403,8 @@ mod tests {
         let s = Settings::resolve(&cli.run).expect("and resolve");
         assert_eq!(s.sync_period, Duration::from_secs(30));
         assert!(s.strict_arp);
+        // Not kube-proxy's: the kernel's rate estimator is left alone.
+        assert!(!s.no_rate_estimation);
         assert_eq!(s.timeouts.tcp, Some(900));
         assert_eq!(s.source.scheduler.as_deref(), Some("lc"));
         assert_eq!(s.warnings.len(), 7, "{:?}", s.warnings);
@@ -1497,6 +1514,7 @@ mod tests {
             "no_masquerade",
             "keep_kube_proxy_rules",
             "init_only",
+            "no_ipvs_rate_estimation",
             "graceful_termination_timeout",
             "local_fwmark_mask",
             "service_proxy_name",

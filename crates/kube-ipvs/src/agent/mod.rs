@@ -117,6 +117,7 @@ fn prepare_kernel(settings: &Settings) -> Result<RealKernel, String> {
     .map_err(|e| e.to_string())?;
     host.set_sysctls(&kube_ipvs_host::setup::required_sysctls(
         settings.strict_arp,
+        settings.no_rate_estimation,
     ))
     .map_err(|e| e.to_string())?;
     // Tuning, not correctness: a sysctl that cannot be set (nf_conntrack_max is read-only
