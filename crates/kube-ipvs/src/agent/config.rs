@@ -195,8 +195,8 @@ pub struct RunArgs {
     /// per-2-seconds estimate of every virtual and real server's rates. Before kernel 6.2 that
     /// estimate is one timer walking every server's counters under the lock each IPVS add and
     /// delete takes, which at 100,000 real servers holds such changes up by tens of ms every
-    /// 2 s. The cost: `ipvsadm -L --rate` (and, before 6.2, `--stats` and
-    /// `/proc/net/ip_vs_stats`) stop changing. Unset leaves the kernel's value.
+    /// 2 s. The cost: the same walk sums the counters, so `ipvsadm -L --rate` and `--stats`
+    /// and `/proc/net/ip_vs_stats` stop changing. Unset leaves the kernel's value.
     #[arg(long)]
     pub no_ipvs_rate_estimation: bool,
     /// Networks whose virtual servers and addresses belong to someone else and are never
