@@ -1067,6 +1067,23 @@ fn restricted_run(dir: &Path, log: PathBuf) -> Agent {
     )
 }
 
+/// `kube-ipvs run --init-only` on the manifests in `dir` as node-1, with `extra` flags: its
+/// exit code and output.
+fn init_only(dir: &Path, extra: &[&str]) -> (Option<i32>, String) {
+    let mut args = vec![
+        "run",
+        "--init-only",
+        "--manifests",
+        dir.to_str().expect("utf-8"),
+        "--hostname-override",
+        "node-1",
+        "--cluster-cidr",
+        "10.244.0.0/16",
+    ];
+    args.extend_from_slice(extra);
+    run_exit(&args)
+}
+
 /// The kernel's IPVS rate estimator (`net.ipv4.vs.run_estimation`, per network namespace) is
 /// left as it is, as kube-proxy leaves it, unless `--no-ipvs-rate-estimation` turns it off;
 /// and nothing turns it back on.
@@ -1083,19 +1100,8 @@ fn the_rate_estimator_is_left_alone_unless_turned_off() {
     };
     assert_eq!(read(), "1", "the kernel's default");
     let init = |extra: &[&str]| {
-        let mut args = vec![
-            "run",
-            "--init-only",
-            "--manifests",
-            dir.to_str().expect("utf-8"),
-            "--hostname-override",
-            "node-1",
-            "--cluster-cidr",
-            "10.244.0.0/16",
-        ];
-        args.extend_from_slice(extra);
-        let (code, stderr) = run_exit(&args);
-        assert_eq!(code, Some(0), "run {args:?}:\n{stderr}");
+        let (code, stderr) = init_only(&dir, extra);
+        assert_eq!(code, Some(0), "run --init-only {extra:?}:\n{stderr}");
         stderr
     };
     init(&[]);
@@ -1140,16 +1146,7 @@ fn init_only_then_run_with_net_admin_and_net_raw_only() {
         "names the sysctl it could not set:\n{log}"
     );
 
-    let (code, stderr) = run_exit(&[
-        "run",
-        "--init-only",
-        "--manifests",
-        dir.to_str().expect("utf-8"),
-        "--hostname-override",
-        "node-1",
-        "--cluster-cidr",
-        "10.244.0.0/16",
-    ]);
+    let (code, stderr) = init_only(&dir, &[]);
     assert_eq!(code, Some(0), "--init-only:\n{stderr}");
     assert!(
         ipvsadm(&["-Ln"]).lines().count() <= 3,
