@@ -69,7 +69,7 @@ fn usage() -> &'static str {
      e2e-bench guest --agent kube-ipvs|kube-proxy-ipvs|kube-proxy-nftables|kube-proxy-iptables --services-file PATH --kubeconfig PATH \
      [--endpoints E] [--nodes N] [--updates U] [--update-budget SECS] [--converge-timeout SECS] \
      [--flush-repair] [--soak-seconds S [--churn-rate R] [--sample-seconds S]] [--datapath N] \
-     [--churn-seconds S [--churn-rate R]] [--no-ipvs-estimation]\n       \
+     [--churn-seconds S [--churn-rate R]] [--no-ipvs-rate-estimation]\n       \
      e2e-bench serve --port P                      (the data path's server, run by guest)\n       \
      e2e-bench connect --targets IP:P,... --count N (the data path's client, run by guest)\n       \
      e2e-bench ipvs-probe --count N                 (N real server adds and deletes, each timed)"
@@ -98,7 +98,11 @@ fn ipvs_probe(count: usize) -> Result<()> {
         } else {
             ipvs.del_dest(&key, addr, 8080)
         }
-        .with_context(|| format!("ipvs-probe: request {i}"))?;
+        .with_context(|| {
+            // Best effort, so the next run does not find the real server already there.
+            let _ = ipvs.del_dest(&key, addr, 8080);
+            format!("ipvs-probe: request {i}")
+        })?;
         took.push(t.elapsed().as_micros() as u64);
     }
     if count % 2 == 1 {
@@ -195,7 +199,7 @@ struct Options {
     datapath: usize,
     /// Open-loop churn at `--churn-rate` for this long after the update series (zero: none).
     churn: Duration,
-    /// `--no-ipvs-estimation`: `net.ipv4.vs.run_estimation` set to 0 before the agent starts.
+    /// `--no-ipvs-rate-estimation`: `net.ipv4.vs.run_estimation` set to 0 before the agent starts.
     no_estimation: bool,
 }
 
@@ -252,7 +256,7 @@ impl Options {
                     o.converge_timeout = Duration::from_secs(number(value()?)? as u64);
                 }
                 "--flush-repair" => o.flush_repair = true,
-                "--no-ipvs-estimation" => o.no_estimation = true,
+                "--no-ipvs-rate-estimation" => o.no_estimation = true,
                 "--datapath" => o.datapath = number(value()?)?,
                 "--churn-seconds" => o.churn = Duration::from_secs(number(value()?)? as u64),
                 "--soak-seconds" => o.soak = Duration::from_secs(number(value()?)? as u64),

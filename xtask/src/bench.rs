@@ -215,7 +215,8 @@ fn datapath(args: &[String]) -> Result<()> {
 }
 
 /// `bench estimator`: `integration/bench/estimator-cost.sh` in a guest with the release
-/// e2e-bench (its `ipvs-probe`); prints the script's `TABLE`, `WALK` and `BLOCK` lines.
+/// e2e-bench (its `ipvs-probe`); prints the script's `KERNEL`, `TABLE`, `WALK` and `BLOCK`
+/// lines.
 fn estimator(args: &[String]) -> Result<()> {
     let (mut services, mut endpoints, mut probes) = (10_000u32, 10u32, 100_000u32);
     let mut it = args.iter();
@@ -227,7 +228,8 @@ fn estimator(args: &[String]) -> Result<()> {
             other => bail!("bench estimator: unknown argument {other:?}"),
         }
     }
-    // One /16 of virtual addresses; real servers 10.128.0.0 up, one /24 per Service index.
+    // One /16 of virtual addresses (10.97.x.y); real server j of Service i is
+    // 10.(128 + j / 256).(j % 256).(i % 256), so Services 256 apart share real servers.
     if !(1..=65_536).contains(&services) || !(1..=1_000).contains(&endpoints) || probes == 0 {
         bail!("bench estimator: --services 1 to 65536, --endpoints 1 to 1000, --probes at least 1");
     }
@@ -245,7 +247,7 @@ fn estimator(args: &[String]) -> Result<()> {
     });
     let outcome = run_in_guest(&job)?;
     for (_, line) in &outcome.lines {
-        if ["TABLE ", "WALK ", "BLOCK "]
+        if ["KERNEL ", "TABLE ", "WALK ", "BLOCK "]
             .iter()
             .any(|p| line.starts_with(p))
         {

@@ -44,7 +44,7 @@ const USAGE: &str = "usage: cargo xtask bench e2e [--sizes 1000,5000,10000] [--u
      [--charts DIR] \
      [--agents kube-ipvs,kube-proxy-ipvs,kube-proxy-nftables,kube-proxy-iptables] \
      [--update-budget SECS] [--settle-timeout SECS] [--converge-timeout SECS] [--mem MIB] \
-     [--no-ipvs-estimation]";
+     [--no-ipvs-rate-estimation]";
 
 #[derive(Debug, Clone, PartialEq)]
 struct Options {
@@ -101,7 +101,7 @@ fn parse_options(args: &[String]) -> Result<Options> {
     let mut o = Options::default();
     let mut it = args.iter();
     while let Some(flag) = it.next() {
-        if flag == "--no-ipvs-estimation" {
+        if flag == "--no-ipvs-rate-estimation" {
             o.no_estimation = true;
             continue;
         }
@@ -863,7 +863,7 @@ fn run_agent(
     );
     args.extend(["--datapath".into(), opts.datapath.to_string()]);
     if opts.no_estimation {
-        args.push("--no-ipvs-estimation".into());
+        args.push("--no-ipvs-rate-estimation".into());
     }
     if updates > 0 && opts.churn_seconds > 0 {
         args.extend([
@@ -1166,7 +1166,7 @@ mod tests {
         assert_eq!((o.settle_timeout, o.converge_timeout), (120, Some(900)));
         assert_eq!(parse_options(&[])?.converge_timeout, None);
         // The one flag without a value, anywhere among the others.
-        let o = parse_options(&args("--updates 3 --no-ipvs-estimation --sizes 10"))?;
+        let o = parse_options(&args("--updates 3 --no-ipvs-rate-estimation --sizes 10"))?;
         assert!(o.no_estimation && o.updates == 3 && o.sizes == vec![10]);
         assert!(!parse_options(&[])?.no_estimation);
         Ok(())

@@ -86,9 +86,9 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Builds the binary and runs each target for `seconds`; fails at the first crash.
-/// Runs the targets as many at a time as the machine has cores (each libFuzzer process uses
-/// one), and returns their outcomes in the order given; the first failure is the error.
+/// Builds the binary and runs each target for `seconds`, as many at a time as the machine has
+/// cores (each libFuzzer process uses one); returns the outcomes in the order given. After a
+/// crash no other target starts, and the first failing target's error is returned.
 fn run(targets: &[&'static str], seconds: u64) -> Result<Vec<Outcome>> {
     let bin = build()?;
     let base = util::workspace_root().join("target/fuzz");

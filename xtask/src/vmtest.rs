@@ -101,7 +101,7 @@ const SLOW_TESTS: &[(&str, u64)] = &[
     // Five faults one after another under traffic, the last a restart on a 1,000-Service table
     // whose manifests the agent and every `check` parse at TCG speed.
     ("kube-ipvs/kernel_e2e::faults_under_live_traffic", 900),
-    // The API server is stopped for five minutes under traffic.
+    // The API server is stopped under traffic: 90 s, five minutes with --long.
     ("kube-ipvs/kernel_apiserver::an_api_server_outage", 900),
 ];
 

@@ -204,14 +204,8 @@ impl Host {
 /// The sysctls IPVS mode needs: connection tracking for IPVS (so masquerade and conntrack
 /// cleanup see its connections), dropping connections whose real server is gone or quiescent,
 /// forwarding, and optionally strict ARP so Service addresses on `kube-ipvs0` are not
-/// answered for on the node's other interfaces, and the rate estimator off
-/// (`no_rate_estimation`: `net.ipv4.vs.run_estimation=0`, kernels 5.12 and later; before 6.2
-/// its timer walks every virtual and real server's counters every 2 s under the lock each
-/// IPVS add and delete takes).
-pub fn required_sysctls(
-    strict_arp: bool,
-    no_rate_estimation: bool,
-) -> Vec<(&'static str, &'static str)> {
+/// answered for on the node's other interfaces.
+pub fn required_sysctls(strict_arp: bool) -> Vec<(&'static str, &'static str)> {
     let mut out = vec![
         ("net.ipv4.vs.conntrack", "1"),
         ("net.ipv4.vs.expire_nodest_conn", "1"),
@@ -222,11 +216,13 @@ pub fn required_sysctls(
         out.push(("net.ipv4.conf.all.arp_ignore", "1"));
         out.push(("net.ipv4.conf.all.arp_announce", "2"));
     }
-    if no_rate_estimation {
-        out.push(("net.ipv4.vs.run_estimation", "0"));
-    }
     out
 }
+
+/// The kernel's IPVS rate estimator off (kernels 5.12 and later): before 6.2 its timer walks
+/// every virtual and real server's counters every 2 s under the lock each IPVS add and delete
+/// takes; the same walk sums the counters `ipvsadm --stats` shows. Tuning, set best-effort.
+pub const NO_RATE_ESTIMATION: (&str, &str) = ("net.ipv4.vs.run_estimation", "0");
 
 /// kube-proxy's `conntrack` settings (`KubeProxyConfiguration.conntrack` and the
 /// `--conntrack-*` flags), with its defaults. `None` or zero leaves the kernel's value.
@@ -599,8 +595,7 @@ mod tests {
             std::fs::write(dir.join(f), format!("{v}\n")).expect("write");
         }
         std::fs::write(h.proc_root.join("sys/net/ipv4/ip_forward"), "0\n").expect("write");
-        h.set_sysctls(&required_sysctls(false, false))
-            .expect("all exist");
+        h.set_sysctls(&required_sysctls(false)).expect("all exist");
         for f in [
             "vs/conntrack",
             "vs/expire_nodest_conn",
@@ -612,30 +607,30 @@ mod tests {
             assert_eq!(v.trim(), "1", "{f}");
         }
         let err = h
-            .set_sysctls(&required_sysctls(true, false))
+            .set_sysctls(&required_sysctls(true))
             .expect_err("no conf/all in the fake /proc");
         assert!(
             err.to_string()
                 .starts_with("sysctl net.ipv4.conf.all.arp_ignore=1: "),
             "{err}"
         );
-        // The rate estimator is left alone unless asked, then turned off; a kernel without
-        // the sysctl (before 5.12) is an error that names it.
+        // The rate estimator is not among the required ones; asked for, it is turned off, and a
+        // kernel without the sysctl (before 5.12) is an error that names it.
         let estimator = dir.join("run_estimation");
         std::fs::write(&estimator, "1\n").expect("write");
-        h.set_sysctls(&required_sysctls(false, false)).expect("set");
+        h.set_sysctls(&required_sysctls(false)).expect("set");
         assert_eq!(
             std::fs::read_to_string(&estimator).expect("read").trim(),
             "1"
         );
-        h.set_sysctls(&required_sysctls(false, true)).expect("set");
+        h.set_sysctls(&[NO_RATE_ESTIMATION]).expect("set");
         assert_eq!(
             std::fs::read_to_string(&estimator).expect("read").trim(),
             "0"
         );
         std::fs::remove_file(&estimator).expect("rm");
         let err = h
-            .set_sysctls(&required_sysctls(false, true))
+            .set_sysctls(&[NO_RATE_ESTIMATION])
             .expect_err("no run_estimation in the fake /proc");
         assert!(
             err.to_string()

@@ -414,8 +414,8 @@ fn an_api_server_outage_with_compacted_history_costs_no_connection() {
         begin(0);
         wait_more(15);
 
-        // 1: the agent's connections cut and the API server stopped, for five minutes. The
-        // kernel must not change at all meanwhile.
+        // 1: the agent's connections cut and the API server stopped (90 s, or five minutes
+        // with --long). The kernel must not change at all meanwhile.
         begin(1);
         // The `kubernetes` Service aside: a stopping kube-apiserver withdraws its own endpoint,
         // and the agent may still hear of it before its connections close.

@@ -196,7 +196,8 @@ pub struct RunArgs {
     /// estimate is one timer walking every server's counters under the lock each IPVS add and
     /// delete takes, which at 100,000 real servers holds such changes up by tens of ms every
     /// 2 s. The cost: the same walk sums the counters, so `ipvsadm -L --rate` and `--stats`
-    /// and `/proc/net/ip_vs_stats` stop changing. Unset leaves the kernel's value.
+    /// and `/proc/net/ip_vs_stats` stop changing. Unset leaves the kernel's value; a failure
+    /// to set it (no such sysctl before 5.12, a read-only `/proc/sys`) is logged, not fatal.
     #[arg(long)]
     pub no_ipvs_rate_estimation: bool,
     /// Networks whose virtual servers and addresses belong to someone else and are never
