@@ -327,7 +327,7 @@ fn flags_change_what_they_should() {
     // agent names the sysctl and goes on.
     let log = agent.log();
     assert!(
-        log.contains("conntrack tuning left as it is: sysctl net.netfilter.nf_conntrack_max="),
+        log.contains("tuning left as it is: sysctl net.netfilter.nf_conntrack_max="),
         "{log}"
     );
     for (sysctl, want) in [

@@ -119,17 +119,12 @@ fn prepare_kernel(settings: &Settings) -> Result<RealKernel, String> {
         settings.strict_arp,
     ))
     .map_err(|e| e.to_string())?;
-    // Tuning too: a kernel without the sysctl, or the agent's read-only /proc/sys after an
-    // init container that did not set it, is logged and the agent goes on.
-    if settings.no_rate_estimation
-        && let Err(e) = host.set_sysctls(&[kube_ipvs_host::setup::NO_RATE_ESTIMATION])
-    {
-        tracing::warn!("--no-ipvs-rate-estimation: the rate estimator is left on: {e}");
-    }
     // Tuning, not correctness: a sysctl that cannot be set (nf_conntrack_max is read-only
-    // outside the initial network namespace) is named and the agent goes on.
-    for e in host.set_tuning_sysctls(&settings.conntrack) {
-        tracing::warn!("conntrack tuning left as it is: {e}");
+    // outside the initial network namespace; run_estimation before 5.12, or in the agent's
+    // read-only /proc/sys after an init container without the flag) is named and the agent
+    // goes on.
+    for e in host.set_tuning_sysctls(&settings.conntrack, settings.no_rate_estimation) {
+        tracing::warn!("tuning left as it is: {e}");
     }
     if settings.masquerade {
         for e in host.load_optional_modules(&kube_ipvs_host::setup::set_modules()) {
