@@ -125,7 +125,8 @@ fn ipvs_probe(count: usize) -> Result<()> {
     Ok(())
 }
 
-/// `serve` and `connect`: the data path's two ends, each run by `guest` in its namespace.
+/// `serve` and `connect`: the data path's two ends, each run by `guest` in its namespace; and
+/// `ipvs-probe`, the other mode run by a guest script with one flag.
 fn datapath_mode(mode: &str, args: &[String]) -> Result<()> {
     let value = |flag: &str| -> Result<&str> {
         args.iter()
@@ -136,6 +137,7 @@ fn datapath_mode(mode: &str, args: &[String]) -> Result<()> {
     };
     match mode {
         "serve" => datapath::serve(value("--port")?.parse().context("--port")?),
+        "ipvs-probe" => ipvs_probe(value("--count")?.parse().context("--count")?),
         _ => {
             let targets = value("--targets")?
                 .split(',')
@@ -151,16 +153,8 @@ fn main() -> Result<()> {
     let Some((mode, rest)) = args.split_first() else {
         bail!("{}", usage());
     };
-    if mode == "serve" || mode == "connect" {
+    if matches!(mode.as_str(), "serve" | "connect" | "ipvs-probe") {
         return datapath_mode(mode, rest);
-    }
-    if mode == "ipvs-probe" {
-        let count = rest
-            .iter()
-            .position(|a| a == "--count")
-            .and_then(|i| rest.get(i + 1))
-            .with_context(|| format!("ipvs-probe needs --count\n{}", usage()))?;
-        return ipvs_probe(count.parse().context("--count")?);
     }
     let opts = Options::parse(rest)?;
     match mode.as_str() {
@@ -1724,8 +1718,8 @@ fn guest(opts: &Options) -> Result<()> {
     let mut plane = Dataplane::for_agent(agent_name, ipvs)?;
     if opts.no_estimation {
         // Before 6.2 the kernel's rate estimator walks every virtual and real server under one
-        // lock every 2 s, in a timer; 0 stops the walk (and the counters `ipvsadm --stats` and
-        // /proc/net/ip_vs_stats show, which that walk also updates on such kernels).
+        // lock every 2 s, in a timer; 0 stops the walk (and with it the counters `ipvsadm
+        // --stats` and /proc/net/ip_vs_stats show, which the walk sums).
         std::fs::write(RUN_ESTIMATION, "0")
             .with_context(|| format!("writing 0 to {RUN_ESTIMATION}"))?;
     }

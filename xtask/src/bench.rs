@@ -93,11 +93,12 @@ fn netlink(args: &[String]) -> Result<()> {
     } else {
         args.to_vec()
     };
-    let mut job = bench_job("bench netlink", exec_script(NETLINK_EXAMPLE, &args), 4096);
-    job.executables.push(GuestFile {
-        host: exe,
-        guest: PathBuf::from(format!("/usr/local/bin/{NETLINK_EXAMPLE}")),
-    });
+    let job = bench_job(
+        "bench netlink",
+        exec_script(NETLINK_EXAMPLE, &args),
+        4096,
+        vec![(exe, NETLINK_EXAMPLE)],
+    );
     run_in_guest(&job).map(drop)
 }
 
@@ -106,15 +107,12 @@ fn netlink(args: &[String]) -> Result<()> {
 fn dump(args: &[String]) -> Result<()> {
     let bench = release_executable(DUMP_PACKAGE, &["--example", DUMP_EXAMPLE], DUMP_EXAMPLE)?;
     let daemon = release_executable(DUMP_PACKAGE, &["--bin", "kube-ipvs"], "kube-ipvs")?;
-    let mut job = bench_job("bench dump", exec_script(DUMP_EXAMPLE, args), 4096);
-    job.executables.push(GuestFile {
-        host: bench,
-        guest: PathBuf::from(format!("/usr/local/bin/{DUMP_EXAMPLE}")),
-    });
-    job.executables.push(GuestFile {
-        host: daemon,
-        guest: PathBuf::from("/usr/local/bin/kube-ipvs"),
-    });
+    let job = bench_job(
+        "bench dump",
+        exec_script(DUMP_EXAMPLE, args),
+        4096,
+        vec![(bench, DUMP_EXAMPLE), (daemon, "kube-ipvs")],
+    );
     run_in_guest(&job).map(drop)
 }
 
@@ -129,9 +127,16 @@ fn exec_script(program: &str, args: &[String]) -> String {
     script
 }
 
-/// A benchmark's guest: `memory_mib` of memory and an hour at most.
-fn bench_job(name: &str, script: String, memory_mib: u32) -> Job {
+/// A benchmark's guest: `memory_mib` of memory, an hour at most, and each of `programs` (a
+/// host executable and its name) installed as `/usr/local/bin/NAME`.
+fn bench_job(name: &str, script: String, memory_mib: u32, programs: Vec<(PathBuf, &str)>) -> Job {
     let mut job = Job::new(name, script);
+    for (host, program) in programs {
+        job.executables.push(GuestFile {
+            host,
+            guest: PathBuf::from(format!("/usr/local/bin/{program}")),
+        });
+    }
     job.memory_mib = memory_mib;
     job.timeout = Duration::from_secs(3600);
     job
@@ -194,20 +199,12 @@ fn datapath(args: &[String]) -> Result<()> {
         "e2e-bench",
     )?;
     let script = format!("SIZE={size}\nCOUNT={count}\n{DATAPATH_SCRIPT}");
-    let mut job = bench_job("bench datapath", script, 3072);
-    for (host, guest) in [(agent, "kube-ipvs"), (client, "e2e-bench")] {
-        job.executables.push(GuestFile {
-            host,
-            guest: PathBuf::from(format!("/usr/local/bin/{guest}")),
-        });
-    }
+    let mut programs = vec![(agent, "kube-ipvs"), (client, "e2e-bench")];
     match util::which("perf") {
-        Some(host) if perf => job.executables.push(GuestFile {
-            host,
-            guest: PathBuf::from("/usr/local/bin/perf"),
-        }),
+        Some(host) if perf => programs.push((host, "perf")),
         _ => eprintln!("xtask: bench datapath without perf (no profiles)"),
     }
+    let job = bench_job("bench datapath", script, 3072, programs);
     let outcome = run_in_guest(&job)?;
     let lines: Vec<&str> = outcome.lines.iter().map(|(_, l)| l.as_str()).collect();
     print!("{}", datapath_summary(&lines)?);
@@ -240,11 +237,7 @@ fn estimator(args: &[String]) -> Result<()> {
     )?;
     let script =
         format!("SERVICES={services}\nENDPOINTS={endpoints}\nPROBES={probes}\n{ESTIMATOR_SCRIPT}");
-    let mut job = bench_job("bench estimator", script, 3072);
-    job.executables.push(GuestFile {
-        host: probe,
-        guest: PathBuf::from("/usr/local/bin/e2e-bench"),
-    });
+    let job = bench_job("bench estimator", script, 3072, vec![(probe, "e2e-bench")]);
     let outcome = run_in_guest(&job)?;
     for (_, line) in &outcome.lines {
         if ["KERNEL ", "TABLE ", "WALK ", "BLOCK "]
