@@ -31,7 +31,8 @@
 # stopped (SIGSTOP: with --manifests it reads its files every second, and its reconcile reads
 # the kernel every 30 s), two with it stopped and the kernel's IPVS rate estimator off
 # (net.ipv4.vs.run_estimation=0); then, with perf in the guest, each path sampled once (the busiest
-# kernel symbols). docs/benchmarks.md has the figures.
+# kernel symbols); then two blocks each with the agent running and stopped after a restart with
+# --service-address-binding=route, and its path sampled. docs/benchmarks.md has the figures.
 IP=/usr/sbin/ip; E=/usr/local/bin/e2e-bench; PERF=/usr/local/bin/perf; K=/usr/local/bin/kube-ipvs
 COUNT=${COUNT:-3000}; SIZE=${SIZE:-10000}; PORT=8080
 DIRECT=10.244.0.10; IPVS_EP=10.244.0.11; NFT_EP=10.244.0.12; IPT_EP=10.244.0.13; RAW_EP=10.244.0.14
@@ -162,16 +163,20 @@ YAML
 awk -v n=$SIZE 'BEGIN{for(i=1;i<n;i++){a=sprintf("%d.%d", int(i/256)%256, i%256);
   printf "---\napiVersion: v1\nkind: Service\nmetadata: {name: s%d, namespace: default}\nspec:\n  type: ClusterIP\n  clusterIP: 10.97.%s\n  clusterIPs: [10.97.%s]\n  ports:\n  - {name: http, port: 80, protocol: TCP, targetPort: 8080}\n", i, a, a;
   printf "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: s%d-1\n  namespace: default\n  labels: {kubernetes.io/service-name: s%d}\naddressType: IPv4\nendpoints:\n- addresses: [10.245.%s]\n  conditions: {ready: true, serving: true, terminating: false}\n  nodeName: node-2\nports:\n- {name: http, port: 8080, protocol: TCP}\n", i, i, a}}' > $M/others.yaml
-GLIBC_TUNABLES=glibc.malloc.arena_max=2:glibc.malloc.mmap_threshold=131072 \
-  $K run --manifests $M --hostname-override node-1 --cluster-cidr 10.244.0.0/16 \
-  --healthz-bind-address 127.0.0.1:10256 --metrics-bind-address 127.0.0.1:10249 > /tmp/agent.log 2>&1 &
-AGENT=$!
-tries=0
-until $K check --manifests $M --hostname-override node-1 --cluster-cidr 10.244.0.0/16 > /tmp/check.log 2>&1; do
-  tries=$((tries + 1))
-  [ $tries -gt $((240 + SIZE / 25)) ] && { tail -20 /tmp/agent.log /tmp/check.log; fail "the agent did not converge"; }
-  sleep 0.5
-done
+# Starts the agent with flags "$@" and waits until `check` says the kernel is in sync.
+start_agent() {
+  GLIBC_TUNABLES=glibc.malloc.arena_max=2:glibc.malloc.mmap_threshold=131072 \
+    $K run --manifests $M --hostname-override node-1 --cluster-cidr 10.244.0.0/16 \
+    --healthz-bind-address 127.0.0.1:10256 --metrics-bind-address 127.0.0.1:10249 "$@" >> /tmp/agent.log 2>&1 &
+  AGENT=$!
+  tries=0
+  until $K check --manifests $M --hostname-override node-1 --cluster-cidr 10.244.0.0/16 > /tmp/check.log 2>&1; do
+    tries=$((tries + 1))
+    [ $tries -gt $((240 + SIZE / 25)) ] && { tail -20 /tmp/agent.log /tmp/check.log; fail "the agent did not converge"; }
+    sleep 0.5
+  done
+}
+start_agent
 echo "kube-ipvs: in sync, $(ipvsadm -Ln | grep -c '^TCP') virtual servers, $(iptables-save | grep -cE '^-A KUBE-|-j KUBE-') iptables rules of its own"
 emulated
 TARGETS=$DIRECT:$PORT,$IPVS_VIP:80,$NFT_VIP:80,$IPT_VIP:80
@@ -193,5 +198,18 @@ if [ -x $PERF ]; then
 fi
 profile nftables $NFT_VIP:80
 profile iptables $IPT_VIP:80
+kill -CONT $AGENT
+# The agent restarted with the ClusterIPs as local routes instead of addresses on kube-ipvs0
+# (--service-address-binding=route; the restart moves them): the same paths without SIZE more
+# addresses in the kernel's address hash.
+kill $AGENT; wait $AGENT
+start_agent --service-address-binding=route
+echo "kube-ipvs with routes: $($IP -o -4 addr show dev kube-ipvs0 | wc -l) addresses on kube-ipvs0, $($IP route show table local proto 124 | wc -l) local routes of its own"
+measure routes-running
+measure routes-running-again
+kill -STOP $AGENT
+measure routes-stopped
+measure routes-stopped-again
+profile kube-ipvs-routes $IPVS_VIP:80
 kill -CONT $AGENT
 echo done

@@ -25,9 +25,10 @@ const DUMP_PACKAGE: &str = "kube-ipvs";
 const DUMP_EXAMPLE: &str = "dump-bench";
 const DATAPATH_SCRIPT: &str = include_str!("../../integration/bench/datapath-cost.sh");
 const ESTIMATOR_SCRIPT: &str = include_str!("../../integration/bench/estimator-cost.sh");
+const BINDING_SCRIPT: &str = include_str!("../../integration/bench/binding-startup.sh");
 
 pub(crate) fn command(args: &[String]) -> Result<()> {
-    let usage = "usage: cargo xtask bench netlink [-- ARGS] | bench dump [-- ARGS] | bench datapath [--size N] [--count N] [--no-perf] | bench estimator [--services N] [--endpoints E] [--probes N] | bench diff [ARGS] | bench watch [ARGS] | bench e2e [--sizes N,..] [--updates U] [--agents A,..] | bench soak [--minutes M] [--services N] [--rate R]";
+    let usage = "usage: cargo xtask bench netlink [-- ARGS] | bench dump [-- ARGS] | bench datapath [--size N] [--count N] [--no-perf] | bench estimator [--services N] [--endpoints E] [--probes N] | bench binding [--sizes N,..] [--endpoints E] | bench diff [ARGS] | bench watch [ARGS] | bench e2e [--sizes N,..] [--updates U] [--agents A,..] | bench soak [--minutes M] [--services N] [--rate R]";
     let (which, rest) = args.split_first().context(usage)?;
     // `--` separates our arguments from the benchmark's; accept it with or without.
     let rest: Vec<String> = match rest.split_first() {
@@ -39,6 +40,7 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
         "dump" => dump(&rest),
         "datapath" => datapath(&rest),
         "estimator" => estimator(&rest),
+        "binding" => binding(&rest),
         "diff" => cargo_bench("kube-ipvs-diff", &rest),
         "watch" => cargo_bench("kube-ipvs-watch", &rest),
         "e2e" => crate::bench_e2e::command(&rest),
@@ -244,6 +246,50 @@ fn estimator(args: &[String]) -> Result<()> {
             .iter()
             .any(|p| line.starts_with(p))
         {
+            println!("{line}");
+        }
+    }
+    Ok(())
+}
+
+/// `bench binding`: `integration/bench/binding-startup.sh` in a 6 GiB guest with the release
+/// `kube-ipvs`: its startup at each size with the ClusterIPs bound as addresses and as local
+/// routes, each in a fresh network namespace, and the move of a node from one to the other;
+/// prints the script's `STARTUP` and `MOVE` lines.
+fn binding(args: &[String]) -> Result<()> {
+    let (mut sizes, mut endpoints) = (vec![10_000u32, 50_000], 10u32);
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--sizes" => {
+                let list: String = vm::parse_next(&mut it, "--sizes")?;
+                sizes = list
+                    .split(',')
+                    .map(|n| n.trim().parse::<u32>())
+                    .collect::<Result<_, _>>()
+                    .with_context(|| format!("bench binding: --sizes {list:?}"))?;
+            }
+            "--endpoints" => endpoints = vm::parse_next(&mut it, "--endpoints")?,
+            other => bail!("bench binding: unknown argument {other:?}"),
+        }
+    }
+    // ClusterIPs in 10.96.0.0/12 (16 x 65,536); endpoint j of each Service in 10.(128 + j)/16.
+    if sizes.is_empty() || sizes.iter().any(|n| !(1..=1_000_000).contains(n)) {
+        bail!("bench binding: each of --sizes must be 1 to 1000000");
+    }
+    if !(1..=100).contains(&endpoints) {
+        bail!("bench binding: --endpoints must be 1 to 100");
+    }
+    let agent = release_executable("kube-ipvs", &["--bin", "kube-ipvs"], "kube-ipvs")?;
+    let list: Vec<String> = sizes.iter().map(u32::to_string).collect();
+    let script = format!(
+        "SIZES={}\nENDPOINTS={endpoints}\n{BINDING_SCRIPT}",
+        list.join(",")
+    );
+    let job = bench_job("bench binding", script, 6144, vec![(agent, "kube-ipvs")]);
+    let outcome = run_in_guest(&job)?;
+    for (_, line) in &outcome.lines {
+        if ["STARTUP", "MOVE "].iter().any(|p| line.starts_with(p)) || line.contains("-cloud-") {
             println!("{line}");
         }
     }

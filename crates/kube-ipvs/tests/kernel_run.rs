@@ -5,6 +5,8 @@
 //! without a single operation, serves `/healthz` and `/metrics`, applies its flags, and stops
 //! with a distinct exit code for a bad config file, an unknown scheduler and a missing module.
 //! A startup with hundreds of addresses binds them on a binder thread beside its IPVS requests.
+//! `--service-address-binding=route` makes the ClusterIPs local with routes instead, and a
+//! change of it moves the node's addresses under an open connection.
 //!
 //! "In sync" is `kube-ipvs check` exiting 0 (it compares the same manifests with the kernel);
 //! waits poll a condition until a deadline, never a fixed sleep. Each test runs in its own
@@ -431,11 +433,10 @@ fn ip_ok(args: &[&str]) {
 
 /// A client namespace and a backend namespace, each behind a veth, with this namespace routing
 /// between them as an IPVS NAT node: the client reaches 10.96.0.100:80, the backend (an echo
-/// server) answers through this namespace, whose IPVS reverses the NAT. A connection opened
-/// before a restart of the agent must carry data after it.
-#[test]
-fn an_open_tcp_connection_survives_a_restart() {
-    let dir = PathBuf::from("/tmp/kube-ipvs-run-restart");
+/// server) answers through this namespace, whose IPVS reverses the NAT. Returns the manifest
+/// directory (`ECHO`).
+fn echo_network(name: &str) -> PathBuf {
+    let dir = PathBuf::from(format!("/tmp/kube-ipvs-{name}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("mkdir");
     std::fs::write(dir.join("echo.yaml"), ECHO).expect("write manifest");
@@ -444,94 +445,102 @@ fn an_open_tcp_connection_survives_a_restart() {
         ip_ok(&["netns", "add", ns]);
         ip_ok(&["-n", ns, "link", "set", "lo", "up"]);
     }
-    ip_ok(&["link", "add", "rc0", "type", "veth", "peer", "name", "rc1"]);
-    ip_ok(&["link", "set", "rc1", "netns", "run-cl"]);
-    ip_ok(&["addr", "add", "192.168.70.1/24", "dev", "rc0"]);
-    ip_ok(&["link", "set", "rc0", "up"]);
-    ip_ok(&[
-        "-n",
-        "run-cl",
-        "addr",
-        "add",
-        "192.168.70.2/24",
-        "dev",
-        "rc1",
-    ]);
-    ip_ok(&["-n", "run-cl", "link", "set", "rc1", "up"]);
-    ip_ok(&[
-        "-n",
-        "run-cl",
-        "route",
-        "add",
-        "default",
-        "via",
-        "192.168.70.1",
-    ]);
-    ip_ok(&["link", "add", "rb0", "type", "veth", "peer", "name", "rb1"]);
-    ip_ok(&["link", "set", "rb1", "netns", "run-be"]);
-    ip_ok(&["addr", "add", "10.244.1.1/24", "dev", "rb0"]);
-    ip_ok(&["link", "set", "rb0", "up"]);
-    ip_ok(&[
-        "-n",
-        "run-be",
-        "addr",
-        "add",
-        "10.244.1.10/24",
-        "dev",
-        "rb1",
-    ]);
-    ip_ok(&["-n", "run-be", "link", "set", "rb1", "up"]);
-    ip_ok(&[
-        "-n",
-        "run-be",
-        "route",
-        "add",
-        "default",
-        "via",
-        "10.244.1.1",
-    ]);
+    for (here, there, ns, mine, theirs) in [
+        ("rc0", "rc1", "run-cl", "192.168.70.1/24", "192.168.70.2/24"),
+        ("rb0", "rb1", "run-be", "10.244.1.1/24", "10.244.1.10/24"),
+    ] {
+        ip_ok(&["link", "add", here, "type", "veth", "peer", "name", there]);
+        ip_ok(&["link", "set", there, "netns", ns]);
+        ip_ok(&["addr", "add", mine, "dev", here]);
+        ip_ok(&["link", "set", here, "up"]);
+        ip_ok(&["-n", ns, "addr", "add", theirs, "dev", there]);
+        ip_ok(&["-n", ns, "link", "set", there, "up"]);
+        let gateway = mine.split('/').next().expect("an address");
+        ip_ok(&["-n", ns, "route", "add", "default", "via", gateway]);
+    }
+    dir
+}
 
+/// One TCP connection from the client namespace to 10.96.0.100:80, to the echo server in the
+/// backend namespace ([`echo_network`]); dropping it stops both and deletes the namespaces.
+struct Echo {
+    server: std::process::Child,
+    client: std::process::Child,
+    to_server: std::process::ChildStdin,
+    from_server: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Echo {
+    fn connect() -> Self {
+        let server = Command::new("/usr/sbin/ip")
+            .args([
+                "netns",
+                "exec",
+                "run-be",
+                "socat",
+                "TCP-LISTEN:8080,bind=10.244.1.10,reuseaddr,fork",
+                "EXEC:cat",
+            ])
+            .spawn()
+            .expect("start echo server");
+        // The client retries until the server listens, so no sleep is needed.
+        let mut client = Command::new("/usr/sbin/ip")
+            .args([
+                "netns",
+                "exec",
+                "run-cl",
+                "socat",
+                "-T",
+                "60",
+                "STDIO",
+                "TCP:10.96.0.100:80,retry=100,interval=0.1",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start client");
+        let to_server = client.stdin.take().expect("stdin");
+        let from_server = std::io::BufReader::new(client.stdout.take().expect("stdout"));
+        Self {
+            server,
+            client,
+            to_server,
+            from_server,
+        }
+    }
+
+    /// Sends a line and returns the line that comes back.
+    fn say(&mut self, word: &str) -> String {
+        use std::io::BufRead as _;
+        writeln!(self.to_server, "{word}").expect("send");
+        self.to_server.flush().expect("flush");
+        let mut line = String::new();
+        self.from_server.read_line(&mut line).expect("receive");
+        line.trim().to_owned()
+    }
+}
+
+impl Drop for Echo {
+    fn drop(&mut self) {
+        for child in [&mut self.client, &mut self.server] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for ns in ["run-cl", "run-be"] {
+            let _ = run("/usr/sbin/ip", &["netns", "del", ns]);
+        }
+    }
+}
+
+/// A connection opened before a restart of the agent must carry data after it.
+#[test]
+fn an_open_tcp_connection_survives_a_restart() {
+    let dir = echo_network("run-restart");
     let mut agent = Agent::start(&dir, &[]);
     agent.wait_healthy();
-    let mut server = Command::new("/usr/sbin/ip")
-        .args([
-            "netns",
-            "exec",
-            "run-be",
-            "socat",
-            "TCP-LISTEN:8080,bind=10.244.1.10,reuseaddr,fork",
-            "EXEC:cat",
-        ])
-        .spawn()
-        .expect("start echo server");
-    // The client retries until the server listens, so no sleep is needed.
-    let mut client = Command::new("/usr/sbin/ip")
-        .args([
-            "netns",
-            "exec",
-            "run-cl",
-            "socat",
-            "-T",
-            "60",
-            "STDIO",
-            "TCP:10.96.0.100:80,retry=100,interval=0.1",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start client");
-    let mut to_server = client.stdin.take().expect("stdin");
-    let mut from_server = std::io::BufReader::new(client.stdout.take().expect("stdout"));
-    let mut echo = |word: &str| {
-        use std::io::BufRead as _;
-        writeln!(to_server, "{word}").expect("send");
-        to_server.flush().expect("flush");
-        let mut line = String::new();
-        from_server.read_line(&mut line).expect("receive");
-        line.trim().to_owned()
-    };
+    let mut echo = Echo::connect();
     assert_eq!(
-        echo("before"),
+        echo.say("before"),
         "before",
         "the connection works through IPVS"
     );
@@ -542,17 +551,103 @@ fn an_open_tcp_connection_survives_a_restart() {
     let mut agent = Agent::start(&dir, &[]);
     agent.wait_healthy();
     assert_eq!(startup_ops(), Some(0.0), "the restart changed nothing");
-    assert_eq!(echo("after"), "after", "the same connection still works");
+    assert_eq!(
+        echo.say("after"),
+        "after",
+        "the same connection still works"
+    );
+    assert_eq!(agent.terminate(), Some(0));
+}
+
+/// The IPv4 addresses on `kube-ipvs0`, and the addresses of our local routes (protocol 124),
+/// as `ip` lists them.
+fn bindings() -> (String, String) {
+    let addrs = run(
+        "/usr/sbin/ip",
+        &["-4", "-o", "addr", "show", "dev", "kube-ipvs0"],
+    );
+    let routes = run(
+        "/usr/sbin/ip",
+        &["route", "show", "table", "local", "proto", "124"],
+    );
+    (stdout(&addrs), stdout(&routes))
+}
+
+/// `--service-address-binding=route` makes the ClusterIP local with a route of ours instead of
+/// an address on `kube-ipvs0`; switching either way moves the node's addresses at start under
+/// an open connection, a restart adopts the routes without an operation, `check` is in sync
+/// either way, and `cleanup` removes the routes.
+#[test]
+fn service_addresses_move_to_local_routes_and_back_under_an_open_connection() {
+    let dir = echo_network("run-binding");
+    let mut agent = Agent::start(&dir, &[]);
+    agent.wait_healthy();
+    let mut echo = Echo::connect();
+    assert_eq!(echo.say("bound"), "bound");
+    let (addrs, routes) = bindings();
+    assert!(addrs.contains("inet 10.96.0.100/32"), "{addrs}");
+    assert!(routes.is_empty(), "no route of ours by default: {routes}");
     assert_eq!(agent.terminate(), Some(0));
 
-    drop(to_server);
-    let _ = client.kill();
-    let _ = client.wait();
-    let _ = server.kill();
-    let _ = server.wait();
-    for ns in ["run-cl", "run-be"] {
-        let _ = run("/usr/sbin/ip", &["netns", "del", ns]);
-    }
+    let routed = ["--service-address-binding", "route"];
+    let mut agent = Agent::start(&dir, &routed);
+    agent.wait_healthy();
+    let log = agent.log();
+    assert!(
+        log.contains("service addresses to --service-address-binding=route"),
+        "{log}"
+    );
+    let (addrs, routes) = bindings();
+    assert!(!addrs.contains("10.96."), "moved off kube-ipvs0: {addrs}");
+    assert!(
+        routes.contains("local 10.96.0.100 dev lo scope host"),
+        "{routes}"
+    );
+    assert!(
+        stdout(&run("/usr/sbin/ip", &["route", "get", "10.96.0.100"])).starts_with("local "),
+        "the ClusterIP is local"
+    );
+    assert_eq!(echo.say("routed"), "routed", "the same connection");
+    assert!(in_sync(&dir, &[]), "check counts a route as bound");
+    assert_eq!(agent.terminate(), Some(0));
+    let mut agent = Agent::start(
+        &dir,
+        &["--service-address-binding=route", "--sync-period=2s"],
+    );
+    agent.wait_healthy();
+    assert_eq!(startup_ops(), Some(0.0), "the restart adopted the routes");
+    // A route removed behind the agent's back is put back by the next reconcile.
+    ip_ok(&[
+        "route",
+        "del",
+        "local",
+        "10.96.0.100",
+        "dev",
+        "lo",
+        "table",
+        "local",
+        "proto",
+        "124",
+    ]);
+    wait_for("the route to come back", Duration::from_secs(20), || {
+        bindings().1.contains("local 10.96.0.100")
+    });
+    assert_eq!(agent.terminate(), Some(0));
+
+    let mut agent = Agent::start(&dir, &[]);
+    agent.wait_healthy();
+    let (addrs, routes) = bindings();
+    assert!(addrs.contains("inet 10.96.0.100/32"), "{addrs}");
+    assert!(routes.is_empty(), "moved back: {routes}");
+    assert_eq!(echo.say("back"), "back");
+    assert_eq!(agent.terminate(), Some(0));
+
+    let mut agent = Agent::start(&dir, &routed);
+    agent.wait_healthy();
+    assert_eq!(agent.terminate(), Some(0));
+    let cleanup = run(&kube_ipvs_bin(), &["cleanup"]);
+    assert_eq!(cleanup.status.code(), Some(0), "{}", stdout(&cleanup));
+    assert_eq!(bindings().1, "", "cleanup removed our routes");
 }
 
 /// kube-proxy's own config file drives the agent (scheduler, sync period, exclude CIDRs,

@@ -3,7 +3,9 @@
 //! This is a small synchronous implementation over `netlink-packet-route` messages and the crate's one blocking
 //! socket, rather than the async `rtnetlink` crate: the IPVS handle is synchronous too, the agent runs both on one
 //! worker thread, and a handful of requests per sync does not justify a tokio connection task. The module owns the
-//! dummy interface and its addresses; it never touches other interfaces' addresses or any routes.
+//! dummy interface and its addresses, and the local routes of ours ([`ROUTE_PROTOCOL`]) that make
+//! service addresses local without an address; it never touches other interfaces' addresses or
+//! any other route.
 //!
 //! [`AddressWatch`] listens to the kernel's address notifications (the `RTNLGRP_IPV4_IFADDR` and
 //! `RTNLGRP_IPV6_IFADDR` multicast groups), so a caller follows the node's addresses without polling. It only
@@ -20,6 +22,9 @@ use netlink_packet_core::{
 };
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage, AddressScope};
 use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType,
+};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use crate::error::{Error, Result};
@@ -27,6 +32,15 @@ use crate::socket::NlSocket;
 
 /// The interface kube-ipvs binds service addresses to by default.
 pub const DEFAULT_DUMMY: &str = "kube-ipvs0";
+
+/// The routing protocol number of kube-ipvs's local routes (`ip route show table local proto
+/// 124`): it tells them from the kernel's and other programs' routes, and a delete that names it
+/// removes only ours. Unassigned in iproute2's `rt_protos`.
+pub const ROUTE_PROTOCOL: u8 = 124;
+/// The kernel's local table (`RT_TABLE_LOCAL`), where it keeps the routes of local addresses.
+const RT_TABLE_LOCAL: u8 = 255;
+/// The loopback interface our local routes go through.
+const LOOPBACK: &str = "lo";
 
 /// `IFNAMSIZ - 1`.
 const MAX_IFNAME: usize = 15;
@@ -71,6 +85,33 @@ pub fn validate_ifname(name: &str) -> Result<()> {
 }
 
 /// The interface's own address in an address message.
+/// The address a route makes local, if it is one of ours: protocol [`ROUTE_PROTOCOL`], type
+/// local, in the local table, for one whole address.
+fn our_local_route(r: &RouteMessage) -> Option<IpAddr> {
+    let h = &r.header;
+    let table = r
+        .attributes
+        .iter()
+        .find_map(|a| match a {
+            RouteAttribute::Table(t) => Some(*t),
+            _ => None,
+        })
+        .unwrap_or(u32::from(h.table));
+    if u8::from(h.protocol) != ROUTE_PROTOCOL
+        || h.kind != RouteType::Local
+        || table != u32::from(RT_TABLE_LOCAL)
+    {
+        return None;
+    }
+    let addr = r.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Destination(RouteAddress::Inet(v4)) => Some(IpAddr::V4(*v4)),
+        RouteAttribute::Destination(RouteAddress::Inet6(v6)) => Some(IpAddr::V6(*v6)),
+        _ => None,
+    })?;
+    let full = if addr.is_ipv4() { 32 } else { 128 };
+    (h.destination_prefix_length == full).then_some(addr)
+}
+
 fn own_address(a: &AddressMessage) -> Option<IpAddr> {
     // For IPv4, IFA_LOCAL is the interface's own address and IFA_ADDRESS the peer on point-to-point links;
     // IPv6 sends only IFA_ADDRESS.
@@ -510,7 +551,24 @@ impl Rtnl {
     /// outer error is the interface lookup's.
     pub fn add_addresses(&mut self, ifname: &str, addrs: &[IpAddr]) -> Result<Vec<Result<()>>> {
         let index = self.index_of(ifname)?;
-        let op = |addr: &IpAddr| format!("add address {addr} to {ifname}");
+        Ok(self.send_batched(
+            addrs,
+            |addr| format!("add address {addr} to {ifname}"),
+            NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+            |addr| RouteNetlinkMessage::NewAddress(Self::address_message(index, addr)),
+        ))
+    }
+
+    /// Sends one request per address, many per `sendmsg`, and returns one result per address in
+    /// order: an `EEXIST` answer counts as done. An address that is not unicast is refused
+    /// without a request.
+    fn send_batched(
+        &mut self,
+        addrs: &[IpAddr],
+        op: impl Fn(&IpAddr) -> String,
+        flags: u16,
+        message: impl Fn(IpAddr) -> RouteNetlinkMessage,
+    ) -> Vec<Result<()>> {
         let mut results: Vec<Option<Result<()>>> = addrs
             .iter()
             .map(|a| Self::check_addr(&|| op(a), a).err().map(Err))
@@ -532,11 +590,9 @@ impl Rtnl {
             let mut out = Vec::with_capacity(chunk.len() * 64);
             for (k, &i) in chunk.iter().enumerate() {
                 let mut header = NetlinkHeader::default();
-                header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
+                header.flags = flags;
                 header.sequence_number = first.wrapping_add(u32::try_from(k).unwrap_or(u32::MAX));
-                let payload =
-                    RouteNetlinkMessage::NewAddress(Self::address_message(index, addrs[i]));
-                let mut msg = NetlinkMessage::new(header, NetlinkPayload::from(payload));
+                let mut msg = NetlinkMessage::new(header, NetlinkPayload::from(message(addrs[i])));
                 msg.finalize();
                 let at = out.len();
                 out.resize(at + msg.buffer_len(), 0);
@@ -561,11 +617,11 @@ impl Rtnl {
                 });
             }
         }
-        Ok(results
+        results
             .into_iter()
             .zip(addrs)
             .map(|(r, a)| r.unwrap_or_else(|| Err(Error::AckLost { op: op(a) })))
-            .collect())
+            .collect()
     }
 
     /// Removes `addr` from `ifname`; an address that is not there is fine.
@@ -584,6 +640,92 @@ impl Rtnl {
             0 | libc::EADDRNOTAVAIL | libc::ENOENT | libc::ESRCH => Ok(()),
             e => Err(kernel_err(op(), e)),
         }
+    }
+
+    /// The local route that makes `addr` local without an address (`ip route add local ADDR
+    /// dev lo table local proto 124 scope host`): what [`Rtnl::add_local_routes`] adds and
+    /// [`Rtnl::del_local_route`] removes.
+    fn local_route_message(lo: u32, addr: IpAddr) -> RouteMessage {
+        let mut msg = RouteMessage::default();
+        let (family, len) = match addr {
+            IpAddr::V4(_) => (AddressFamily::Inet, 32),
+            IpAddr::V6(_) => (AddressFamily::Inet6, 128),
+        };
+        msg.header.address_family = family;
+        msg.header.destination_prefix_length = len;
+        msg.header.table = RT_TABLE_LOCAL;
+        msg.header.protocol = RouteProtocol::from(ROUTE_PROTOCOL);
+        msg.header.scope = RouteScope::Host;
+        msg.header.kind = RouteType::Local;
+        msg.attributes
+            .push(RouteAttribute::Destination(RouteAddress::from(addr)));
+        msg.attributes.push(RouteAttribute::Oif(lo));
+        msg
+    }
+
+    /// Makes each address local with a route of ours (see [`ROUTE_PROTOCOL`]) in the local
+    /// table through `lo`, one result per address in order, many requests per `sendmsg`. Unlike
+    /// an address, a route costs the kernel no walk of an interface's address list: 50,000 take
+    /// seconds, not minutes. A route of ours already there is fine; a route of ours goes in
+    /// beside the kernel's own local route of an address bound somewhere (it does not replace
+    /// it, and outlives it), so moving from addresses to routes leaves no moment unrouted. The
+    /// outer error is the loopback lookup's.
+    pub fn add_local_routes(&mut self, addrs: &[IpAddr]) -> Result<Vec<Result<()>>> {
+        let lo = self.index_of(LOOPBACK)?;
+        Ok(self.send_batched(
+            addrs,
+            |addr| format!("add local route {addr}"),
+            // No NLM_F_EXCL: the kernel's local route of the same address (another protocol,
+            // another device) is no conflict; only a route identical to ours answers EEXIST.
+            NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE,
+            |addr| RouteNetlinkMessage::NewRoute(Self::local_route_message(lo, addr)),
+        ))
+    }
+
+    /// Removes our local route of `addr` (only ours: the request names our protocol); a route
+    /// that is not there is fine.
+    pub fn del_local_route(&mut self, addr: IpAddr) -> Result<()> {
+        let op = || format!("remove local route {addr}");
+        Self::check_addr(&op, &addr)?;
+        let lo = self.index_of(LOOPBACK)?;
+        let errno = self.request(
+            RouteNetlinkMessage::DelRoute(Self::local_route_message(lo, addr)),
+            NLM_F_REQUEST | NLM_F_ACK,
+            &op,
+            |_| Ok(()),
+        )?;
+        match errno {
+            0 | libc::ESRCH | libc::ENOENT => Ok(()),
+            e => Err(kernel_err(op(), e)),
+        }
+    }
+
+    /// The addresses our local routes make local (routes of [`ROUTE_PROTOCOL`] of type local
+    /// in the local table), IPv4 and IPv6.
+    pub fn local_routes(&mut self) -> Result<Vec<IpAddr>> {
+        let op = || "list local routes".to_owned();
+        let mut out = Vec::new();
+        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+            let mut msg = RouteMessage::default();
+            msg.header.address_family = family;
+            let errno = self.request(
+                RouteNetlinkMessage::GetRoute(msg),
+                NLM_F_REQUEST | NLM_F_DUMP,
+                &op,
+                |reply| {
+                    if let RouteNetlinkMessage::NewRoute(r) = reply
+                        && let Some(addr) = our_local_route(&r)
+                    {
+                        out.push(addr);
+                    }
+                    Ok(())
+                },
+            )?;
+            if errno != 0 {
+                return Err(kernel_err(op(), errno));
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -609,6 +751,63 @@ mod tests {
         let peer: IpAddr = peer.map_or(local, |p| p.parse().expect("literal"));
         a.attributes.push(AddressAttribute::Address(peer));
         a
+    }
+
+    /// The payload bytes (after the 16-byte netlink header) of a route message.
+    fn route_payload(msg: RouteMessage) -> Vec<u8> {
+        message(RouteNetlinkMessage::NewRoute(msg))[16..].to_vec()
+    }
+
+    #[test]
+    fn a_local_route_is_ours_in_the_local_table_through_loopback() {
+        let ip = |s: &str| -> IpAddr { s.parse().expect("literal") };
+        // struct rtmsg, then RTA_DST and RTA_OIF, as `ip route add local 10.96.0.10/32 dev lo
+        // table local proto 124 scope host` sends them.
+        #[rustfmt::skip]
+        let v4 = [
+            2, 32, 0, 0, 255, 124, 254, 2, 0, 0, 0, 0,
+            8, 0, 1, 0, 10, 96, 0, 10,
+            8, 0, 4, 0, 1, 0, 0, 0,
+        ];
+        assert_eq!(
+            route_payload(Rtnl::local_route_message(1, ip("10.96.0.10"))),
+            v4
+        );
+        let v6 = route_payload(Rtnl::local_route_message(1, ip("fd00::a")));
+        assert_eq!(v6[..12], [10, 128, 0, 0, 255, 124, 254, 2, 0, 0, 0, 0]);
+        assert_eq!(v6[12..16], [20, 0, 1, 0], "RTA_DST of 16 bytes");
+        assert_eq!(
+            v6[16..32],
+            [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x0a]
+        );
+    }
+
+    #[test]
+    fn only_whole_local_routes_of_ours_in_the_local_table_are_read_back() {
+        let ip = |s: &str| -> IpAddr { s.parse().expect("literal") };
+        let ours = Rtnl::local_route_message(1, ip("10.96.0.10"));
+        assert_eq!(our_local_route(&ours), Some(ip("10.96.0.10")));
+        let v6 = Rtnl::local_route_message(1, ip("fd00::a"));
+        assert_eq!(our_local_route(&v6), Some(ip("fd00::a")));
+        // The kernel's route of a bound address: same table and type, another protocol.
+        let mut kernel = ours.clone();
+        kernel.header.protocol = RouteProtocol::Kernel;
+        assert_eq!(our_local_route(&kernel), None);
+        // Ours by protocol, but a unicast route, a route of the main table, or a prefix.
+        let mut unicast = ours.clone();
+        unicast.header.kind = RouteType::Unicast;
+        assert_eq!(our_local_route(&unicast), None);
+        let mut main = ours.clone();
+        main.header.table = 254;
+        assert_eq!(our_local_route(&main), None);
+        // A table past 255 is told by RTA_TABLE alone (the header then says 252, RT_TABLE_COMPAT).
+        let mut far = ours.clone();
+        far.header.table = 252;
+        far.attributes.push(RouteAttribute::Table(1000));
+        assert_eq!(our_local_route(&far), None);
+        let mut prefix = ours;
+        prefix.header.destination_prefix_length = 24;
+        assert_eq!(our_local_route(&prefix), None);
     }
 
     #[test]

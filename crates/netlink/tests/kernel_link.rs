@@ -182,3 +182,89 @@ fn delete_link_removes_only_the_named_interface() {
     );
     assert_eq!(rt.link_index(DEFAULT_DUMMY).expect("lookup"), None);
 }
+
+/// Whether the kernel routes `a` as local (`ip route get`; a failure to route is not local).
+fn is_local(a: &str) -> bool {
+    let out = Command::new(IP)
+        .args(["route", "get", a])
+        .output()
+        .expect("spawn ip");
+    String::from_utf8_lossy(&out.stdout).starts_with("local ")
+}
+
+/// The addresses of our local routes (protocol 124) as iproute2 lists them, both families.
+fn ip_local_routes() -> BTreeSet<IpAddr> {
+    ["-4", "-6"]
+        .iter()
+        .flat_map(|family| {
+            ip_cmd(&[family, "route", "show", "table", "local", "proto", "124"])
+                .lines()
+                .filter_map(|l| {
+                    let mut words = l.split_whitespace();
+                    (words.next() == Some("local")).then(|| words.next())?
+                })
+                .map(|a| a.parse().expect("an address"))
+                .collect::<Vec<IpAddr>>()
+        })
+        .collect()
+}
+
+#[test]
+fn local_routes_make_addresses_local_beside_bound_ones_and_only_ours_are_removed() {
+    ip_cmd(&["link", "set", "lo", "up"]);
+    let mut rt = Rtnl::new().expect("rtnetlink");
+    let v4: Vec<IpAddr> = (1..=300)
+        .map(|i| addr(&format!("10.97.{}.{}", i / 250, i % 250 + 1)))
+        .collect();
+    let mut all = v4.clone();
+    all.push(addr("fd00:96::a"));
+    all.push(addr("0.0.0.0"));
+    let results = rt.add_local_routes(&all).expect("loopback found");
+    assert_eq!(results.len(), all.len(), "one result each");
+    assert!(results[..301].iter().all(Result::is_ok), "{results:?}");
+    assert!(
+        matches!(&results[301], Err(Error::Invalid { .. })),
+        "not unicast: {:?}",
+        results[301]
+    );
+    let expected: BTreeSet<IpAddr> = all[..301].iter().copied().collect();
+    assert_eq!(ip_local_routes(), expected, "iproute2 sees our routes");
+    let read: BTreeSet<IpAddr> = rt.local_routes().expect("dump").into_iter().collect();
+    assert_eq!(read, expected, "and so does the dump");
+    for a in ["10.97.0.2", "fd00:96::a"] {
+        assert!(is_local(a), "{a} is local");
+    }
+    // Again: a route of ours already there is no error.
+    assert!(
+        rt.add_local_routes(&v4[..3])
+            .expect("again")
+            .iter()
+            .all(Result::is_ok)
+    );
+
+    // Beside an address bound to an interface: both stay, and the address can go without the
+    // ClusterIP stopping being local (the move from addresses to routes).
+    rt.ensure_dummy(DEFAULT_DUMMY).expect("dummy");
+    rt.add_address(DEFAULT_DUMMY, addr("10.97.0.2"))
+        .expect("bind");
+    rt.add_address(DEFAULT_DUMMY, addr("10.98.0.1"))
+        .expect("bind another");
+    assert!(ip_local_routes().contains(&addr("10.97.0.2")));
+    rt.del_address(DEFAULT_DUMMY, addr("10.97.0.2"))
+        .expect("unbind");
+    assert!(is_local("10.97.0.2"), "still local");
+    // Removing ours where only the kernel's route of a bound address exists leaves that.
+    rt.del_local_route(addr("10.98.0.1"))
+        .expect("nothing of ours");
+    assert!(is_local("10.98.0.1"), "the address's route stays");
+    assert!(ip_addrs(Some(DEFAULT_DUMMY)).contains(&addr("10.98.0.1")));
+
+    for a in &all[..301] {
+        rt.del_local_route(*a).expect("remove");
+    }
+    rt.del_local_route(all[0])
+        .expect("again: nothing to remove is fine");
+    assert_eq!(ip_local_routes(), BTreeSet::new());
+    assert!(rt.local_routes().expect("dump").is_empty());
+    assert!(!is_local("10.97.0.2"), "no longer local");
+}

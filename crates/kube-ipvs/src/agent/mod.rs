@@ -144,7 +144,7 @@ fn prepare_kernel(settings: &Settings) -> Result<RealKernel, String> {
             .map_err(|e| format!("setting IPVS timeouts: {e}"))?;
     }
     let rtnl = Rtnl::new().map_err(|e| format!("opening rtnetlink: {e}"))?;
-    Ok(RealKernel::with(ipvs, rtnl, DEFAULT_DUMMY))
+    Ok(RealKernel::with(ipvs, rtnl, DEFAULT_DUMMY).binding(settings.binding))
 }
 
 /// The iptables backend and whether it has `--random-fully`, asked once; if
@@ -318,20 +318,37 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
         tracing::info!("--no-masquerade: iptables is left alone (no nat or filter rules)");
         None
     };
+    // After a change of --service-address-binding, the addresses made local the other way
+    // are made local this way before the first sync reads the kernel. A failure leaves those
+    // addresses local the other way (the engine then binds its own anew): logged, not fatal.
+    let owned = kube_ipvs_diff::Ownership::of(&settings.node.options);
+    match kernel.move_bindings(|a| owned.addr(a)) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(
+            "moved {n} service addresses to --service-address-binding={}",
+            settings.binding
+        ),
+        Err(e) => tracing::warn!(
+            "moving service addresses to --service-address-binding={}: {e}",
+            settings.binding
+        ),
+    }
     let mut agent = Agent::new(kernel, inputs, cfg, shared).with_health_checks(health_checks);
     // Reconciles read the kernel on a thread with a handle of its own, so a whole-table read
     // never holds up the programming of a change; without it they read on the loop. The
     // reader rests as long as it reads, leaving CPU to the loop and the node.
     agent = match RealKernel::open(DEFAULT_DUMMY) {
-        Ok(reader) => match agent.with_background_reads(Box::new(reader.paced())) {
-            Ok(a) => a,
-            Err(e) => {
-                return fail(
-                    exit::START,
-                    format!("starting the kernel reader thread: {e}"),
-                );
+        Ok(reader) => {
+            match agent.with_background_reads(Box::new(reader.binding(settings.binding).paced())) {
+                Ok(a) => a,
+                Err(e) => {
+                    return fail(
+                        exit::START,
+                        format!("starting the kernel reader thread: {e}"),
+                    );
+                }
             }
-        },
+        }
         Err(e) => return fail(exit::START, format!("the kernel reader: {e}")),
     };
     if let Some(signals) = address_changes {

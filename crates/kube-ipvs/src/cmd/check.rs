@@ -35,8 +35,8 @@ use kube_ipvs_netlink::nfnl::ipset::Member;
 use crate::agent::sets::{ObservedSets, desired_members, diff_sets, read_sets};
 use crate::apply::Owners;
 use crate::cmd::source::SourceArgs;
-use crate::kernel::RealKernel;
 use crate::kernel::observe::Observed;
+use crate::kernel::{Binding, RealKernel};
 use crate::words::count;
 
 /// The options of `kube-ipvs check`.
@@ -580,7 +580,9 @@ pub fn main(args: &CheckArgs) -> ExitCode {
     };
     // The kernel's short-circuit marks are hints for the desired state's (best effort: the
     // desired state's errors are reported before the kernel's).
-    let mut kernel = RealKernel::open(DEFAULT_DUMMY);
+    // An address counts as bound whichever way `run` made it local
+    // (`--service-address-binding`).
+    let mut kernel = RealKernel::open(DEFAULT_DUMMY).map(|k| k.binding(Binding::Either));
     let desired = match args.source.load_beside(&mut kernel) {
         Ok(v) => v,
         Err(e) => return fail(e.to_string()),

@@ -4,8 +4,9 @@
 //! What is ours is decided the way the engine decides it, so cleanup removes exactly what `run`
 //! would manage: IPVS virtual servers outside `--exclude-cidrs` and the fwmark services of the
 //! Local-policy short circuit (marks in `--local-fwmark-mask`; other firewall-mark services and
-//! entries the engine cannot represent are never ours), the addresses on `kube-ipvs0` outside
-//! those networks, then the `kube-ipvs0` link itself once nothing of anyone else's is left on it,
+//! entries the engine cannot represent are never ours), the addresses on `kube-ipvs0` and our
+//! local routes (`run --service-address-binding=route`) outside those networks, then the
+//! `kube-ipvs0` link itself once nothing of anyone else's is left on it,
 //! our `nat`, `filter` and `mangle` chains and their jumps in every iptables backend and family, and then
 //! (once no rule references them) our ipsets ([`masquerade::all_sets`]: the hairpin sets and
 //! the filter sets).
@@ -20,8 +21,8 @@ use kube_ipvs_diff::{Cidr, MarkSpace, Op, Ownership, Table, full_diff};
 use kube_ipvs_netlink::link::DEFAULT_DUMMY;
 
 use crate::apply::{self, Owners};
-use crate::kernel::RealKernel;
 use crate::kernel::observe::Observed;
+use crate::kernel::{Binding, RealKernel};
 use crate::words::count;
 use kube_ipvs_host::masquerade;
 
@@ -201,8 +202,9 @@ fn ipvs_part(
     verb: &str,
     failed: &mut Vec<String>,
 ) -> Result<(usize, usize, bool), String> {
-    let mut kernel =
-        RealKernel::open(DEFAULT_DUMMY).map_err(|e| format!("opening netlink: {e}"))?;
+    let kernel = RealKernel::open(DEFAULT_DUMMY).map_err(|e| format!("opening netlink: {e}"))?;
+    // Whichever way `run` made the service addresses local, both ways are ours to remove.
+    let mut kernel = kernel.binding(Binding::Either);
     let observed = kernel
         .read()
         .map_err(|e| format!("reading the IPVS table and {DEFAULT_DUMMY}: {e}"))?;
@@ -232,7 +234,7 @@ fn ipvs_part(
                 servers += 1;
             }
             Op::RemoveAddress(a) => {
-                println!("{verb} address {a} from {DEFAULT_DUMMY}");
+                println!("{verb} address {a} (from {DEFAULT_DUMMY}, or its local route)");
                 removed_addrs.push(*a);
             }
             other => println!("{verb}: {other}"),

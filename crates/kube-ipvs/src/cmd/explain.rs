@@ -553,7 +553,8 @@ pub fn main(args: &ExplainArgs) -> ExitCode {
     };
     // The node's addresses, when the kernel can be read, so the NodePort addresses are those
     // the agent chooses; without them, the Node's InternalIPs.
-    let mut kernel = crate::kernel::RealKernel::open(kube_ipvs_netlink::link::DEFAULT_DUMMY);
+    let mut kernel = crate::kernel::RealKernel::open(kube_ipvs_netlink::link::DEFAULT_DUMMY)
+        .map(|k| k.binding(crate::kernel::Binding::Either));
     let desired = match args.source.load_beside(&mut kernel) {
         Ok(v) => v,
         Err(e) => return fail(e.to_string()),

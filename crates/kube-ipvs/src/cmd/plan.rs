@@ -19,7 +19,7 @@ use kube_ipvs_netlink::link::DEFAULT_DUMMY;
 use crate::agent::sets::{SetDiff, desired_members, diff_sets, read_sets};
 use crate::apply::{self, Owners};
 use crate::cmd::source::SourceArgs;
-use crate::kernel::RealKernel;
+use crate::kernel::{Binding, RealKernel};
 
 /// The options of `kube-ipvs plan`.
 #[derive(Debug, Clone, clap::Args)]
@@ -128,7 +128,8 @@ pub fn main(args: &PlanArgs) -> ExitCode {
     }
     // The short circuit's marks the kernel holds are hints for the desired state's (best
     // effort: the desired state's errors are reported before the kernel's).
-    let mut kernel = RealKernel::open(DEFAULT_DUMMY);
+    // An address counts as bound whichever way `run` made it local.
+    let mut kernel = RealKernel::open(DEFAULT_DUMMY).map(|k| k.binding(Binding::Either));
     let desired = match args.source.load_beside(&mut kernel) {
         Ok(v) => v,
         Err(e) => return fail(e.to_string()),

@@ -180,6 +180,44 @@ pub trait Kernel: Send {
     }
 }
 
+/// How the service addresses are made local so IPVS sees their packets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Binding {
+    /// Each address bound to `kube-ipvs0`, as kube-proxy's IPVS mode does (the default).
+    #[default]
+    Address,
+    /// Each address a local route of ours through `lo` (`kube-ipvs run
+    /// --service-address-binding=route`): no walk of an address list per add, so 50,000
+    /// addresses take seconds instead of minutes, and `ip addr show kube-ipvs0` lists none.
+    Route,
+    /// Either way, for the tools that read or clean a node whatever the agent's setting: a
+    /// read holds both the addresses and the routes, a removal removes both.
+    Either,
+}
+
+impl std::str::FromStr for Binding {
+    type Err = String;
+
+    /// The flag's values: `address` or `route` ([`Binding::Either`] is the tools' own).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "address" => Ok(Self::Address),
+            "route" => Ok(Self::Route),
+            _ => Err(format!("{s:?} is neither address nor route")),
+        }
+    }
+}
+
+impl std::fmt::Display for Binding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Address => "address",
+            Self::Route => "route",
+            Self::Either => "either",
+        })
+    }
+}
+
 /// Binds addresses, one result per address in order (see [`Kernel::address_binder`]).
 pub type AddressBinder = Box<dyn FnMut(&[IpAddr]) -> Vec<Result<(), KernelError>> + Send>;
 
@@ -192,6 +230,8 @@ pub struct RealKernel {
     pub rtnl: Rtnl,
     /// The dummy interface (`kube-ipvs0`).
     pub ifname: String,
+    /// How service addresses are made local.
+    binding: Binding,
     ipset: Option<Ipset>,
     /// Whether whole reads rest between virtual servers ([`RealKernel::paced`]).
     paced: bool,
@@ -219,9 +259,17 @@ impl RealKernel {
             ipvs,
             rtnl,
             ifname: ifname.to_owned(),
+            binding: Binding::Address,
             ipset: None,
             paced: false,
         }
+    }
+
+    /// The kernel binding service addresses this way (the default: [`Binding::Address`]).
+    #[must_use]
+    pub fn binding(mut self, binding: Binding) -> Self {
+        self.binding = binding;
+        self
     }
 
     /// Whole reads ([`Kernel::observe`]) that rest as long as they read: for the
@@ -252,6 +300,65 @@ impl RealKernel {
     pub fn read(&mut self) -> Result<Observed, KernelError> {
         self.observe().map(|(observed, _)| observed)
     }
+
+    /// Whether the dummy interface exists (the agent makes it whatever the binding), and the
+    /// service addresses made local the binding's way.
+    fn bound(&mut self) -> Result<(bool, Vec<IpAddr>), KernelError> {
+        let interface = self.rtnl.link_index(&self.ifname)?.is_some();
+        let mut bound = match self.binding {
+            Binding::Address | Binding::Either if interface => self.rtnl.addresses(&self.ifname)?,
+            _ => Vec::new(),
+        };
+        if self.binding != Binding::Address {
+            bound.extend(self.rtnl.local_routes()?);
+        }
+        Ok((interface, bound))
+    }
+
+    /// Moves service addresses the engine owns (`owned`) made local the other way to this
+    /// binding's way, first making each local this way, then undoing the other, so no address
+    /// stops being local in between: after a change of `--service-address-binding`, before the
+    /// first sync. Says how many it moved. [`Binding::Either`] moves nothing.
+    pub fn move_bindings(&mut self, owned: impl Fn(IpAddr) -> bool) -> Result<usize, KernelError> {
+        if self.rtnl.link_index(&self.ifname)?.is_none() {
+            return Ok(0);
+        }
+        let other: Vec<IpAddr> = match self.binding {
+            Binding::Address => self.rtnl.local_routes()?,
+            Binding::Route => self.rtnl.addresses(&self.ifname)?,
+            Binding::Either => return Ok(0),
+        };
+        let all = other.len();
+        // The kernel's own IPv6 link-local address of an interface someone set up is no
+        // service address (as `Observed::set_addresses` leaves it out): it stays, and so does
+        // the interface.
+        let moving: Vec<IpAddr> = other
+            .into_iter()
+            .filter(|a| owned(*a) && !kube_ipvs_diff::is_link_local(*a))
+            .collect();
+        if moving.is_empty() {
+            return Ok(0);
+        }
+        for r in bind(&mut self.rtnl, &self.ifname, self.binding, &moving) {
+            r?;
+        }
+        if self.binding == Binding::Address {
+            for &a in &moving {
+                self.rtnl.del_local_route(a)?;
+            }
+        } else if moving.len() == all {
+            // Every address on the interface is ours: deleting the interface takes them all
+            // at once (3 s at 50,000 where one at a time walks the list), and it comes back
+            // empty.
+            self.rtnl.delete_link(&self.ifname)?;
+            self.rtnl.ensure_dummy(&self.ifname)?;
+        } else {
+            for &a in &moving {
+                self.rtnl.del_address(&self.ifname, a)?;
+            }
+        }
+        Ok(moving.len())
+    }
 }
 
 impl Kernel for RealKernel {
@@ -269,11 +376,19 @@ impl Kernel for RealKernel {
     }
 
     fn add_address(&mut self, addr: IpAddr) -> Result<(), KernelError> {
-        Ok(self.rtnl.add_address(&self.ifname, addr)?)
+        match self.binding {
+            Binding::Address | Binding::Either => self.rtnl.add_address(&self.ifname, addr)?,
+            Binding::Route => {
+                bind(&mut self.rtnl, &self.ifname, Binding::Route, &[addr])
+                    .pop()
+                    .unwrap_or(Ok(()))?;
+            }
+        }
+        Ok(())
     }
 
     fn add_addresses(&mut self, addrs: &[IpAddr]) -> Vec<Result<(), KernelError>> {
-        bind(&mut self.rtnl, &self.ifname, addrs)
+        bind(&mut self.rtnl, &self.ifname, self.binding, addrs)
     }
 
     fn address_binder(&mut self) -> Option<AddressBinder> {
@@ -281,11 +396,20 @@ impl Kernel for RealKernel {
         // and the IPVS requests run at the same time on two CPUs.
         let mut rtnl = Rtnl::new().ok()?;
         let ifname = self.ifname.clone();
-        Some(Box::new(move |addrs| bind(&mut rtnl, &ifname, addrs)))
+        let binding = self.binding;
+        Some(Box::new(move |addrs| {
+            bind(&mut rtnl, &ifname, binding, addrs)
+        }))
     }
 
     fn remove_address(&mut self, addr: IpAddr) -> Result<(), KernelError> {
-        Ok(self.rtnl.del_address(&self.ifname, addr)?)
+        if self.binding != Binding::Address {
+            self.rtnl.del_local_route(addr)?;
+        }
+        if self.binding != Binding::Route {
+            self.rtnl.del_address(&self.ifname, addr)?;
+        }
+        Ok(())
     }
 
     fn observe(&mut self) -> Result<(Observed, Counts), KernelError> {
@@ -305,11 +429,9 @@ impl Kernel for RealKernel {
                 stretch = std::time::Instant::now();
             }
         }
-        let addresses = match self.rtnl.link_index(&self.ifname)? {
-            Some(_) => Some(self.rtnl.addresses(&self.ifname)?),
-            None => None,
-        };
-        observed.set_addresses(addresses);
+        let (interface, bound) = self.bound()?;
+        observed.set_addresses(Some(bound));
+        observed.interface_exists = interface;
         Ok((observed, counts))
     }
 
@@ -411,9 +533,19 @@ impl Kernel for RealKernel {
     }
 }
 
-/// Binds addresses to `ifname` in batches, one result per address.
-fn bind(rtnl: &mut Rtnl, ifname: &str, addrs: &[IpAddr]) -> Vec<Result<(), KernelError>> {
-    match rtnl.add_addresses(ifname, addrs) {
+/// Makes addresses local the binding's way in batches (bound to `ifname`, or local routes), one
+/// result per address.
+fn bind(
+    rtnl: &mut Rtnl,
+    ifname: &str,
+    binding: Binding,
+    addrs: &[IpAddr],
+) -> Vec<Result<(), KernelError>> {
+    let sent = match binding {
+        Binding::Address | Binding::Either => rtnl.add_addresses(ifname, addrs),
+        Binding::Route => rtnl.add_local_routes(addrs),
+    };
+    match sent {
         Ok(results) => results
             .into_iter()
             .map(|r| r.map_err(KernelError::from))
