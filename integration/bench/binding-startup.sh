@@ -61,7 +61,7 @@ for N in $(echo $SIZES | tr , ' '); do
   # The node of addresses moved to routes by a restart with the flag.
   ns=b-address-$N
   start $ns /tmp/$ns-move.log --service-address-binding=route
-  MOVED=$(grep -o "moved [0-9]* service addresses" /tmp/$ns-move.log | head -1)
+  MOVED=$(grep -o "moved [0-9]* service addresses.*" /tmp/$ns-move.log | head -1)
   echo "MOVE n=$N seconds=$ELAPSED $(held $ns) | $MOVED | $APPLY"
   stop
   for binding in route address; do $IP netns del b-$binding-$N; done

@@ -66,7 +66,7 @@ const UPDATE_TIMEOUT: Duration = Duration::from_secs(180);
 
 fn usage() -> &'static str {
     "usage: e2e-bench populate --kubeconfig PATH --services N [--endpoints E] [--nodes N] [--concurrency C] --out PATH\n       \
-     e2e-bench guest --agent kube-ipvs|kube-proxy-ipvs|kube-proxy-nftables|kube-proxy-iptables --services-file PATH --kubeconfig PATH \
+     e2e-bench guest --agent kube-ipvs|kube-ipvs-routes|kube-proxy-ipvs|kube-proxy-nftables|kube-proxy-iptables --services-file PATH --kubeconfig PATH \
      [--endpoints E] [--nodes N] [--updates U] [--update-budget SECS] [--converge-timeout SECS] \
      [--flush-repair] [--soak-seconds S [--churn-rate R] [--sample-seconds S]] [--datapath N] \
      [--churn-seconds S [--churn-rate R]] [--no-ipvs-rate-estimation]\n       \
@@ -655,7 +655,9 @@ impl Dataplane {
     /// opened to check the table is empty.
     fn for_agent(agent: &str, ipvs: Ipvs) -> Result<Dataplane> {
         Ok(match agent {
-            "kube-ipvs" | "kube-proxy" | "kube-proxy-ipvs" => Dataplane::Ipvs(ipvs),
+            "kube-ipvs" | "kube-ipvs-routes" | "kube-proxy" | "kube-proxy-ipvs" => {
+                Dataplane::Ipvs(ipvs)
+            }
             "kube-proxy-nftables" => Dataplane::Rules(rules::Reader::new(rules::Mode::Nftables)),
             "kube-proxy-iptables" => Dataplane::Rules(rules::Reader::new(rules::Mode::Iptables)),
             other => bail!("unknown agent {other:?}"),
@@ -701,7 +703,7 @@ struct Agent {
 impl Agent {
     fn start(name: &str) -> Result<Agent> {
         let mut cmd = match name {
-            "kube-ipvs" => {
+            "kube-ipvs" | "kube-ipvs-routes" => {
                 let mut c = Command::new("/usr/local/bin/kube-ipvs");
                 c.args([
                     "run",
@@ -712,6 +714,9 @@ impl Agent {
                     "--cluster-cidr",
                     "10.244.0.0/16",
                 ]);
+                if name == "kube-ipvs-routes" {
+                    c.arg("--service-address-binding=route");
+                }
                 // The malloc settings the DaemonSet gives it, so this is the agent as shipped.
                 c.env("GLIBC_TUNABLES", KUBE_IPVS_GLIBC_TUNABLES);
                 c
@@ -731,7 +736,7 @@ impl Agent {
                 c
             }
             other => bail!(
-                "unknown agent {other:?}: kube-ipvs, kube-proxy-ipvs, kube-proxy-nftables or kube-proxy-iptables"
+                "unknown agent {other:?}: kube-ipvs, kube-ipvs-routes, kube-proxy-ipvs, kube-proxy-nftables or kube-proxy-iptables"
             ),
         };
         let log = PathBuf::from(format!("/tmp/{name}.log"));

@@ -29,10 +29,13 @@ pub(crate) const DRIVER: &str = "e2e-bench";
 /// `nft` / `iptables` (`integration/src/rules.rs`).
 const AGENTS: &[&str] = &[
     "kube-ipvs",
+    ROUTES_AGENT,
     "kube-proxy-ipvs",
     "kube-proxy-nftables",
     "kube-proxy-iptables",
 ];
+/// kube-ipvs with `--service-address-binding=route`: only when `--agents` names it.
+const ROUTES_AGENT: &str = "kube-ipvs-routes";
 /// What `--agents` accepted before the other modes: kube-proxy's IPVS mode.
 const OLD_KUBE_PROXY: &str = "kube-proxy";
 const RESULT_PREFIX: &str = "E2E-RESULT ";
@@ -42,7 +45,7 @@ const GUEST_SERVICES: &str = "/etc/e2e-bench/services";
 const USAGE: &str = "usage: cargo xtask bench e2e [--sizes 1000,5000,10000] [--updates 100] \
      [--endpoints 10] [--nodes 1] [--datapath 300] [--churn-rate 50] [--churn-seconds 60] \
      [--charts DIR] \
-     [--agents kube-ipvs,kube-proxy-ipvs,kube-proxy-nftables,kube-proxy-iptables] \
+     [--agents kube-ipvs,kube-proxy-ipvs,kube-proxy-nftables,kube-proxy-iptables,kube-ipvs-routes] \
      [--update-budget SECS] [--settle-timeout SECS] [--converge-timeout SECS] [--mem MIB] \
      [--no-ipvs-rate-estimation]";
 
@@ -81,7 +84,11 @@ impl Default for Options {
         Options {
             sizes: vec![1000, 5000, 10000],
             updates: 100,
-            agents: AGENTS.iter().map(|a| (*a).to_owned()).collect(),
+            agents: AGENTS
+                .iter()
+                .filter(|a| **a != ROUTES_AGENT)
+                .map(|a| (*a).to_owned())
+                .collect(),
             endpoints: 10,
             nodes: 1,
             datapath: 300,
@@ -695,7 +702,11 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
         Err(crate::tools::Unavailable(why)) => bail!("bench e2e: {why}"),
     };
     let driver = release_build(DRIVER_PACKAGE, &["--example", DRIVER], DRIVER)?;
-    let daemon = if opts.agents.iter().any(|a| a == "kube-ipvs") {
+    let daemon = if opts
+        .agents
+        .iter()
+        .any(|a| a == "kube-ipvs" || a == ROUTES_AGENT)
+    {
         Some(release_build(
             "kube-ipvs",
             &["--bin", "kube-ipvs"],
@@ -877,7 +888,7 @@ fn run_agent(
         plane,
         driver,
         agent_binary: match agent {
-            "kube-ipvs" => daemon.context("kube-ipvs was not built")?,
+            "kube-ipvs" | ROUTES_AGENT => daemon.context("kube-ipvs was not built")?,
             _ => kube_proxy,
         },
         agent,
@@ -947,7 +958,7 @@ impl GuestRun<'_> {
         });
         // Every kube-proxy mode is the one kube-proxy binary.
         let guest = match self.agent {
-            "kube-ipvs" => "/usr/local/bin/kube-ipvs",
+            "kube-ipvs" | ROUTES_AGENT => "/usr/local/bin/kube-ipvs",
             _ => "/usr/local/bin/kube-proxy",
         };
         job.executables.push(GuestFile {

@@ -86,9 +86,13 @@ pub fn validate_ifname(name: &str) -> Result<()> {
 
 /// The interface's own address in an address message.
 /// The address a route makes local, if it is one of ours: protocol [`ROUTE_PROTOCOL`], type
-/// local, in the local table, for one whole address.
-fn our_local_route(r: &RouteMessage) -> Option<IpAddr> {
+/// local, in the local table, through `lo` (interface index `lo`), for one whole address.
+fn our_local_route(r: &RouteMessage, lo: u32) -> Option<IpAddr> {
     let h = &r.header;
+    let through_lo = r
+        .attributes
+        .iter()
+        .any(|a| matches!(a, RouteAttribute::Oif(i) if *i == lo));
     let table = r
         .attributes
         .iter()
@@ -98,6 +102,7 @@ fn our_local_route(r: &RouteMessage) -> Option<IpAddr> {
         })
         .unwrap_or(u32::from(h.table));
     if u8::from(h.protocol) != ROUTE_PROTOCOL
+        || !through_lo
         || h.kind != RouteType::Local
         || table != u32::from(RT_TABLE_LOCAL)
     {
@@ -326,6 +331,20 @@ impl Rtnl {
         payload: RouteNetlinkMessage,
         flags: u16,
         op: &dyn Fn() -> String,
+        f: impl FnMut(RouteNetlinkMessage) -> Result<()>,
+    ) -> Result<i32> {
+        self.request_with(payload, flags, op, false, f)
+    }
+
+    /// [`Rtnl::request`], with reply messages the route crate cannot decode skipped instead of
+    /// failing the request when `skip_undecodable` (a dump of every route of the node, some of
+    /// them kinds the crate does not know, of which only ours matter).
+    fn request_with(
+        &mut self,
+        payload: RouteNetlinkMessage,
+        flags: u16,
+        op: &dyn Fn() -> String,
+        skip_undecodable: bool,
         mut f: impl FnMut(RouteNetlinkMessage) -> Result<()>,
     ) -> Result<i32> {
         let seq = self.seq;
@@ -355,8 +374,12 @@ impl Rtnl {
                         return crate::wire::error_code(payload);
                     }
                     _ => {
-                        let parsed = NetlinkMessage::<RouteNetlinkMessage>::deserialize(whole)
-                            .map_err(|e| Error::decode(op(), e))?;
+                        let parsed = match NetlinkMessage::<RouteNetlinkMessage>::deserialize(whole)
+                        {
+                            Ok(m) => m,
+                            Err(_) if skip_undecodable => continue,
+                            Err(e) => return Err(Error::decode(op(), e)),
+                        };
                         if let NetlinkPayload::InnerMessage(inner) = parsed.payload {
                             f(inner)?;
                         }
@@ -624,11 +647,14 @@ impl Rtnl {
             .collect()
     }
 
-    /// Removes `addr` from `ifname`; an address that is not there is fine.
+    /// Removes `addr` from `ifname`; an address that is not there, or an interface that is not
+    /// there, is fine.
     pub fn del_address(&mut self, ifname: &str, addr: IpAddr) -> Result<()> {
         let op = || format!("remove address {addr} from {ifname}");
         Self::check_addr(&op, &addr)?;
-        let index = self.index_of(ifname)?;
+        let Some(index) = self.link_index(ifname)? else {
+            return Ok(());
+        };
         let msg = Self::address_message(index, addr);
         let errno = self.request(
             RouteNetlinkMessage::DelAddress(msg),
@@ -701,20 +727,23 @@ impl Rtnl {
     }
 
     /// The addresses our local routes make local (routes of [`ROUTE_PROTOCOL`] of type local
-    /// in the local table), IPv4 and IPv6.
+    /// in the local table through `lo`), IPv4 and IPv6. A route of the node's that the route
+    /// crate cannot decode is no route of ours, and is skipped.
     pub fn local_routes(&mut self) -> Result<Vec<IpAddr>> {
         let op = || "list local routes".to_owned();
+        let lo = self.index_of(LOOPBACK)?;
         let mut out = Vec::new();
         for family in [AddressFamily::Inet, AddressFamily::Inet6] {
             let mut msg = RouteMessage::default();
             msg.header.address_family = family;
-            let errno = self.request(
+            let errno = self.request_with(
                 RouteNetlinkMessage::GetRoute(msg),
                 NLM_F_REQUEST | NLM_F_DUMP,
                 &op,
+                true,
                 |reply| {
                     if let RouteNetlinkMessage::NewRoute(r) = reply
-                        && let Some(addr) = our_local_route(&r)
+                        && let Some(addr) = our_local_route(&r, lo)
                     {
                         out.push(addr);
                     }
@@ -786,28 +815,31 @@ mod tests {
     fn only_whole_local_routes_of_ours_in_the_local_table_are_read_back() {
         let ip = |s: &str| -> IpAddr { s.parse().expect("literal") };
         let ours = Rtnl::local_route_message(1, ip("10.96.0.10"));
-        assert_eq!(our_local_route(&ours), Some(ip("10.96.0.10")));
+        assert_eq!(our_local_route(&ours, 1), Some(ip("10.96.0.10")));
         let v6 = Rtnl::local_route_message(1, ip("fd00::a"));
-        assert_eq!(our_local_route(&v6), Some(ip("fd00::a")));
+        assert_eq!(our_local_route(&v6, 1), Some(ip("fd00::a")));
         // The kernel's route of a bound address: same table and type, another protocol.
         let mut kernel = ours.clone();
         kernel.header.protocol = RouteProtocol::Kernel;
-        assert_eq!(our_local_route(&kernel), None);
+        assert_eq!(our_local_route(&kernel, 1), None);
         // Ours by protocol, but a unicast route, a route of the main table, or a prefix.
         let mut unicast = ours.clone();
         unicast.header.kind = RouteType::Unicast;
-        assert_eq!(our_local_route(&unicast), None);
+        assert_eq!(our_local_route(&unicast, 1), None);
         let mut main = ours.clone();
         main.header.table = 254;
-        assert_eq!(our_local_route(&main), None);
+        assert_eq!(our_local_route(&main, 1), None);
         // A table past 255 is told by RTA_TABLE alone (the header then says 252, RT_TABLE_COMPAT).
         let mut far = ours.clone();
         far.header.table = 252;
         far.attributes.push(RouteAttribute::Table(1000));
-        assert_eq!(our_local_route(&far), None);
+        assert_eq!(our_local_route(&far, 1), None);
+        // Ours by everything but the device: not ours to read (its delete, through lo, would
+        // never match it).
+        assert_eq!(our_local_route(&ours, 2), None);
         let mut prefix = ours;
         prefix.header.destination_prefix_length = 24;
-        assert_eq!(our_local_route(&prefix), None);
+        assert_eq!(our_local_route(&prefix, 1), None);
     }
 
     #[test]

@@ -158,6 +158,8 @@ fn bad_names_and_missing_interfaces_are_clear_errors() {
         .add_address("nosuchdev0", addr("10.0.0.1"))
         .expect_err("missing interface");
     assert!(e.to_string().contains("nosuchdev0"), "{e}");
+    rt.del_address("nosuchdev0", addr("10.0.0.1"))
+        .expect("no interface, so nothing to remove");
     let e = rt
         .add_address("lo", addr("0.0.0.0"))
         .expect_err("unspecified address");

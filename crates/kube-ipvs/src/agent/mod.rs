@@ -322,11 +322,13 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
     // are made local this way before the first sync reads the kernel. A failure leaves those
     // addresses local the other way (the engine then binds its own anew): logged, not fatal.
     let owned = kube_ipvs_diff::Ownership::of(&settings.node.options);
+    let moving = std::time::Instant::now();
     match kernel.move_bindings(|a| owned.addr(a)) {
         Ok(0) => {}
         Ok(n) => tracing::info!(
-            "moved {n} service addresses to --service-address-binding={}",
-            settings.binding
+            "moved {n} service addresses to --service-address-binding={} in {:.1} ms",
+            settings.binding,
+            moving.elapsed().as_secs_f64() * 1000.0
         ),
         Err(e) => tracing::warn!(
             "moving service addresses to --service-address-binding={}: {e}",

@@ -35,6 +35,11 @@ pub struct PlanArgs {
     /// sync: what `run` does at startup, without watching afterwards).
     #[arg(long)]
     pub apply: bool,
+    /// Read and bind service addresses one way, as `run --service-address-binding` does
+    /// (address or route). Unset, an address counts as bound either way, and `--apply` binds
+    /// it as an address (`run`'s default).
+    #[arg(long, value_name = "address|route")]
+    pub service_address_binding: Option<Binding>,
 }
 
 /// The ops that take `observed` to what `inputs` ask for, as the daemon's startup resync would
@@ -128,8 +133,8 @@ pub fn main(args: &PlanArgs) -> ExitCode {
     }
     // The short circuit's marks the kernel holds are hints for the desired state's (best
     // effort: the desired state's errors are reported before the kernel's).
-    // An address counts as bound whichever way `run` made it local.
-    let mut kernel = RealKernel::open(DEFAULT_DUMMY).map(|k| k.binding(Binding::Either));
+    let binding = args.service_address_binding.unwrap_or(Binding::Either);
+    let mut kernel = RealKernel::open(DEFAULT_DUMMY).map(|k| k.binding(binding));
     let desired = match args.source.load_beside(&mut kernel) {
         Ok(v) => v,
         Err(e) => return fail(e.to_string()),

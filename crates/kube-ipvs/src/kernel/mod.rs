@@ -316,17 +316,24 @@ impl RealKernel {
     }
 
     /// Moves service addresses the engine owns (`owned`) made local the other way to this
-    /// binding's way, first making each local this way, then undoing the other, so no address
-    /// stops being local in between: after a change of `--service-address-binding`, before the
-    /// first sync. Says how many it moved. [`Binding::Either`] moves nothing.
+    /// binding's way, first making each local this way, then undoing the other for each one
+    /// that succeeded, so no IPv4 address stops being local in between (an IPv6 address bound
+    /// gets its local route from the kernel's address work a moment after the answer): after a
+    /// change of `--service-address-binding`, before the first sync. Says how many it moved, or
+    /// the first failure once the others are moved. [`Binding::Either`] moves nothing.
     pub fn move_bindings(&mut self, owned: impl Fn(IpAddr) -> bool) -> Result<usize, KernelError> {
-        if self.rtnl.link_index(&self.ifname)?.is_none() {
-            return Ok(0);
-        }
+        let interface = self.rtnl.link_index(&self.ifname)?.is_some();
         let other: Vec<IpAddr> = match self.binding {
-            Binding::Address => self.rtnl.local_routes()?,
-            Binding::Route => self.rtnl.addresses(&self.ifname)?,
-            Binding::Either => return Ok(0),
+            // Addresses need the interface, which the first sync would make anyway.
+            Binding::Address => {
+                let routes = self.rtnl.local_routes()?;
+                if !routes.is_empty() {
+                    self.rtnl.ensure_dummy(&self.ifname)?;
+                }
+                routes
+            }
+            Binding::Route if interface => self.rtnl.addresses(&self.ifname)?,
+            Binding::Route | Binding::Either => return Ok(0),
         };
         let all = other.len();
         // The kernel's own IPv6 link-local address of an interface someone set up is no
@@ -334,30 +341,43 @@ impl RealKernel {
         // the interface.
         let moving: Vec<IpAddr> = other
             .into_iter()
-            .filter(|a| owned(*a) && !kube_ipvs_diff::is_link_local(*a))
+            .filter(|a| owned(*a) && !(a.is_ipv6() && kube_ipvs_diff::is_link_local(*a)))
             .collect();
         if moving.is_empty() {
             return Ok(0);
         }
-        for r in bind(&mut self.rtnl, &self.ifname, self.binding, &moving) {
-            r?;
-        }
-        if self.binding == Binding::Address {
-            for &a in &moving {
-                self.rtnl.del_local_route(a)?;
+        let mut failed = None;
+        let mut moved = Vec::with_capacity(moving.len());
+        for (a, r) in moving
+            .iter()
+            .zip(bind(&mut self.rtnl, &self.ifname, self.binding, &moving))
+        {
+            match r {
+                Ok(()) => moved.push(*a),
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
             }
-        } else if moving.len() == all {
-            // Every address on the interface is ours: deleting the interface takes them all
-            // at once (3 s at 50,000 where one at a time walks the list), and it comes back
-            // empty.
-            self.rtnl.delete_link(&self.ifname)?;
-            self.rtnl.ensure_dummy(&self.ifname)?;
+        }
+        let undone = if self.binding == Binding::Address {
+            moved.iter().try_for_each(|a| self.rtnl.del_local_route(*a))
+        } else if moved.len() == all {
+            // Every address on the interface is ours and made local by a route now: deleting
+            // the interface takes them all at once (3 s at 50,000 where one at a time walks
+            // the list), and it comes back empty.
+            self.rtnl
+                .delete_link(&self.ifname)
+                .and_then(|_| self.rtnl.ensure_dummy(&self.ifname).map(|_| ()))
         } else {
-            for &a in &moving {
-                self.rtnl.del_address(&self.ifname, a)?;
-            }
+            moved
+                .iter()
+                .try_for_each(|a| self.rtnl.del_address(&self.ifname, *a))
+        };
+        match (failed, undone) {
+            (Some(e), _) => Err(e),
+            (None, Err(e)) => Err(e.into()),
+            (None, Ok(())) => Ok(moved.len()),
         }
-        Ok(moving.len())
     }
 }
 
@@ -403,13 +423,11 @@ impl Kernel for RealKernel {
     }
 
     fn remove_address(&mut self, addr: IpAddr) -> Result<(), KernelError> {
-        if self.binding != Binding::Address {
-            self.rtnl.del_local_route(addr)?;
-        }
-        if self.binding != Binding::Route {
-            self.rtnl.del_address(&self.ifname, addr)?;
-        }
-        Ok(())
+        // Both ways whatever the binding, so what a failed move left the other way goes with
+        // its Service: the way not in use answers "not there", which is fine, and a missing
+        // interface holds no address.
+        self.rtnl.del_local_route(addr)?;
+        Ok(self.rtnl.del_address(&self.ifname, addr)?)
     }
 
     fn observe(&mut self) -> Result<(Observed, Counts), KernelError> {
