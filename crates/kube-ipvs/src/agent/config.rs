@@ -205,7 +205,8 @@ pub struct RunArgs {
     /// mode does; `route` adds a local route of ours for each instead (`ip route show table
     /// local proto 124`), which costs the kernel no walk of an interface's address list per
     /// add (50,000 take seconds instead of minutes) but leaves `ip addr show kube-ipvs0` empty.
-    /// A change either way moves the node's addresses at start, none unbound in between.
+    /// A change either way moves the node's addresses at start, making each local the new way
+    /// before undoing the old.
     #[arg(long, value_name = "address|route", default_value = "address")]
     pub service_address_binding: crate::kernel::Binding,
     /// Networks whose virtual servers and addresses belong to someone else and are never
