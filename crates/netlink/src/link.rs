@@ -37,6 +37,8 @@ pub const DEFAULT_DUMMY: &str = "kube-ipvs0";
 /// 124`): it tells them from the kernel's and other programs' routes, and a delete that names it
 /// removes only ours. Unassigned in iproute2's `rt_protos`.
 pub const ROUTE_PROTOCOL: u8 = 124;
+/// The protocol of the routes the kernel makes itself, such as an address's (`RTPROT_KERNEL`).
+const RTPROT_KERNEL: u8 = 2;
 /// The kernel's local table (`RT_TABLE_LOCAL`), where it keeps the routes of local addresses.
 const RT_TABLE_LOCAL: u8 = 255;
 /// The loopback interface our local routes go through.
@@ -84,15 +86,21 @@ pub fn validate_ifname(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// The interface's own address in an address message.
 /// The address a route makes local, if it is one of ours: protocol [`ROUTE_PROTOCOL`], type
 /// local, in the local table, through `lo` (interface index `lo`), for one whole address.
 fn our_local_route(r: &RouteMessage, lo: u32) -> Option<IpAddr> {
+    local_route_of(r, ROUTE_PROTOCOL, Some(lo))
+}
+
+/// The address a route makes local, if it is of `protocol`, type local, in the local table,
+/// through interface `oif` when given, for one whole address.
+fn local_route_of(r: &RouteMessage, protocol: u8, oif: Option<u32>) -> Option<IpAddr> {
     let h = &r.header;
-    let through_lo = r
-        .attributes
-        .iter()
-        .any(|a| matches!(a, RouteAttribute::Oif(i) if *i == lo));
+    let through_lo = oif.is_none_or(|lo| {
+        r.attributes
+            .iter()
+            .any(|a| matches!(a, RouteAttribute::Oif(i) if *i == lo))
+    });
     let table = r
         .attributes
         .iter()
@@ -101,7 +109,7 @@ fn our_local_route(r: &RouteMessage, lo: u32) -> Option<IpAddr> {
             _ => None,
         })
         .unwrap_or(u32::from(h.table));
-    if u8::from(h.protocol) != ROUTE_PROTOCOL
+    if u8::from(h.protocol) != protocol
         || !through_lo
         || h.kind != RouteType::Local
         || table != u32::from(RT_TABLE_LOCAL)
@@ -117,6 +125,7 @@ fn our_local_route(r: &RouteMessage, lo: u32) -> Option<IpAddr> {
     (h.destination_prefix_length == full).then_some(addr)
 }
 
+/// The interface's own address in an address message.
 fn own_address(a: &AddressMessage) -> Option<IpAddr> {
     // For IPv4, IFA_LOCAL is the interface's own address and IFA_ADDRESS the peer on point-to-point links;
     // IPv6 sends only IFA_ADDRESS.
@@ -730,10 +739,31 @@ impl Rtnl {
     /// in the local table through `lo`), IPv4 and IPv6. A route of the node's that the route
     /// crate cannot decode is no route of ours, and is skipped.
     pub fn local_routes(&mut self) -> Result<Vec<IpAddr>> {
-        let op = || "list local routes".to_owned();
         let lo = self.index_of(LOOPBACK)?;
+        self.dump_local_routes(&[AddressFamily::Inet, AddressFamily::Inet6], |r| {
+            our_local_route(r, lo)
+        })
+    }
+
+    /// The IPv6 addresses whose own local route the kernel has put in the local table
+    /// (protocol kernel). It puts it there from its address work a moment after it answers an
+    /// IPv6 address add (IPv4's goes in before the answer), so whoever must not leave an IPv6
+    /// address unrouted waits for it here.
+    pub fn kernel_local_routes_v6(&mut self) -> Result<Vec<IpAddr>> {
+        self.dump_local_routes(&[AddressFamily::Inet6], |r| {
+            local_route_of(r, RTPROT_KERNEL, None)
+        })
+    }
+
+    /// The addresses of the local routes of `families` that `keep` picks.
+    fn dump_local_routes(
+        &mut self,
+        families: &[AddressFamily],
+        keep: impl Fn(&RouteMessage) -> Option<IpAddr>,
+    ) -> Result<Vec<IpAddr>> {
+        let op = || "list local routes".to_owned();
         let mut out = Vec::new();
-        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+        for &family in families {
             let mut msg = RouteMessage::default();
             msg.header.address_family = family;
             let errno = self.request_with(
@@ -743,7 +773,7 @@ impl Rtnl {
                 true,
                 |reply| {
                     if let RouteNetlinkMessage::NewRoute(r) = reply
-                        && let Some(addr) = our_local_route(&r, lo)
+                        && let Some(addr) = keep(&r)
                     {
                         out.push(addr);
                     }

@@ -255,6 +255,29 @@ fn local_routes_make_addresses_local_beside_bound_ones_and_only_ours_are_removed
     rt.del_address(DEFAULT_DUMMY, addr("10.97.0.2"))
         .expect("unbind");
     assert!(is_local("10.97.0.2"), "still local");
+    // An IPv6 address bound to the (down) interface gets the kernel's own local route a moment
+    // after the add's answer, from the kernel's address work: it shows among the kernel's.
+    rt.add_address(DEFAULT_DUMMY, addr("fd00:98::1"))
+        .expect("bind IPv6");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !rt
+        .kernel_local_routes_v6()
+        .expect("dump")
+        .contains(&addr("fd00:98::1"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no kernel route for the IPv6 address: {}",
+            ip_cmd(&["-6", "route", "show", "table", "local"])
+        );
+        std::thread::yield_now();
+    }
+    assert!(
+        !rt.kernel_local_routes_v6()
+            .expect("dump")
+            .contains(&addr("fd00:96::a")),
+        "a route of ours is not the kernel's"
+    );
     // Removing ours where only the kernel's route of a bound address exists leaves that.
     rt.del_local_route(addr("10.98.0.1"))
         .expect("nothing of ours");

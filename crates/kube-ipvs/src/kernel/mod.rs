@@ -315,10 +315,38 @@ impl RealKernel {
         Ok((interface, bound))
     }
 
+    /// Which of the IPv6 addresses among `bound` (just bound to the interface) have the
+    /// kernel's own local route, waiting up to `patience` for it: the kernel puts it in from
+    /// its address work a moment after it answers the add.
+    fn routed_v6(
+        &mut self,
+        bound: &[IpAddr],
+        patience: std::time::Duration,
+    ) -> Result<std::collections::HashSet<IpAddr>, KernelError> {
+        let mut waiting: std::collections::HashSet<IpAddr> =
+            bound.iter().copied().filter(IpAddr::is_ipv6).collect();
+        let mut ready = std::collections::HashSet::new();
+        let deadline = std::time::Instant::now() + patience;
+        while !waiting.is_empty() {
+            for a in self.rtnl.kernel_local_routes_v6()? {
+                if waiting.remove(&a) {
+                    ready.insert(a);
+                }
+            }
+            if waiting.is_empty() || std::time::Instant::now() >= deadline {
+                break;
+            }
+            // The kernel's address work runs on its own; nothing here to wake on but time.
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Ok(ready)
+    }
+
     /// Moves service addresses the engine owns (`owned`) made local the other way to this
     /// binding's way, first making each local this way, then undoing the other for each one
-    /// that succeeded, so no IPv4 address stops being local in between (an IPv6 address bound
-    /// gets its local route from the kernel's address work a moment after the answer): after a
+    /// that succeeded, so no address stops being local in between (an IPv6 address bound gets
+    /// its local route from the kernel's address work a moment after the answer, which is
+    /// waited for, up to 5 s, before its route of ours goes): after a
     /// change of `--service-address-binding`, before the first sync. Says how many it moved, or
     /// the first failure once the others are moved. [`Binding::Either`] moves nothing.
     pub fn move_bindings(&mut self, owned: impl Fn(IpAddr) -> bool) -> Result<usize, KernelError> {
@@ -360,7 +388,13 @@ impl RealKernel {
             }
         }
         let undone = if self.binding == Binding::Address {
-            moved.iter().try_for_each(|a| self.rtnl.del_local_route(*a))
+            let ready = self.routed_v6(&moved, std::time::Duration::from_secs(5))?;
+            // An IPv6 address whose route did not come in time keeps ours too: local both
+            // ways, and removed both ways with its Service.
+            moved
+                .iter()
+                .filter(|a| a.is_ipv4() || ready.contains(a))
+                .try_for_each(|a| self.rtnl.del_local_route(*a))
         } else if moved.len() == all {
             // Every address on the interface is ours and made local by a route now: deleting
             // the interface takes them all at once (3 s at 50,000 where one at a time walks
