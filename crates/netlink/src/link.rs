@@ -41,6 +41,8 @@ pub const ROUTE_PROTOCOL: u8 = 124;
 const RTPROT_KERNEL: u8 = 2;
 /// The kernel's local table (`RT_TABLE_LOCAL`), where it keeps the routes of local addresses.
 const RT_TABLE_LOCAL: u8 = 255;
+/// How long a move to addresses waits for the kernel's own routes of IPv6 addresses.
+const V6_ROUTE_PATIENCE: Duration = Duration::from_secs(5);
 /// The loopback interface our local routes go through.
 const LOOPBACK: &str = "lo";
 
@@ -123,6 +125,21 @@ fn local_route_of(r: &RouteMessage, protocol: u8, oif: Option<u32>) -> Option<Ip
     })?;
     let full = if addr.is_ipv4() { 32 } else { 128 };
     (h.destination_prefix_length == full).then_some(addr)
+}
+
+/// The addresses whose request succeeded, and the first failure.
+fn split(addrs: &[IpAddr], results: Vec<Result<()>>) -> (Vec<IpAddr>, Option<Error>) {
+    let mut moved = Vec::with_capacity(addrs.len());
+    let mut failed = None;
+    for (a, r) in addrs.iter().zip(results) {
+        match r {
+            Ok(()) => moved.push(*a),
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
+    }
+    (moved, failed)
 }
 
 /// The interface's own address in an address message.
@@ -733,6 +750,55 @@ impl Rtnl {
             0 | libc::ESRCH | libc::ENOENT => Ok(()),
             e => Err(kernel_err(op(), e)),
         }
+    }
+
+    /// Moves `addrs` from addresses on `ifname` to local routes of ours: each is routed first,
+    /// then unbound if its route went in, so none stops being local in between. With `whole`
+    /// (they are every address on `ifname`) the interface is deleted and made again instead of
+    /// unbinding one address at a time, which walks the address list. Says how many moved, or
+    /// the first failure once the others are moved.
+    pub fn move_to_routes(&mut self, ifname: &str, addrs: &[IpAddr], whole: bool) -> Result<usize> {
+        if addrs.is_empty() {
+            return Ok(0);
+        }
+        let (moved, failed) = split(addrs, self.add_local_routes(addrs)?);
+        if whole && failed.is_none() {
+            self.delete_link(ifname)?;
+            self.ensure_dummy(ifname)?;
+        } else {
+            for &a in &moved {
+                self.del_address(ifname, a)?;
+            }
+        }
+        failed.map_or(Ok(moved.len()), Err)
+    }
+
+    /// Moves `addrs` from local routes of ours to addresses on `ifname` (made if missing): each
+    /// is bound first, then its route removed once the address is routed by the kernel (an
+    /// IPv6 address's own route comes from the kernel's address work a moment after the add is
+    /// answered, so it is waited for, up to 5 s; one whose route does not come keeps ours too).
+    /// Says how many moved, or the first failure once the others are moved.
+    pub fn move_to_addresses(&mut self, ifname: &str, addrs: &[IpAddr]) -> Result<usize> {
+        if addrs.is_empty() {
+            return Ok(0);
+        }
+        self.ensure_dummy(ifname)?;
+        let (moved, failed) = split(addrs, self.add_addresses(ifname, addrs)?);
+        let mut waiting: Vec<IpAddr> = moved.iter().copied().filter(IpAddr::is_ipv6).collect();
+        let deadline = std::time::Instant::now() + V6_ROUTE_PATIENCE;
+        while !waiting.is_empty() {
+            let routed = self.kernel_local_routes_v6()?;
+            waiting.retain(|a| !routed.contains(a));
+            if waiting.is_empty() || std::time::Instant::now() >= deadline {
+                break;
+            }
+            // The kernel's address work runs on its own; nothing here to wake on but time.
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for a in moved.iter().filter(|a| !waiting.contains(a)) {
+            self.del_local_route(*a)?;
+        }
+        failed.map_or(Ok(moved.len()), Err)
     }
 
     /// The addresses our local routes make local (routes of [`ROUTE_PROTOCOL`] of type local

@@ -315,103 +315,35 @@ impl RealKernel {
         Ok((interface, bound))
     }
 
-    /// Which of the IPv6 addresses among `bound` (just bound to the interface) have the
-    /// kernel's own local route, waiting up to `patience` for it: the kernel puts it in from
-    /// its address work a moment after it answers the add.
-    fn routed_v6(
-        &mut self,
-        bound: &[IpAddr],
-        patience: std::time::Duration,
-    ) -> Result<std::collections::HashSet<IpAddr>, KernelError> {
-        let mut waiting: std::collections::HashSet<IpAddr> =
-            bound.iter().copied().filter(IpAddr::is_ipv6).collect();
-        let mut ready = std::collections::HashSet::new();
-        let deadline = std::time::Instant::now() + patience;
-        while !waiting.is_empty() {
-            for a in self.rtnl.kernel_local_routes_v6()? {
-                if waiting.remove(&a) {
-                    ready.insert(a);
-                }
-            }
-            if waiting.is_empty() || std::time::Instant::now() >= deadline {
-                break;
-            }
-            // The kernel's address work runs on its own; nothing here to wake on but time.
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        Ok(ready)
-    }
-
     /// Moves service addresses the engine owns (`owned`) made local the other way to this
-    /// binding's way, first making each local this way, then undoing the other for each one
-    /// that succeeded, so no address stops being local in between (an IPv6 address bound gets
-    /// its local route from the kernel's address work a moment after the answer, which is
-    /// waited for, up to 5 s, before its route of ours goes): after a
-    /// change of `--service-address-binding`, before the first sync. Says how many it moved, or
-    /// the first failure once the others are moved. [`Binding::Either`] moves nothing.
+    /// binding's way ([`Rtnl::move_to_routes`], [`Rtnl::move_to_addresses`]: each made local
+    /// the new way before the old is undone): after a change of `--service-address-binding`,
+    /// before the first sync. Says how many it moved, or the first failure once the others are
+    /// moved. [`Binding::Either`] moves nothing.
     pub fn move_bindings(&mut self, owned: impl Fn(IpAddr) -> bool) -> Result<usize, KernelError> {
-        let interface = self.rtnl.link_index(&self.ifname)?.is_some();
-        let other: Vec<IpAddr> = match self.binding {
-            // Addresses need the interface, which the first sync would make anyway.
-            Binding::Address => {
-                let routes = self.rtnl.local_routes()?;
-                if !routes.is_empty() {
-                    self.rtnl.ensure_dummy(&self.ifname)?;
-                }
-                routes
-            }
-            Binding::Route if interface => self.rtnl.addresses(&self.ifname)?,
-            Binding::Route | Binding::Either => return Ok(0),
-        };
-        let all = other.len();
         // The kernel's own IPv6 link-local address of an interface someone set up is no
         // service address (as `Observed::set_addresses` leaves it out): it stays, and so does
         // the interface.
-        let moving: Vec<IpAddr> = other
-            .into_iter()
-            .filter(|a| owned(*a) && !(a.is_ipv6() && kube_ipvs_diff::is_link_local(*a)))
-            .collect();
-        if moving.is_empty() {
-            return Ok(0);
-        }
-        let mut failed = None;
-        let mut moved = Vec::with_capacity(moving.len());
-        for (a, r) in moving
-            .iter()
-            .zip(bind(&mut self.rtnl, &self.ifname, self.binding, &moving))
-        {
-            match r {
-                Ok(()) => moved.push(*a),
-                Err(e) => {
-                    failed.get_or_insert(e);
-                }
+        let service = |a: &IpAddr| owned(*a) && !(a.is_ipv6() && kube_ipvs_diff::is_link_local(*a));
+        Ok(match self.binding {
+            Binding::Address => {
+                let routes: Vec<IpAddr> = self
+                    .rtnl
+                    .local_routes()?
+                    .into_iter()
+                    .filter(service)
+                    .collect();
+                self.rtnl.move_to_addresses(&self.ifname, &routes)?
             }
-        }
-        let undone = if self.binding == Binding::Address {
-            let ready = self.routed_v6(&moved, std::time::Duration::from_secs(5))?;
-            // An IPv6 address whose route did not come in time keeps ours too: local both
-            // ways, and removed both ways with its Service.
-            moved
-                .iter()
-                .filter(|a| a.is_ipv4() || ready.contains(a))
-                .try_for_each(|a| self.rtnl.del_local_route(*a))
-        } else if moved.len() == all {
-            // Every address on the interface is ours and made local by a route now: deleting
-            // the interface takes them all at once (3 s at 50,000 where one at a time walks
-            // the list), and it comes back empty.
-            self.rtnl
-                .delete_link(&self.ifname)
-                .and_then(|_| self.rtnl.ensure_dummy(&self.ifname).map(|_| ()))
-        } else {
-            moved
-                .iter()
-                .try_for_each(|a| self.rtnl.del_address(&self.ifname, *a))
-        };
-        match (failed, undone) {
-            (Some(e), _) => Err(e),
-            (None, Err(e)) => Err(e.into()),
-            (None, Ok(())) => Ok(moved.len()),
-        }
+            Binding::Route if self.rtnl.link_index(&self.ifname)?.is_some() => {
+                let bound = self.rtnl.addresses(&self.ifname)?;
+                let all = bound.len();
+                let ours: Vec<IpAddr> = bound.into_iter().filter(service).collect();
+                let whole = ours.len() == all;
+                self.rtnl.move_to_routes(&self.ifname, &ours, whole)?
+            }
+            Binding::Route | Binding::Either => 0,
+        })
     }
 }
 
