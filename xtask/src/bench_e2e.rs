@@ -47,7 +47,7 @@ const USAGE: &str = "usage: cargo xtask bench e2e [--sizes 1000,5000,10000] [--u
      [--charts DIR] \
      [--agents kube-ipvs,kube-proxy-ipvs,kube-proxy-nftables,kube-proxy-iptables,kube-ipvs-routes] \
      [--update-budget SECS] [--settle-timeout SECS] [--converge-timeout SECS] [--mem MIB] \
-     [--no-ipvs-rate-estimation]";
+     [--store DIR] [--no-ipvs-rate-estimation]";
 
 #[derive(Debug, Clone, PartialEq)]
 struct Options {
@@ -77,6 +77,8 @@ struct Options {
     /// `net.ipv4.vs.run_estimation` set to 0 in every agent's guest before the agent starts
     /// (the same for every agent of the run).
     no_estimation: bool,
+    /// A populated API server kept across runs (see [`KeptStore`]).
+    store: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -100,6 +102,7 @@ impl Default for Options {
             converge_timeout: None,
             memory_mib: 4096,
             no_estimation: false,
+            store: None,
         }
     }
 }
@@ -129,6 +132,7 @@ fn parse_options(args: &[String]) -> Result<Options> {
             "--nodes" => o.nodes = number(value)?,
             "--datapath" => o.datapath = number(value)?,
             "--charts" => o.charts = Some(PathBuf::from(value)),
+            "--store" => o.store = Some(PathBuf::from(value)),
             "--churn-seconds" => o.churn_seconds = number(value)? as u64,
             "--churn-rate" => {
                 o.churn_rate = value
@@ -672,6 +676,84 @@ impl Shape {
     }
 }
 
+/// `--store DIR`: an API server's store populated by an earlier run, so a run at 50,000 Services
+/// does not spend the 85 minutes its populate takes (kube-apiserver's ClusterIP allocator counts
+/// every allocated address on each allocation: quadratic). `DIR/etcd` is etcd's data directory,
+/// `DIR/populated` what it holds (`services=N endpoints=E nodes=M`). A run starts etcd on a copy
+/// of it, so the kept store itself never changes but by a save.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct KeptStore {
+    services: usize,
+    shape: Shape,
+}
+
+impl KeptStore {
+    const META: &'static str = "populated";
+
+    /// The store kept in `dir`, if there is one.
+    fn read(dir: &Path) -> Result<Option<KeptStore>> {
+        let meta = dir.join(Self::META);
+        if !meta.exists() || !dir.join("etcd").is_dir() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&meta)?;
+        Self::parse(&text)
+            .with_context(|| format!("{}: not a kept store ({text:?})", meta.display()))
+            .map(Some)
+    }
+
+    fn parse(text: &str) -> Option<KeptStore> {
+        let mut fields = std::collections::HashMap::new();
+        for word in text.split_whitespace() {
+            let (k, v) = word.split_once('=')?;
+            fields.insert(k, v.parse::<usize>().ok()?);
+        }
+        Some(KeptStore {
+            services: *fields.get("services")?,
+            shape: Shape {
+                endpoints: *fields.get("endpoints")?,
+                nodes: *fields.get("nodes")?,
+            },
+        })
+    }
+
+    fn render(&self) -> String {
+        format!(
+            "services={} endpoints={} nodes={}\n",
+            self.services, self.shape.endpoints, self.shape.nodes
+        )
+    }
+
+    /// Whether a run of `shape` whose smallest size is `smallest` can start from it: a Service
+    /// more than a size holds would be measured as part of it.
+    fn check(&self, shape: Shape, smallest: usize) -> Result<()> {
+        if self.shape != shape {
+            bail!(
+                "bench e2e: the kept store holds {} endpoints per Service over {} Nodes, not {} over {}",
+                self.shape.endpoints,
+                self.shape.nodes,
+                shape.endpoints,
+                shape.nodes
+            );
+        }
+        if self.services > smallest {
+            bail!(
+                "bench e2e: the kept store holds {} Services, more than the size {smallest}",
+                self.services
+            );
+        }
+        Ok(())
+    }
+
+    fn save(plane: &ControlPlane, dir: &Path, services: usize, shape: Shape) -> Result<()> {
+        std::fs::create_dir_all(dir)?;
+        let _ = std::fs::remove_file(dir.join(Self::META));
+        plane.save_store(&dir.join("etcd"))?;
+        std::fs::write(dir.join(Self::META), KeptStore { services, shape }.render())?;
+        Ok(())
+    }
+}
+
 /// Fills the API server with `size` Services (the driver's `populate`, on the host) and returns
 /// the list the guest reads.
 pub(crate) fn populate(
@@ -717,13 +799,35 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
     };
     let work = util::target_dir()?.join(format!("bench-e2e/{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
-    let plane = ControlPlane::start(&tools, &work.join("control-plane"))?;
-    plane.apply_rbac()?;
     let largest = opts.sizes.last().copied().unwrap_or_default();
     let shape = Shape {
         endpoints: opts.endpoints,
         nodes: opts.nodes,
     };
+    let kept = match &opts.store {
+        Some(dir) => KeptStore::read(dir)?,
+        None => None,
+    };
+    if let Some(k) = &kept {
+        k.check(shape, opts.sizes[0])?;
+    }
+    let plane = match (&opts.store, &kept) {
+        (Some(dir), Some(k)) => {
+            eprintln!(
+                "xtask: bench e2e: etcd starts on a copy of the kept store {} ({} Services)",
+                dir.display(),
+                k.services
+            );
+            ControlPlane::start_from_store(&tools, &work.join("control-plane"), &dir.join("etcd"))?
+        }
+        _ => ControlPlane::start(&tools, &work.join("control-plane"))?,
+    };
+    plane.apply_rbac()?;
+    // Saved once, after the largest size's first populate (before any agent changes a slice).
+    let mut save_to = opts
+        .store
+        .as_deref()
+        .filter(|_| kept.as_ref().map(|k| k.services) != Some(largest));
     let mut results = Vec::new();
     let mut failures = Vec::new();
     for &size in &opts.sizes {
@@ -734,6 +838,17 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
             // ones; without this, an agent after one that ran updates waited forever at the
             // first updated Service).
             let list = populate(&driver, &plane, size, shape, &work)?;
+            if size == largest
+                && let Some(dir) = save_to.take()
+            {
+                let started = std::time::Instant::now();
+                KeptStore::save(&plane, dir, largest, shape)?;
+                eprintln!(
+                    "xtask: bench e2e: kept the populated store in {} ({:.1} s)",
+                    dir.display(),
+                    started.elapsed().as_secs_f64()
+                );
+            }
             match run_agent(
                 &opts,
                 &plane,
@@ -1003,6 +1118,30 @@ pub(crate) fn result_line<'a>(lines: &'a [String], prefix: &str) -> Result<&'a s
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_kept_store_names_what_it_holds_and_refuses_other_shapes_and_smaller_sizes() {
+        let spread = Shape {
+            endpoints: 10,
+            nodes: 100,
+        };
+        let kept = KeptStore {
+            services: 50_000,
+            shape: spread,
+        };
+        assert_eq!(KeptStore::parse(&kept.render()), Some(kept));
+        assert_eq!(KeptStore::parse("services=5 endpoints=x nodes=1"), None);
+        assert_eq!(KeptStore::parse("services=5 nodes=1"), None);
+        assert!(kept.check(spread, 50_000).is_ok());
+        // A size below what the store holds would measure the extra Services too.
+        let err = kept.check(spread, 10_000).unwrap_err().to_string();
+        assert!(err.contains("50000 Services"), "{err}");
+        let err = kept.check(Shape::LOCAL, 50_000).unwrap_err().to_string();
+        assert!(
+            err.contains("10 endpoints per Service over 100 Nodes"),
+            "{err}"
+        );
+    }
+
     const LINE: &str = "E2E-RESULT agent=kube-ipvs services=1000 endpoints=10 converge_ms=5230 \
         converge_err_ms=110 full_read_ms=340 cpu_converge_s=1.50 settle_ms=2100 settled=true updates_requested=4 \
         update_timeouts=0 updates_us=900,1200,15000,3000 patch_us=500,600,700,800 cpu_s=3.25 \
@@ -1180,6 +1319,9 @@ mod tests {
         let o = parse_options(&args("--updates 3 --no-ipvs-rate-estimation --sizes 10"))?;
         assert!(o.no_estimation && o.updates == 3 && o.sizes == vec![10]);
         assert!(!parse_options(&[])?.no_estimation);
+        let o = parse_options(&args("--store /tmp/kept-50000"))?;
+        assert_eq!(o.store, Some(PathBuf::from("/tmp/kept-50000")));
+        assert_eq!(parse_options(&[])?.store, None);
         Ok(())
     }
 }

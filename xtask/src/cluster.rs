@@ -49,6 +49,8 @@ pub(crate) struct ControlPlane {
     apiserver_bin: PathBuf,
     kubectl: PathBuf,
     apiserver_args: Vec<String>,
+    etcd_bin: PathBuf,
+    etcd_args: Vec<String>,
     processes: Arc<Mutex<Processes>>,
     /// The API server's HTTPS port on 127.0.0.1 (and the guest's forwarded port).
     pub(crate) port: u16,
@@ -258,18 +260,37 @@ fn terminate_untracked(child: &mut Child) {
 impl ControlPlane {
     /// Starts etcd and kube-apiserver in a fresh `dir` and waits until the API server is ready.
     pub(crate) fn start(tools: &Tools, dir: &Path) -> Result<ControlPlane> {
-        Self::start_with(tools, dir, None)
+        Self::start_with(tools, dir, None, None)
+    }
+
+    /// As [`ControlPlane::start`], with etcd on a copy of `store` (a data directory saved by
+    /// [`ControlPlane::save_store`]): the objects of an earlier run are there from the start.
+    pub(crate) fn start_from_store(
+        tools: &Tools,
+        dir: &Path,
+        store: &Path,
+    ) -> Result<ControlPlane> {
+        Self::start_with(tools, dir, None, Some(store))
     }
 
     /// As [`ControlPlane::start`], set up for the lab cluster's kubelets.
     pub(crate) fn start_lab(tools: &Tools, dir: &Path, lab: &Lab) -> Result<ControlPlane> {
-        Self::start_with(tools, dir, Some(lab))
+        Self::start_with(tools, dir, Some(lab), None)
     }
 
-    fn start_with(tools: &Tools, dir: &Path, lab: Option<&Lab>) -> Result<ControlPlane> {
+    fn start_with(
+        tools: &Tools,
+        dir: &Path,
+        lab: Option<&Lab>,
+        store: Option<&Path>,
+    ) -> Result<ControlPlane> {
         let started = Instant::now();
         let _ = fs::remove_dir_all(dir);
         fs::create_dir_all(dir)?;
+        if let Some(store) = store {
+            copy_dir(store, &dir.join("etcd"))
+                .with_context(|| format!("copying the kept store {}", store.display()))?;
+        }
         let sans: Vec<String> = lab
             .map(|lab| {
                 let mut sans = vec![
@@ -383,6 +404,8 @@ impl ControlPlane {
             apiserver_bin: tools.kube_apiserver.clone(),
             kubectl: tools.kubectl.clone(),
             apiserver_args,
+            etcd_bin: tools.etcd.clone(),
+            etcd_args,
             processes: Arc::new(Mutex::new(Processes {
                 etcd,
                 apiserver: None,
@@ -466,6 +489,30 @@ impl ControlPlane {
     /// Stops the API server (SIGTERM) and starts it again on the same port and store.
     pub(crate) fn restart_apiserver(&self) -> Result<()> {
         self.stop_apiserver()?;
+        self.start_apiserver()
+    }
+
+    /// Saves etcd's data directory to `to` (replacing what is there) for
+    /// [`ControlPlane::start_from_store`]: the API server and etcd stop (SIGTERM, so etcd's
+    /// files are whole), the directory is copied, and both start again on the same ports.
+    pub(crate) fn save_store(&self, to: &Path) -> Result<()> {
+        self.stop_apiserver()?;
+        let log = self.dir.join("etcd.log");
+        {
+            let mut processes = self
+                .processes
+                .lock()
+                .map_err(|_| anyhow::anyhow!("control plane lock poisoned"))?;
+            terminate(&mut processes.etcd);
+            let partial = to.with_extension("partial");
+            let _ = fs::remove_dir_all(&partial);
+            copy_dir(&self.dir.join("etcd"), &partial)
+                .with_context(|| format!("saving the store to {}", partial.display()))?;
+            let _ = fs::remove_dir_all(to);
+            fs::rename(&partial, to)?;
+            let _ = fs::rename(&log, self.dir.join("etcd-before-save.log"));
+            processes.etcd = spawn_logged(&self.etcd_bin, &self.etcd_args, &log)?;
+        }
         self.start_apiserver()
     }
 
@@ -846,5 +893,21 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
     let out = dry_run_deploy(&plane)?;
     print!("{out}");
     print!("{}", check_chart(&plane, &helm, &dir)?);
+    Ok(())
+}
+
+/// Copies the directory tree `from` to `to` (files and directories only: etcd's data).
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    fs::create_dir_all(to)?;
+    for entry in fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            fs::copy(entry.path(), &target)
+                .with_context(|| format!("copying {}", entry.path().display()))?;
+        }
+    }
     Ok(())
 }
