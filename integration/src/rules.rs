@@ -90,6 +90,11 @@ impl Reader {
         }
     }
 
+    /// Which mode's rules it reads.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
     /// Every Service's backends, from one whole read of the mode's table (empty before the
     /// agent created it).
     pub fn snapshot(&mut self) -> Result<HashMap<SocketAddrV4, Backends>, ReadError> {
