@@ -924,37 +924,6 @@ fn converge(
     }
 }
 
-/// One whole read of the rules, given up at `deadline` (at least 5 s from now): `nft` waits
-/// behind the transaction kube-proxy is committing, which at 50,000 Services ran for more than
-/// 15 minutes, and a read that does not return must not hold the run past its time limit. The
-/// read runs on its own thread; one given up is left to the guest's shutdown.
-fn snapshot_until(
-    reader: &mut rules::Reader,
-    deadline: Instant,
-    timeout: Duration,
-) -> Result<HashMap<std::net::SocketAddrV4, rules::Backends>> {
-    let mut owned = std::mem::replace(reader, rules::Reader::new(reader.mode()));
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let read = owned.snapshot();
-        let _ = tx.send((owned, read));
-    });
-    let wait = deadline
-        .saturating_duration_since(Instant::now())
-        .max(Duration::from_secs(5));
-    match rx.recv_timeout(wait) {
-        Ok((back, read)) => {
-            *reader = back;
-            read.context("reading the rules")
-        }
-        Err(_) => bail!(
-            "not converged after {} s: a read of the rules had not returned after {:.0} s (it waits behind the agent's transaction)",
-            timeout.as_secs(),
-            wait.as_secs_f64()
-        ),
-    }
-}
-
 /// [`converge`] for the rules modes: one whole read of the table per poll. The time is taken
 /// when the read that found every Service whole returned, and the uncertainty runs from the
 /// start of the last read that did not.
@@ -978,10 +947,18 @@ fn converge_rules(
         .collect();
     let mut last_fail = started;
     let mut last_progress = started;
+    // A read that waits behind the agent's transaction must not hold the run past its limit.
+    reader.set_deadline(Some(started + timeout));
     loop {
         agent.check_running()?;
         let poll = Instant::now();
-        let snapshot = snapshot_until(reader, started + timeout, timeout)?;
+        let snapshot = match reader.snapshot() {
+            Ok(s) => s,
+            Err(e @ rules::ReadError::TimedOut { .. }) => {
+                bail!("not converged after {} s: {e}", timeout.as_secs())
+            }
+            Err(e) => return Err(e).context("reading the rules"),
+        };
         let read = poll.elapsed();
         let whole = want
             .iter()
@@ -989,6 +966,7 @@ fn converge_rules(
             .count();
         if whole == want.len() {
             let done = Instant::now();
+            reader.set_deadline(None);
             return Ok(Converged {
                 at: done - started,
                 uncertainty: done - last_fail,

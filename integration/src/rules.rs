@@ -20,6 +20,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 /// The endpoints a Service's new connections can reach.
 pub type Backends = BTreeSet<SocketAddrV4>;
@@ -44,22 +45,45 @@ pub enum ReadError {
         status: std::process::ExitStatus,
         stderr: String,
     },
+    /// The program had not returned by the reader's deadline: `nft` waits behind the
+    /// transaction kube-proxy is committing, which at 50,000 Services ran for more than 15
+    /// minutes. The program is left running (blocked in the kernel, it cannot be killed).
+    #[error("{command} had not returned after {:.0} s (it waits behind the agent's transaction)", waited.as_secs_f64())]
+    TimedOut { command: String, waited: Duration },
 }
+
+/// The least a read is waited for, even past the deadline: a read that returns a moment late
+/// is still an answer.
+const LEAST_WAIT: Duration = Duration::from_secs(5);
 
 const NFT: &str = "/usr/sbin/nft";
 const IPTABLES: &str = "/usr/sbin/iptables";
 const IPTABLES_SAVE: &str = "/usr/sbin/iptables-save";
 const NFT_TABLE: [&str; 2] = ["ip", "kube-proxy"];
 
-fn run(program: &str, args: &[&str]) -> Result<String, ReadError> {
+/// Runs `program`, waiting for it at most `wait` (`None`: as long as it takes).
+fn run(program: &str, args: &[&str], wait: Option<Duration>) -> Result<String, ReadError> {
     let command = format!("{program} {}", args.join(" "));
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|source| ReadError::Spawn {
-            command: command.clone(),
-            source,
-        })?;
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    let out = match wait {
+        None => cmd.output(),
+        Some(waited) => {
+            // On its own thread, so the wait can end: a read given up leaves it there.
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = tx.send(cmd.output());
+            });
+            rx.recv_timeout(waited).map_err(|_| ReadError::TimedOut {
+                command: command.clone(),
+                waited,
+            })?
+        }
+    }
+    .map_err(|source| ReadError::Spawn {
+        command: command.clone(),
+        source,
+    })?;
     if !out.status.success() {
         return Err(ReadError::Failed {
             command,
@@ -79,6 +103,8 @@ pub struct Reader {
     /// iptables: endpoint chain -> its DNAT target (the name is a hash of the endpoint, so
     /// it never changes meaning).
     endpoint_chains: HashMap<String, Option<SocketAddrV4>>,
+    /// When a read is given up ([`ReadError::TimedOut`]); `None`: never.
+    deadline: Option<Instant>,
 }
 
 impl Reader {
@@ -87,12 +113,19 @@ impl Reader {
             mode,
             chains: HashMap::new(),
             endpoint_chains: HashMap::new(),
+            deadline: None,
         }
     }
 
-    /// Which mode's rules it reads.
-    pub fn mode(&self) -> Mode {
-        self.mode
+    /// Every read from now on is given up at `deadline` (`None`: waited for however long).
+    pub fn set_deadline(&mut self, deadline: Option<Instant>) {
+        self.deadline = deadline;
+    }
+
+    /// How long the next read may take: until the deadline, but at least [`LEAST_WAIT`].
+    fn wait(&self) -> Option<Duration> {
+        self.deadline
+            .map(|d| d.saturating_duration_since(Instant::now()).max(LEAST_WAIT))
     }
 
     /// Every Service's backends, from one whole read of the mode's table (empty before the
@@ -102,14 +135,16 @@ impl Reader {
             Mode::Nftables => {
                 let mut args = vec!["list", "table"];
                 args.extend(NFT_TABLE);
-                match run(NFT, &args) {
+                match run(NFT, &args, self.wait()) {
                     Ok(text) => parse_nft_table(&text),
                     // No table yet.
                     Err(ReadError::Failed { .. }) => Parsed::default(),
                     Err(e) => return Err(e),
                 }
             }
-            Mode::Iptables => parse_iptables_save(&run(IPTABLES_SAVE, &["-t", "nat"])?),
+            Mode::Iptables => {
+                parse_iptables_save(&run(IPTABLES_SAVE, &["-t", "nat"], self.wait())?)
+            }
         };
         self.chains = parsed.chains;
         self.endpoint_chains.extend(parsed.endpoints);
@@ -127,15 +162,15 @@ impl Reader {
                 let mut args = vec!["list", "chain"];
                 args.extend(NFT_TABLE);
                 args.push(&chain);
-                let text = run(NFT, &args)?;
+                let text = run(NFT, &args, self.wait())?;
                 Ok(Some(chain_backends(&tokens(&text))))
             }
             Mode::Iptables => {
-                let text = run(IPTABLES, &["-t", "nat", "-S", &chain])?;
+                let text = run(IPTABLES, &["-t", "nat", "-S", &chain], self.wait())?;
                 let mut out = Backends::new();
                 for sep in iptables_jumps(&text, &chain) {
                     if !self.endpoint_chains.contains_key(&sep) {
-                        let body = run(IPTABLES, &["-t", "nat", "-S", &sep])?;
+                        let body = run(IPTABLES, &["-t", "nat", "-S", &sep], self.wait())?;
                         let target = iptables_dnat(&body, &sep);
                         self.endpoint_chains.insert(sep.clone(), target);
                     }
@@ -340,6 +375,26 @@ fn parse_iptables_save(text: &str) -> Parsed {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_read_that_does_not_return_in_its_wait_is_given_up_and_one_that_does_is_read() {
+        let started = Instant::now();
+        let err = run("/bin/sleep", &["5"], Some(Duration::from_millis(200))).unwrap_err();
+        assert!(
+            matches!(&err, ReadError::TimedOut { command, .. } if command == "/bin/sleep 5"),
+            "{err}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "waited for the program"
+        );
+        let out = run("/bin/echo", &["ready"], Some(Duration::from_secs(30)));
+        assert_eq!(out.ok().as_deref(), Some("ready\n"));
+        assert!(matches!(
+            run("/bin/false", &[], Some(Duration::from_secs(30))),
+            Err(ReadError::Failed { .. })
+        ));
+    }
 
     fn addr(s: &str) -> SocketAddrV4 {
         s.parse().expect("test address")
