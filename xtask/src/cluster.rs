@@ -498,7 +498,7 @@ impl ControlPlane {
     pub(crate) fn save_store(&self, to: &Path) -> Result<()> {
         self.stop_apiserver()?;
         let log = self.dir.join("etcd.log");
-        {
+        let saved = {
             let mut processes = self
                 .processes
                 .lock()
@@ -506,14 +506,20 @@ impl ControlPlane {
             terminate(&mut processes.etcd);
             let partial = to.with_extension("partial");
             let _ = fs::remove_dir_all(&partial);
-            copy_dir(&self.dir.join("etcd"), &partial)
-                .with_context(|| format!("saving the store to {}", partial.display()))?;
-            let _ = fs::remove_dir_all(to);
-            fs::rename(&partial, to)?;
+            let saved = copy_dir(&self.dir.join("etcd"), &partial)
+                .with_context(|| format!("saving the store to {}", partial.display()))
+                .and_then(|()| {
+                    let _ = fs::remove_dir_all(to);
+                    Ok(fs::rename(&partial, to)?)
+                });
+            // etcd comes back whether or not the copy succeeded: a failed save leaves the
+            // control plane as it was.
             let _ = fs::rename(&log, self.dir.join("etcd-before-save.log"));
             processes.etcd = spawn_logged(&self.etcd_bin, &self.etcd_args, &log)?;
-        }
-        self.start_apiserver()
+            saved
+        };
+        self.start_apiserver()?;
+        saved
     }
 
     /// Stops the API server (SIGTERM, then SIGKILL after a grace period); etcd keeps running.
