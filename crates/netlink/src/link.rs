@@ -784,11 +784,14 @@ impl Rtnl {
         }
         self.ensure_dummy(ifname)?;
         let (moved, failed) = split(addrs, self.add_addresses(ifname, addrs)?);
-        let mut waiting: Vec<IpAddr> = moved.iter().copied().filter(IpAddr::is_ipv6).collect();
+        // Sets: an IPv6-only cluster moves every Service address through here.
+        let mut waiting: std::collections::HashSet<IpAddr> =
+            moved.iter().copied().filter(IpAddr::is_ipv6).collect();
         let deadline = std::time::Instant::now() + V6_ROUTE_PATIENCE;
         while !waiting.is_empty() {
-            let routed = self.kernel_local_routes_v6()?;
-            waiting.retain(|a| !routed.contains(a));
+            for routed in self.kernel_local_routes_v6()? {
+                waiting.remove(&routed);
+            }
             if waiting.is_empty() || std::time::Instant::now() >= deadline {
                 break;
             }
