@@ -12,10 +12,12 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher;
+use kube::runtime::watcher::Event;
 use kube::{Api, Client};
 use tokio::sync::mpsc;
 
 use crate::driver::{DriverStats, WatchItem, drive};
+use crate::lean::{LeanService, LeanSlice};
 use crate::tracker::{ChangeSet, Tracker};
 use crate::translate::{SERVICE_NAME_LABEL, TranslateOptions};
 
@@ -183,7 +185,31 @@ where
         .backoff(backoff)
 }
 
-/// The three watch streams for `cfg`.
+/// An event of a lean watch as the event of the object it wraps.
+fn unwrap_lean<L: Into<K>, K>(item: WatchItem<L>) -> WatchItem<K> {
+    item.map(|ev| match ev {
+        Event::Apply(o) => Event::Apply(o.into()),
+        Event::Delete(o) => Event::Delete(o.into()),
+        Event::Init => Event::Init,
+        Event::InitApply(o) => Event::InitApply(o.into()),
+        Event::InitDone => Event::InitDone,
+    })
+}
+
+impl From<LeanService> for Service {
+    fn from(s: LeanService) -> Self {
+        s.0
+    }
+}
+
+impl From<LeanSlice> for EndpointSlice {
+    fn from(s: LeanSlice) -> Self {
+        s.0
+    }
+}
+
+/// The three watch streams for `cfg`. Services and EndpointSlices are decoded lean (see
+/// [`crate::lean`]).
 pub fn streams(
     client: &Client,
     cfg: &WatchConfig,
@@ -194,15 +220,17 @@ pub fn streams(
 ) {
     let selector = cfg.translate.label_selector();
     let services = watch(
-        Api::<Service>::all(client.clone()),
+        Api::<LeanService>::all(client.clone()),
         watcher::Config::default().labels(&selector),
         cfg,
-    );
+    )
+    .map(unwrap_lean);
     let slices = watch(
-        Api::<EndpointSlice>::all(client.clone()),
+        Api::<LeanSlice>::all(client.clone()),
         watcher::Config::default().labels(&format!("{SERVICE_NAME_LABEL},{selector}")),
         cfg,
-    );
+    )
+    .map(unwrap_lean);
     let node = match &cfg.node_name {
         Some(n) => futures::future::Either::Left(watch(
             Api::<Node>::all(client.clone()),
@@ -212,6 +240,33 @@ pub fn streams(
         None => futures::future::Either::Right(futures::stream::pending()),
     };
     (services, slices, node)
+}
+
+/// How many items a watch task may run ahead of the driver: two pages of a list.
+const FORWARD_BUFFER: usize = 1000;
+
+/// Runs `stream` on a task in `tasks`, its items passed on through a bounded channel in order.
+/// The task ends when the stream does or the returned stream is dropped.
+fn forward<T, S>(
+    tasks: &mut tokio::task::JoinSet<()>,
+    stream: S,
+) -> impl Stream<Item = T> + Send + use<T, S>
+where
+    T: Send + 'static,
+    S: Stream<Item = T> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel(FORWARD_BUFFER);
+    tasks.spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(item) = stream.next().await {
+            if tx.send(item).await.is_err() {
+                return;
+            }
+        }
+    });
+    futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    })
 }
 
 /// A running cluster watch.
@@ -232,19 +287,31 @@ pub fn spawn(client: Client, cfg: WatchConfig) -> ClusterWatch {
     // No reflector stores: the raw objects are translated as they arrive and only the model is
     // kept (the tracker's), so memory grows with what the proxy uses, not with the objects.
     let (services, slices, node) = streams(&client, &cfg);
+    // Each watch runs on a task of its own, so the Services' and the slices' pages are fetched
+    // and decoded on both of the runtime's threads at once, beside the tracker's translation in
+    // the driver (at 50,000 Services the decode is most of the startup's listing). The tasks
+    // end with the driver's: aborting it drops the set, which aborts them.
+    let mut watches = tokio::task::JoinSet::new();
+    let services = forward(&mut watches, services);
+    let slices = forward(&mut watches, slices);
+    let node = forward(&mut watches, node);
     let mut tracker = Tracker::new(cfg.translate.clone());
     if cfg.node_name.is_some() {
         tracker.await_node(cfg.node_wait);
     }
-    let task = tokio::spawn(drive(
-        tracker,
-        services,
-        slices,
-        node,
-        cfg.min_interval,
-        tx,
-        Some(stats_tx),
-    ));
+    let task = tokio::spawn(async move {
+        let _watches = watches;
+        drive(
+            tracker,
+            services,
+            slices,
+            node,
+            cfg.min_interval,
+            tx,
+            Some(stats_tx),
+        )
+        .await;
+    });
     ClusterWatch {
         changes,
         stats,

@@ -8,6 +8,7 @@
 //! - [`driver`] is the event loop both share: it feeds a [`Tracker`] and hands out
 //!   [`ChangeSet`]s no more often than a minimum interval, the first only after Services and
 //!   EndpointSlices were both listed;
+//! - [`lean`] decodes Services and EndpointSlices without the metadata nothing here reads;
 //! - [`tracker`] holds the translated state and computes change sets;
 //! - [`translate`] is the pure translation of k8s-openapi objects into the model.
 //!
@@ -17,6 +18,7 @@
 pub mod cluster;
 pub mod driver;
 pub mod error;
+pub mod lean;
 pub mod manifest;
 pub mod tracker;
 pub mod translate;
