@@ -196,18 +196,6 @@ fn unwrap_lean<L: Into<K>, K>(item: WatchItem<L>) -> WatchItem<K> {
     })
 }
 
-impl From<LeanService> for Service {
-    fn from(s: LeanService) -> Self {
-        s.0
-    }
-}
-
-impl From<LeanSlice> for EndpointSlice {
-    fn from(s: LeanSlice) -> Self {
-        s.0
-    }
-}
-
 /// The three watch streams for `cfg`. Services and EndpointSlices are decoded lean (see
 /// [`crate::lean`]).
 pub fn streams(

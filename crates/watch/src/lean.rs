@@ -112,6 +112,18 @@ impl From<SliceWire> for LeanSlice {
     }
 }
 
+impl From<LeanService> for Service {
+    fn from(s: LeanService) -> Self {
+        s.0
+    }
+}
+
+impl From<LeanSlice> for EndpointSlice {
+    fn from(s: LeanSlice) -> Self {
+        s.0
+    }
+}
+
 /// The wrappers are the same API resource as what they wrap, so kube's `Api` and watcher take
 /// them (through kube's impl for every k8s-openapi resource with `ObjectMeta`).
 macro_rules! same_resource {

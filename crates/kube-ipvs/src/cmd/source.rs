@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube_ipvs_diff::{Cidr, Inputs, MarkSpace, NodeContext, Options, Scheduler};
+use kube_ipvs_watch::lean::{LeanService, LeanSlice};
 use kube_ipvs_watch::translate::SERVICE_NAME_LABEL;
 use kube_ipvs_watch::{ChangeSet, Skipped, Tracker, TranslateOptions};
 
@@ -396,23 +397,33 @@ impl SourceArgs {
             };
             let selector = opts.label_selector();
             let lp = kube::api::ListParams::default().labels(&selector);
-            let services = kube::Api::<Service>::all(client.clone())
+            // Decoded lean, as the agent's watch does: one list of a large cluster is hundreds
+            // of MB of JSON, most of it metadata nothing here reads.
+            let services: Vec<Service> = kube::Api::<LeanService>::all(client.clone())
                 .list(&lp)
                 .await
-                .map_err(api_err("list Services"))?;
+                .map_err(api_err("list Services"))?
+                .items
+                .into_iter()
+                .map(Service::from)
+                .collect();
             let slice_selector = format!("{SERVICE_NAME_LABEL},{selector}");
             let lp = kube::api::ListParams::default().labels(&slice_selector);
-            let slices = kube::Api::<EndpointSlice>::all(client.clone())
+            let slices: Vec<EndpointSlice> = kube::Api::<LeanSlice>::all(client.clone())
                 .list(&lp)
                 .await
-                .map_err(api_err("list EndpointSlices"))?;
+                .map_err(api_err("list EndpointSlices"))?
+                .items
+                .into_iter()
+                .map(EndpointSlice::from)
+                .collect();
             let node = kube::Api::<Node>::all(client)
                 .get_opt(node_name)
                 .await
                 .map_err(api_err(&format!("get Node {node_name}")))?;
             let mut t = Tracker::new(opts.clone());
-            t.relist_services(&services.items);
-            t.relist_slices(&slices.items);
+            t.relist_services(&services);
+            t.relist_slices(&slices);
             if let Some(n) = &node {
                 t.apply_node(n);
             }
