@@ -216,17 +216,29 @@ fn sources(dir: &Path, out: &mut Vec<(PathBuf, String)>) {
     }
 }
 
+/// The kind an `Api`'s type is: the lean decodes (`crates/watch/src/lean.rs`) are the
+/// resources they wrap, by their own `KIND`.
+fn kind_of(name: &str) -> String {
+    use k8s_openapi::Resource as _;
+    use kube_ipvs_watch::lean::{LeanService, LeanSlice};
+    match name {
+        "LeanService" => LeanService::KIND.to_owned(),
+        "LeanSlice" => LeanSlice::KIND.to_owned(),
+        other => other.to_owned(),
+    }
+}
+
 /// The Kubernetes kinds the code builds an `Api` for (`Api::<Kind>`), across the crates that
 /// run in the agent's pod.
 fn api_kinds_in_code(srcs: &[(PathBuf, String)]) -> BTreeSet<String> {
     let mut kinds = BTreeSet::new();
     for (_, text) in srcs {
         for piece in text.split("Api::<").skip(1) {
-            let kind: String = piece
+            let name: String = piece
                 .chars()
                 .take_while(|c| c.is_ascii_alphanumeric())
                 .collect();
-            kinds.insert(kind);
+            kinds.insert(kind_of(&name));
         }
     }
     kinds
