@@ -184,24 +184,30 @@ pub async fn drive<S1, S2, S3>(
             // The timer comes first so a steady stream of events cannot starve the flush.
             biased;
             () = sleep_until_opt(due), if due.is_some() => {
-                for _ in 0..DRAIN_LIMIT {
-                    let mut progressed = false;
-                    if let Some(Some(item)) = services.next().now_or_never() {
-                        core.on_service(item);
-                        progressed = true;
+                // Without the runtime's cooperative budget: each receive from a channel spends
+                // it, and once it is spent a queued item looks absent, which would cut the
+                // drain short and split a burst over two change sets.
+                tokio::task::unconstrained(async {
+                    for _ in 0..DRAIN_LIMIT {
+                        let mut progressed = false;
+                        if let Some(Some(item)) = services.next().now_or_never() {
+                            core.on_service(item);
+                            progressed = true;
+                        }
+                        if let Some(Some(item)) = slices.next().now_or_never() {
+                            core.on_slice(item);
+                            progressed = true;
+                        }
+                        if let Some(Some(item)) = node.next().now_or_never() {
+                            core.on_node(item);
+                            progressed = true;
+                        }
+                        if !progressed {
+                            break;
+                        }
                     }
-                    if let Some(Some(item)) = slices.next().now_or_never() {
-                        core.on_slice(item);
-                        progressed = true;
-                    }
-                    if let Some(Some(item)) = node.next().now_or_never() {
-                        core.on_node(item);
-                        progressed = true;
-                    }
-                    if !progressed {
-                        break;
-                    }
-                }
+                })
+                .await;
                 if let Some(cs) = core.tracker.take_change_set() {
                     if tx.send(cs).await.is_err() {
                         return;
@@ -348,6 +354,23 @@ mod tests {
             Instant::now() - t0 >= Duration::from_secs(1),
             "not before the minimum interval"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flush_takes_in_a_whole_burst_past_the_runtime_s_budget() {
+        let mut h = start(Duration::ZERO);
+        list(&h.svc, vec![]);
+        list(&h.slices, vec![]);
+        let _ = h.out.recv().await.expect("initial change set");
+        // Queued at once: the first wakes the flush, which takes in the rest. Each receive
+        // spends the task's budget (128 per poll); a drain within it stopped after 127.
+        for i in 0..300 {
+            let _ = h
+                .svc
+                .send(Ok(Event::Apply(svc(&format!("s{i}"), "10.96.0.2"))));
+        }
+        let cs = h.out.recv().await.expect("change set");
+        assert_eq!(cs.services.len(), 300, "the whole burst in one change set");
     }
 
     #[tokio::test(start_paused = true)]
