@@ -230,11 +230,13 @@ pub fn streams(
     (services, slices, node)
 }
 
-/// How many items a watch task may run ahead of the driver: two pages of a list.
+/// How many items a watch task may run ahead of the driver: two pages of a list at the default
+/// page size.
 const FORWARD_BUFFER: usize = 1000;
 
 /// Runs `stream` on a task in `tasks`, its items passed on through a bounded channel in order.
-/// The task ends when the stream does or the returned stream is dropped.
+/// The task ends when the stream does, or at its next item once the returned stream is dropped
+/// (a dropped `JoinSet` aborts it first).
 fn forward<T, S>(
     tasks: &mut tokio::task::JoinSet<()>,
     stream: S,
@@ -257,6 +259,39 @@ where
     })
 }
 
+/// The driver over the three watch streams, each run on a task of its own, so the Services'
+/// and the slices' pages are fetched and decoded on both of the runtime's threads at once,
+/// beside the tracker's translation in the driver (at 50,000 Services the decode is most of the
+/// startup's listing). Ends when the driver does, dropping the tasks' set, which aborts them; and
+/// when a watch task ends, which a watcher stream only does by panicking: the driver stops with
+/// it (the change sets' channel closes, and the agent exits) rather than go on with one kind of
+/// object frozen.
+async fn drive_watches<S1, S2, S3>(
+    tracker: Tracker,
+    (services, slices, node): (S1, S2, S3),
+    min_interval: Duration,
+    tx: mpsc::Sender<ChangeSet>,
+    stats: Option<tokio::sync::watch::Sender<DriverStats>>,
+) where
+    S1: Stream<Item = WatchItem<Service>> + Send + 'static,
+    S2: Stream<Item = WatchItem<EndpointSlice>> + Send + 'static,
+    S3: Stream<Item = WatchItem<Node>> + Send + 'static,
+{
+    let mut watches = tokio::task::JoinSet::new();
+    let services = forward(&mut watches, services);
+    let slices = forward(&mut watches, slices);
+    let node = forward(&mut watches, node);
+    tokio::select! {
+        () = drive(tracker, services, slices, node, min_interval, tx, stats) => {}
+        Some(ended) = watches.join_next() => match ended {
+            Err(e) if e.is_panic() => {
+                tracing::error!("a watch task panicked; the watch stops: {e}");
+            }
+            _ => tracing::error!("a watch stream ended; the watch stops"),
+        },
+    }
+}
+
 /// A running cluster watch.
 pub struct ClusterWatch {
     /// Change sets, in order. Applying each to an `Inputs` keeps it equal to the cluster.
@@ -275,31 +310,17 @@ pub fn spawn(client: Client, cfg: WatchConfig) -> ClusterWatch {
     // No reflector stores: the raw objects are translated as they arrive and only the model is
     // kept (the tracker's), so memory grows with what the proxy uses, not with the objects.
     let (services, slices, node) = streams(&client, &cfg);
-    // Each watch runs on a task of its own, so the Services' and the slices' pages are fetched
-    // and decoded on both of the runtime's threads at once, beside the tracker's translation in
-    // the driver (at 50,000 Services the decode is most of the startup's listing). The tasks
-    // end with the driver's: aborting it drops the set, which aborts them.
-    let mut watches = tokio::task::JoinSet::new();
-    let services = forward(&mut watches, services);
-    let slices = forward(&mut watches, slices);
-    let node = forward(&mut watches, node);
     let mut tracker = Tracker::new(cfg.translate.clone());
     if cfg.node_name.is_some() {
         tracker.await_node(cfg.node_wait);
     }
-    let task = tokio::spawn(async move {
-        let _watches = watches;
-        drive(
-            tracker,
-            services,
-            slices,
-            node,
-            cfg.min_interval,
-            tx,
-            Some(stats_tx),
-        )
-        .await;
-    });
+    let task = tokio::spawn(drive_watches(
+        tracker,
+        (services, slices, node),
+        cfg.min_interval,
+        tx,
+        Some(stats_tx),
+    ));
     ClusterWatch {
         changes,
         stats,
@@ -344,6 +365,31 @@ mod tests {
         b.reset();
         gone.store(true, std::sync::atomic::Ordering::SeqCst);
         assert_eq!(b.next(), Some(Duration::ZERO));
+    }
+
+    #[tokio::test]
+    async fn a_watch_task_that_panics_stops_the_driver_and_closes_the_change_sets() {
+        let services =
+            futures::stream::poll_fn(|_| -> std::task::Poll<Option<WatchItem<Service>>> {
+                panic!("a watcher stream panics")
+            });
+        let slices = futures::stream::pending::<WatchItem<EndpointSlice>>();
+        let node = futures::stream::pending::<WatchItem<Node>>();
+        let (tx, mut changes) = mpsc::channel(16);
+        let driver = tokio::spawn(drive_watches(
+            Tracker::new(crate::translate::TranslateOptions::default()),
+            (services, slices, node),
+            Duration::ZERO,
+            tx,
+            None,
+        ));
+        assert!(
+            changes.recv().await.is_none(),
+            "the change sets' channel closes"
+        );
+        driver
+            .await
+            .expect("the driver ends without panicking itself");
     }
 
     #[test]
