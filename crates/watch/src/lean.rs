@@ -8,10 +8,13 @@
 //! large part of the startup's time. [`LeanService`] and [`LeanSlice`] decode the same JSON into
 //! the same k8s-openapi types, but keep of the metadata only what translation and the watcher
 //! use ([`LeanMeta`]); the rest (`managedFields`, `ownerReferences`, `finalizers`,
-//! `creationTimestamp`, `generateName`, `selfLink`) is skipped unread.
+//! `creationTimestamp`, `deletionGracePeriodSeconds`, `generateName`, `selfLink`) is skipped
+//! unread.
 //!
 //! It owns nothing but the decode: the wrapped objects go to [`translate`](crate::translate)
-//! as plain k8s-openapi objects. Absent and `null` fields decode as k8s-openapi decodes them.
+//! as plain k8s-openapi objects. Absent and `null` fields decode as k8s-openapi decodes them;
+//! `apiVersion` and `kind` are not checked (the API path the list or watch came from fixes them),
+//! where k8s-openapi refuses a mismatch.
 
 use std::collections::BTreeMap;
 
@@ -20,8 +23,9 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::Deserialize;
 
-/// The metadata the proxy reads. `resourceVersion` is the watcher's: it resumes a watch from the
-/// last object's version.
+/// The metadata kept: what translation reads (name, namespace, labels, annotations), the
+/// watcher's `resourceVersion` (it resumes a watch from the last object's version), and uid,
+/// generation and deletionTimestamp, small and what a reader of an object expects to find.
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
 struct LeanMeta {
