@@ -28,11 +28,6 @@ pub(crate) const NLA_F_NESTED: u16 = 0x8000;
 /// Attribute type flag: the payload is in network byte order.
 pub(crate) const NLA_F_NET_BYTEORDER: u16 = 0x4000;
 
-/// Rounds a length up to netlink's 4-byte alignment.
-pub(crate) const fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
-
 /// Appends netlink messages and attributes to a byte buffer.
 pub(crate) struct Writer<'a> {
     pub(crate) buf: &'a mut Vec<u8>,

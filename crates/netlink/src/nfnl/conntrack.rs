@@ -5,14 +5,21 @@
 //! This module owns one `NETLINK_NETFILTER` socket per call; it dumps the conntrack table of one
 //! family and deletes the entries a [`Filter`] selects, by their original tuple (and zone). It
 //! never flushes the whole table and never touches entries of other protocols. The wire format
-//! is the kernel's `linux/netfilter/nfnetlink_conntrack.h`; messages are built and parsed here
-//! by pure functions that the unit tests drive without a kernel.
+//! is the kernel's `linux/netfilter/nfnetlink_conntrack.h`. Its attributes are rust-netlink's
+//! `netlink-packet-netfilter` types (decoded and emitted there); this module frames them on the
+//! shared nfnetlink socket (`nfgenmsg`, batches, acknowledgements, dump ends) and decodes only the
+//! attributes it uses, by pure functions that the unit tests drive without a kernel.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
+
+use netlink_packet_core::{DefaultNla, Emitable, NlaBuffer, NlasIterator, Parseable};
+use netlink_packet_netfilter::conntrack::{
+    ConntrackAttribute, IPTuple, ProtoTuple, Tuple as Nested,
+};
 
 use super::{DumpEnd, NfSocket, begin, dump_step};
 use crate::error::{Error, Result};
-use crate::wire::{self, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, Writer, align4};
+use crate::wire::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, Writer};
 
 /// IP protocol number of UDP.
 pub const IPPROTO_UDP: u8 = 17;
@@ -22,16 +29,8 @@ const IPCTNL_MSG_CT_GET: u16 = 1;
 const IPCTNL_MSG_CT_DELETE: u16 = 2;
 const CTA_TUPLE_ORIG: u16 = 1;
 const CTA_TUPLE_REPLY: u16 = 2;
+/// Not among the crate's typed attributes: kept as the kernel sent it.
 const CTA_ZONE: u16 = 18;
-const CTA_TUPLE_IP: u16 = 1;
-const CTA_TUPLE_PROTO: u16 = 2;
-const CTA_IP_V4_SRC: u16 = 1;
-const CTA_IP_V4_DST: u16 = 2;
-const CTA_IP_V6_SRC: u16 = 3;
-const CTA_IP_V6_DST: u16 = 4;
-const CTA_PROTO_NUM: u16 = 1;
-const CTA_PROTO_SRC_PORT: u16 = 2;
-const CTA_PROTO_DST_PORT: u16 = 3;
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 /// Deletes per `sendmsg`: their acknowledgements (one small skb each) must fit the socket's
@@ -56,10 +55,11 @@ pub struct Entry {
     /// The server's view: after IPVS (with `net.ipv4.vs.conntrack = 1`) its source is the real
     /// server (endpoint).
     pub reply: Tuple,
-    /// The `CTA_TUPLE_ORIG` attribute as the kernel sent it, echoed back to delete the entry.
-    orig_attr: Vec<u8>,
+    /// The `CTA_TUPLE_ORIG` attribute as the kernel sent it (every nested attribute, the ones
+    /// not in [`Tuple`] too), echoed back to delete the entry.
+    orig_attr: ConntrackAttribute,
     /// The `CTA_ZONE` attribute if the entry has one.
-    zone_attr: Option<Vec<u8>>,
+    zone_attr: Option<DefaultNla>,
 }
 
 /// Which entries to delete. Every field set must match.
@@ -246,42 +246,41 @@ fn delete_request_into(buf: &mut Vec<u8>, family: u8, seq: u32, e: &Entry) {
         seq,
         family,
     );
-    w.buf.extend_from_slice(&e.orig_attr);
+    emit_into(w.buf, &e.orig_attr);
     if let Some(z) = &e.zone_attr {
-        w.buf.extend_from_slice(z);
+        emit_into(w.buf, z);
     }
     w.end_msg(msg);
 }
 
-fn parse_tuple(buf: &[u8]) -> Option<Tuple> {
-    let (mut src, mut dst, mut protocol, mut sport, mut dport) = (None, None, None, 0, 0);
-    for a in wire::attrs(buf) {
-        match a.0 {
-            CTA_TUPLE_IP => {
-                for (k, p, _) in wire::attrs(a.1) {
-                    let addr = match (k, p.len()) {
-                        (CTA_IP_V4_SRC | CTA_IP_V4_DST, 4) => {
-                            IpAddr::V4(Ipv4Addr::new(p[0], p[1], p[2], p[3]))
-                        }
-                        (CTA_IP_V6_SRC | CTA_IP_V6_DST, 16) => {
-                            let mut o = [0u8; 16];
-                            o.copy_from_slice(p);
-                            IpAddr::V6(Ipv6Addr::from(o))
-                        }
-                        _ => continue,
-                    };
-                    match k {
-                        CTA_IP_V4_SRC | CTA_IP_V6_SRC => src = Some(addr),
-                        _ => dst = Some(addr),
+/// Appends one attribute, padded to 4 bytes, to `buf`.
+fn emit_into(buf: &mut Vec<u8>, attr: &impl Emitable) {
+    let start = buf.len();
+    buf.resize(start + attr.buffer_len(), 0);
+    attr.emit(&mut buf[start..]);
+}
+
+/// The addresses, protocol and ports of a decoded `CTA_TUPLE_ORIG`/`CTA_TUPLE_REPLY`; `None`
+/// without both addresses and the protocol (a port absent is 0, as for protocols without ports).
+fn plain_tuple(nested: &[Nested]) -> Option<Tuple> {
+    let (mut src, mut dst, mut protocol, mut src_port, mut dst_port) = (None, None, None, 0, 0);
+    for n in nested {
+        match n {
+            Nested::Ip(ips) => {
+                for ip in ips {
+                    match ip {
+                        IPTuple::SourceAddress(a) => src = Some(*a),
+                        IPTuple::DestinationAddress(a) => dst = Some(*a),
+                        _ => {}
                     }
                 }
             }
-            CTA_TUPLE_PROTO => {
-                for (k, p, _) in wire::attrs(a.1) {
-                    match (k, p) {
-                        (CTA_PROTO_NUM, [n, ..]) => protocol = Some(*n),
-                        (CTA_PROTO_SRC_PORT, [a, b, ..]) => sport = u16::from_be_bytes([*a, *b]),
-                        (CTA_PROTO_DST_PORT, [a, b, ..]) => dport = u16::from_be_bytes([*a, *b]),
+            Nested::Proto(protos) => {
+                for p in protos {
+                    match p {
+                        ProtoTuple::Protocol(n) => protocol = Some(u8::from(*n)),
+                        ProtoTuple::SourcePort(port) => src_port = *port,
+                        ProtoTuple::DestinationPort(port) => dst_port = *port,
                         _ => {}
                     }
                 }
@@ -293,38 +292,44 @@ fn parse_tuple(buf: &[u8]) -> Option<Tuple> {
         src: src?,
         dst: dst?,
         protocol: protocol?,
-        src_port: sport,
-        dst_port: dport,
+        src_port,
+        dst_port,
     })
 }
 
 /// One conntrack entry from an `IPCTNL_MSG_CT_NEW` dump message's payload (nfgenmsg and
-/// attributes); `None` when it lacks a tuple. Unknown attributes are skipped.
+/// attributes); `None` when it lacks a tuple or any attribute is malformed (so an entry is never
+/// deleted by a tuple without the zone that came after a malformed attribute). Only the two tuples and the
+/// zone are decoded; the other attributes (status, timeout, counters, protocol state) are
+/// skipped unread.
 fn parse_entry(payload: &[u8]) -> Option<Entry> {
     let body = payload.get(4..)?;
     let (mut orig, mut reply, mut orig_attr, mut zone_attr) = (None, None, None, None);
-    for (kind, p, whole) in wire::attrs(body) {
-        match kind {
+    for nla in NlasIterator::new(body) {
+        let nla: NlaBuffer<&[u8]> = nla.ok()?;
+        match nla.kind() {
             CTA_TUPLE_ORIG => {
-                orig = parse_tuple(p);
-                orig_attr = Some(whole.to_vec());
+                let attr = ConntrackAttribute::parse(&nla).ok()?;
+                if let ConntrackAttribute::CtaTupleOrig(nested) = &attr {
+                    orig = plain_tuple(nested);
+                }
+                orig_attr = Some(attr);
             }
-            CTA_TUPLE_REPLY => reply = parse_tuple(p),
-            CTA_ZONE => zone_attr = Some(whole.to_vec()),
+            CTA_TUPLE_REPLY => {
+                if let ConntrackAttribute::CtaTupleReply(nested) =
+                    ConntrackAttribute::parse(&nla).ok()?
+                {
+                    reply = plain_tuple(&nested);
+                }
+            }
+            CTA_ZONE => zone_attr = Some(DefaultNla::parse(&nla).ok()?),
             _ => {}
         }
     }
-    let mut orig_attr: Vec<u8> = orig_attr?;
-    // The attribute is echoed into a request, so it is padded to a 4-byte boundary.
-    orig_attr.resize(align4(orig_attr.len()), 0);
-    let zone_attr = zone_attr.map(|mut z: Vec<u8>| {
-        z.resize(align4(z.len()), 0);
-        z
-    });
     Some(Entry {
         orig: orig?,
         reply: reply?,
-        orig_attr,
+        orig_attr: orig_attr?,
         zone_attr,
     })
 }
@@ -341,13 +346,19 @@ pub(crate) fn fuzz_dump(datagram: &[u8]) {
     for e in &entries {
         let mut req = Vec::new();
         delete_request_into(&mut req, AF_INET, 1, e);
-        let (_, payload, _) = wire::messages(&req)
+        let (_, payload, _) = crate::wire::messages(&req)
             .next()
             .and_then(std::result::Result::ok)
             .expect("an emitted request frames");
-        let again = wire::attrs(&payload[4..])
-            .find(|a| a.0 == CTA_TUPLE_ORIG)
-            .and_then(|a| parse_tuple(a.1));
+        // The request is the payload of an entry with the original tuple alone: it reads back as
+        // an entry only with a reply, so read the tuple by itself.
+        let again = NlasIterator::new(&payload[4..])
+            .filter_map(std::result::Result::ok)
+            .find(|nla| nla.kind() == CTA_TUPLE_ORIG)
+            .and_then(|nla| match ConntrackAttribute::parse(&nla) {
+                Ok(ConntrackAttribute::CtaTupleOrig(nested)) => plain_tuple(&nested),
+                _ => None,
+            });
         assert_eq!(again, Some(e.orig), "conntrack delete request tuple");
     }
 }
@@ -357,7 +368,30 @@ mod tests {
     use super::*;
     use crate::nfnl::test_support::{datagrams, messages};
 
+    /// Rounds a length up to netlink's 4-byte alignment.
+    fn align4(n: usize) -> usize {
+        (n + 3) & !3
+    }
+
+    /// An attribute as it goes on the wire, padded.
+    fn bytes(a: &impl Emitable) -> Vec<u8> {
+        let mut v = Vec::new();
+        emit_into(&mut v, a);
+        v
+    }
+
+    // The kernel's numbers, written out here so the fixtures do not come from the crate that
+    // decodes them.
     const NLA_F_NESTED: u16 = 0x8000;
+    const CTA_TUPLE_IP: u16 = 1;
+    const CTA_TUPLE_PROTO: u16 = 2;
+    const CTA_IP_V4_SRC: u16 = 1;
+    const CTA_IP_V4_DST: u16 = 2;
+    const CTA_IP_V6_SRC: u16 = 3;
+    const CTA_IP_V6_DST: u16 = 4;
+    const CTA_PROTO_NUM: u16 = 1;
+    const CTA_PROTO_SRC_PORT: u16 = 2;
+    const CTA_PROTO_DST_PORT: u16 = 3;
 
     fn attr(kind: u16, payload: &[u8]) -> Vec<u8> {
         let mut a = Vec::new();
@@ -417,7 +451,11 @@ mod tests {
         );
         assert_eq!(e.reply.src, "10.244.1.5".parse::<IpAddr>().expect("ip"));
         assert_eq!(e.reply.src_port, 5353);
-        assert_eq!(e.orig_attr, orig);
+        assert_eq!(
+            bytes(&e.orig_attr),
+            orig,
+            "the original tuple re-emits byte for byte"
+        );
         assert_eq!(e.zone_attr, None);
     }
 
@@ -504,7 +542,7 @@ mod tests {
         let e = parse_entry(&payload).expect("entry");
         assert_eq!(e.orig.dst, "fd00::a".parse::<IpAddr>().expect("ip"));
         assert_eq!(e.reply.src, "fd00::5".parse::<IpAddr>().expect("ip"));
-        assert_eq!(e.zone_attr.as_deref(), Some(zone.as_slice()));
+        assert_eq!(e.zone_attr.as_ref().map(bytes), Some(zone.clone()));
         let filter = Filter {
             protocol: IPPROTO_UDP,
             reply_src: Some(("fd00::5".parse().expect("ip"), 5353)),
@@ -564,14 +602,13 @@ mod tests {
                 assert!(filter.matches(e));
                 let req = delete_request(family, 9, e);
                 let first = &datagrams(hex)[0];
+                let orig = bytes(&e.orig_attr);
                 assert!(
-                    first
-                        .windows(e.orig_attr.len())
-                        .any(|w| w == e.orig_attr.as_slice()),
-                    "the delete echoes the dumped tuple"
+                    first.windows(orig.len()).any(|w| w == orig.as_slice()),
+                    "the delete echoes the dumped tuple byte for byte"
                 );
                 assert_eq!(&req[16..20], &[family, 0, 0, 0]);
-                assert!(req.ends_with(&e.orig_attr) || e.zone_attr.is_some());
+                assert!(req.ends_with(&orig) || e.zone_attr.is_some());
             }
         }
     }
