@@ -6,6 +6,13 @@
 //! rest are ours, prefixed `kube_ipvs_`. The agent
 //! updates a [`Metrics`] behind a mutex; the HTTP server renders it. Nothing here is secret:
 //! counts and durations only, no addresses or names.
+//!
+//! The text is rendered here rather than by `prometheus-client` because that crate writes
+//! OpenMetrics, which is not byte for byte what kube-proxy serves (Prometheus' text format
+//! 0.0.4 from client_golang): bucket bounds as `le="1.0"` where kube-proxy writes `le="1"`
+//! (dashboards and recording rules that select a bucket match the label's text), counter
+//! families typed without their `_total`, and a closing `# EOF`. The tests below pin
+//! kube-proxy's spelling (`le="0"`, `le="0.25"`, `le="300"`).
 
 use std::fmt::Write as _;
 use std::time::Duration;
