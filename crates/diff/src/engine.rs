@@ -42,7 +42,7 @@ pub trait ConnectionCounts {
     fn connections(&self, service: &VirtualKey, dest: &DestKey) -> Option<u64>;
 }
 
-impl ConnectionCounts for HashMap<(VirtualKey, DestKey), u64> {
+impl<S: std::hash::BuildHasher> ConnectionCounts for HashMap<(VirtualKey, DestKey), u64, S> {
     fn connections(&self, service: &VirtualKey, dest: &DestKey) -> Option<u64> {
         self.get(&(*service, *dest)).copied()
     }

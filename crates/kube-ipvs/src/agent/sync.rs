@@ -31,8 +31,10 @@
 //! an address discards it); after [`BACKGROUND_READS`] such reads the reconcile reads on the
 //! loop, as the startup sync and the retries always do.
 //!
-//! The reader also works out the read's fingerprint ([`kube_ipvs_diff::fingerprint`]), and the
-//! loop swaps in those of the virtual servers it read again. When it is that of the engine's
+//! The reader also works out the read's fingerprint ([`kube_ipvs_diff::fingerprint`]), and
+//! swaps in the entries (and their fingerprints and connection counts) of the virtual servers it
+//! reads again, so the loop does that only for the few it reads itself and those it takes on the
+//! engine's word. When it is that of the engine's
 //! desired table with the draining real servers at weight 0, the kernel holds exactly that and
 //! the reconcile walks no diff ([`Engine::resync_fingerprinted`]: only the drained ones are
 //! deleted); the service sets likewise. Only drift then costs the loop a walk of the whole
@@ -142,14 +144,21 @@ type ReadResult = Result<Read, KernelError>;
 /// represent), and their real servers' connections.
 type Reread = (BTreeMap<VirtualKey, Option<ServiceEntry>>, Counts);
 
+/// What the reader answers to a second read: the whole read with the virtual servers read again
+/// in place.
+type RereadResult = Result<Box<WholeRead>, KernelError>;
+
 /// What the loop asks the reader thread.
 enum Ask {
     /// The whole IPVS table, fingerprinted under this ownership, and the service sets when
     /// `true`.
     Whole(Owned, bool),
-    /// These virtual servers again: the ones the loop changed during a whole read, or during
-    /// the last round of re-reads.
-    Services(BTreeSet<VirtualKey>),
+    /// The virtual servers `again` of a whole read again: the ones the loop changed during the
+    /// whole read, or during the last round of re-reads. The reader puts them in place in the
+    /// read (their old entries out of its fingerprint and freed, the new ones in), so the loop
+    /// does none of that work: at 1,000 Services of 250 real servers it took the loop 213-256 ms
+    /// for 500-1,500 of them under emulation.
+    Services(Box<WholeRead>),
     /// A read the reconcile is done with: freed on the reader's thread (tens of MiB of small
     /// allocations at 10,000 Services), whose free pages then go back to the kernel. Not
     /// answered.
@@ -159,7 +168,7 @@ enum Ask {
 /// What the reader thread answers, in the order it was asked.
 enum Answer {
     Whole(ReadResult),
-    Services(Result<Reread, KernelError>),
+    Services(RereadResult),
 }
 
 /// The thread that reads the kernel for reconciles, with a kernel handle of its own.
@@ -180,7 +189,7 @@ impl Reader {
                         Ask::Whole(owned, sets) => {
                             Answer::Whole(read_whole(&mut *kernel, owned, sets))
                         }
-                        Ask::Services(keys) => Answer::Services(kernel.observe_services(&keys)),
+                        Ask::Services(whole) => Answer::Services(read_again(&mut *kernel, whole)),
                         Ask::Dispose(read) => {
                             drop(read);
                             release_memory("reconcile");
@@ -216,6 +225,22 @@ fn read_whole(kernel: &mut dyn Kernel, owned: Owned, sets: bool) -> ReadResult {
     })
 }
 
+/// The virtual servers `whole.again` read again and put in place in `whole.read`. On a failure
+/// the whole read is freed here, off the loop.
+fn read_again(kernel: &mut dyn Kernel, mut whole: Box<WholeRead>) -> RereadResult {
+    match kernel.observe_services(&whole.again) {
+        Ok(fresh) => {
+            replace_entries(&mut whole.read, &whole.again, fresh);
+            Ok(whole)
+        }
+        Err(e) => {
+            drop(whole);
+            release_memory("reconcile");
+            Err(e)
+        }
+    }
+}
+
 /// A background read under way, and what the loop changed since it started.
 #[derive(Debug)]
 struct ReadInFlight {
@@ -226,21 +251,21 @@ struct ReadInFlight {
     moved: bool,
     /// How many reads this reconcile discarded before this one.
     discarded: u32,
-    /// Once the whole read is back: it, waiting for the virtual servers the loop changed
-    /// during it, which the reader reads again (`touched` then collects what the loop changes
+    /// Whether the whole read is back and with the reader, which reads again the virtual
+    /// servers the loop changed during it (`touched` then collects what the loop changes
     /// during that second read).
-    whole: Option<Box<WholeRead>>,
+    second: bool,
 }
 
 impl ReadInFlight {
     /// A read starting now, with nothing changed yet.
-    fn new(discarded: u32, whole: Option<Box<WholeRead>>) -> Self {
+    fn new(discarded: u32, second: bool) -> Self {
         Self {
             started: Instant::now(),
             touched: BTreeSet::new(),
             moved: false,
             discarded,
-            whole,
+            second,
         }
     }
 }
@@ -695,7 +720,7 @@ impl<K: Kernel> Agent<K> {
         if self.refresh_node_addresses() {
             self.incremental_sync();
         }
-        self.reading = Some(ReadInFlight::new(discarded, None));
+        self.reading = Some(ReadInFlight::new(discarded, false));
         self.failed_during_read.clear();
         let sets = self
             .masq
@@ -711,7 +736,7 @@ impl<K: Kernel> Agent<K> {
     /// The reader answered: a whole read, or the virtual servers changed during one read
     /// again (see the module docs).
     fn finish_read(&mut self, answer: Answer, reader: Option<&Reader>) {
-        let second = self.reading.as_ref().map(|f| f.whole.is_some());
+        let second = self.reading.as_ref().map(|f| f.second);
         match (answer, second) {
             (Answer::Whole(result), Some(false)) => self.whole_read_back(result, reader),
             (Answer::Services(result), Some(true)) => self.reread_back(result, reader),
@@ -771,12 +796,8 @@ impl<K: Kernel> Agent<K> {
             earlier: (0, Duration::ZERO),
             defer,
         };
-        if !whole.again.is_empty()
-            && let Some(r) = reader
-            && r.requests.send(Ask::Services(whole.again.clone())).is_ok()
-        {
-            self.reading = Some(ReadInFlight::new(flight.discarded, Some(Box::new(whole))));
-            return;
+        if let Some(r) = reader.filter(|_| !whole.again.is_empty()) {
+            return self.read_again_with(r, Box::new(whole), flight.discarded);
         }
         // Nothing to read again, or no reader to read it: the loop reads it.
         let loop_start = Instant::now();
@@ -845,14 +866,16 @@ impl<K: Kernel> Agent<K> {
         self.reread_on_loop(read, &unsure)?;
         defer.retain(|k| !unsure.contains(k));
         if !defer.is_empty() {
+            let start = Instant::now();
             let entries = defer
                 .iter()
                 .map(|k| (*k, self.engine.asked_entry(k)))
                 .collect();
             replace_entries(read, &defer, (entries, Counts::default()));
             tracing::info!(
-                "reconcile: took the engine's word for {} the loop changed during the read (the next reconcile reads them)",
+                "reconcile: took the engine's word for {} the loop changed during the read in {:.1} ms (the next reconcile reads them)",
                 count(defer.len(), "virtual server", "virtual servers"),
+                start.elapsed().as_secs_f64() * 1000.0
             );
         }
         self.deferred = defer;
@@ -872,15 +895,26 @@ impl<K: Kernel> Agent<K> {
         Ok(())
     }
 
+    /// Hands the whole read to the reader to read `whole.again` again in it; a reader that is
+    /// gone (it took the read with it) leaves the reconcile to the loop.
+    fn read_again_with(&mut self, reader: &Reader, whole: Box<WholeRead>, discarded: u32) {
+        if reader.requests.send(Ask::Services(whole)).is_ok() {
+            self.reading = Some(ReadInFlight::new(discarded, true));
+        } else {
+            tracing::warn!("the kernel reader did not take a second read; reading on the loop");
+            self.reconcile_on_loop();
+        }
+    }
+
     /// The reader read again the virtual servers changed during a whole read (or during the
-    /// last round of re-reads): those are replaced in it; those the loop changed during this
+    /// last round of re-reads) and replaced them in it; those the loop changed during this
     /// round go back to the reader for another while they are more than the loop's share (up to
     /// [`REREAD_ROUNDS`] rounds), else the loop reads them once more, and the reconcile diffs.
     /// An address that came or went during a round discards the read like a move during the
     /// whole read (the table's addresses are the whole read's).
-    fn reread_back(&mut self, result: Result<Reread, KernelError>, reader: Option<&Reader>) {
+    fn reread_back(&mut self, result: RereadResult, reader: Option<&Reader>) {
         let Some(ReadInFlight {
-            whole: Some(whole),
+            second: true,
             started,
             touched,
             moved,
@@ -892,6 +926,10 @@ impl<K: Kernel> Agent<K> {
         if moved {
             return self.discard_read(discarded + 1, reader);
         }
+        let whole = match result {
+            Ok(v) => v,
+            Err(e) => return self.read_failed(SyncKind::Reconcile, &e),
+        };
         let loop_start = Instant::now();
         let WholeRead {
             mut read,
@@ -902,11 +940,6 @@ impl<K: Kernel> Agent<K> {
             defer,
         } = *whole;
         let reread = (earlier.0 + again.len(), earlier.1 + started.elapsed());
-        let fresh = match result {
-            Ok(v) => v,
-            Err(e) => return self.read_failed(SyncKind::Reconcile, &e),
-        };
-        replace_entries(&mut read, &again, fresh);
         // Those the reconcile takes the engine's word for need no other read.
         let last: BTreeSet<VirtualKey> = touched.difference(&defer).copied().collect();
         // Many changed during this round (a churn): the reader reads them in another round,
@@ -914,7 +947,6 @@ impl<K: Kernel> Agent<K> {
         if last.len() > self.loop_rereads
             && rounds < REREAD_ROUNDS
             && let Some(r) = reader
-            && r.requests.send(Ask::Services(last.clone())).is_ok()
         {
             let next = WholeRead {
                 read,
@@ -924,8 +956,7 @@ impl<K: Kernel> Agent<K> {
                 earlier: reread,
                 defer,
             };
-            self.reading = Some(ReadInFlight::new(discarded, Some(Box::new(next))));
-            return;
+            return self.read_again_with(r, Box::new(next), discarded);
         }
         if let Err(e) = self
             .reread_on_loop(&mut read, &last)
@@ -1202,7 +1233,7 @@ impl<K: Kernel> Agent<K> {
         let start = Instant::now();
         let draining: BTreeSet<VirtualKey> = self.engine.draining().map(|(s, _, _)| *s).collect();
         let counts = if draining.is_empty() {
-            Counts::new()
+            Counts::default()
         } else {
             self.kernel.connection_counts(&draining)
         };
@@ -1383,7 +1414,7 @@ impl<K: Kernel> Agent<K> {
             // A whole read dumps by position, so a virtual server or an address that comes or
             // goes may make it skip another; a second read (of named virtual servers) cannot,
             // but the table's addresses are still the whole read's.
-            let whole_read = flight.whole.is_none();
+            let whole_read = !flight.second;
             for op in ops {
                 flight.moved |= match op {
                     Op::AddService(_) | Op::DeleteService(_) => whole_read,
@@ -1551,16 +1582,21 @@ impl<K: Kernel> Agent<K> {
 /// them, their real servers' connections with them.
 fn replace_entries(read: &mut Read, keys: &BTreeSet<VirtualKey>, fresh: Reread) {
     let (entries, counts) = fresh;
-    for key in keys {
-        for dest in read
-            .observed
-            .table
-            .services
-            .get(key)
-            .into_iter()
-            .flat_map(|e| e.dests.keys())
-        {
-            read.counts.remove(&(*key, *dest));
+    let services = &read.observed.table.services;
+    let stale: usize = keys
+        .iter()
+        .filter_map(|k| services.get(k))
+        .map(|e| e.dests.len())
+        .sum();
+    // Many (a churn at 250 real servers a Service): one pass over the counts beats as many
+    // scattered removals (natively 22 against 39 ms for 250,000 of 250,000).
+    if stale > read.counts.len() / 4 {
+        read.counts.retain(|(k, _), _| !keys.contains(k));
+    } else {
+        for key in keys {
+            for dest in services.get(key).into_iter().flat_map(|e| e.dests.keys()) {
+                read.counts.remove(&(*key, *dest));
+            }
         }
     }
     read.counts.extend(counts);
@@ -1694,6 +1730,102 @@ mod tests {
     use super::*;
     use crate::kernel::mem::MemKernel;
     use std::sync::Mutex;
+
+    /// A read of `n` virtual servers of 4 real servers each, every real server with
+    /// `conns` connections.
+    fn read_of(n: u8, conns: u64) -> Read {
+        let mut table = kube_ipvs_diff::Table::default();
+        let mut counts = Counts::default();
+        for i in 0..n {
+            let entry = entry_of(i, 4);
+            for d in entry.dests.keys() {
+                counts.insert((entry.server.key, *d), conns);
+            }
+            table.services.insert(entry.server.key, entry);
+        }
+        let owned = Owned {
+            exclude: Vec::new(),
+            marks: None,
+        };
+        let f = Fingerprint::of_table(&table, owned.view());
+        Read {
+            observed: Observed {
+                table,
+                foreign: Vec::new(),
+                interface_exists: true,
+            },
+            counts,
+            fingerprint: (owned, f),
+            sets: None,
+        }
+    }
+
+    /// Virtual server `i` (10.96.0.i:80) with `dests` real servers.
+    fn entry_of(i: u8, dests: u8) -> kube_ipvs_diff::ServiceEntry {
+        let server = kube_ipvs_diff::VirtualServer {
+            key: key(Protocol::Tcp, &format!("10.96.0.{i}"), 80),
+            scheduler: kube_ipvs_diff::Scheduler::new(kube_ipvs_diff::SchedulerKind::Rr),
+            persistence: None,
+            netmask: 32,
+        };
+        let dests = (0..dests)
+            .map(|j| {
+                let d = kube_ipvs_diff::RealServer::masq(ip(&format!("10.244.{i}.{j}")), 8080, 1);
+                (d.key, d)
+            })
+            .collect();
+        kube_ipvs_diff::ServiceEntry { server, dests }
+    }
+
+    /// Entries read again replace the read's, with their counts and in its fingerprint, however
+    /// many they are (a few are removed one by one, many in one pass over the counts).
+    #[test]
+    fn replaced_entries_bring_their_counts_and_fingerprint() {
+        for replaced in [1u8, 2, 6, 10] {
+            let mut read = read_of(10, 5);
+            let keys: BTreeSet<VirtualKey> = (0..replaced)
+                .map(|i| key(Protocol::Tcp, &format!("10.96.0.{i}"), 80))
+                .collect();
+            // The first comes back with 2 real servers, 7 connections each; the second is gone.
+            let mut fresh_counts = Counts::default();
+            let fresh: BTreeMap<VirtualKey, Option<kube_ipvs_diff::ServiceEntry>> = keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| {
+                    if i == 1 {
+                        return (*k, None);
+                    }
+                    let e = entry_of(u8::try_from(i).expect("small"), 2);
+                    for d in e.dests.keys() {
+                        fresh_counts.insert((*k, *d), 7);
+                    }
+                    (*k, Some(e))
+                })
+                .collect();
+            replace_entries(&mut read, &keys, (fresh, fresh_counts));
+            let table = &read.observed.table;
+            let expected: Counts = table
+                .services
+                .iter()
+                .flat_map(|(k, e)| {
+                    let n = if keys.contains(k) { 7 } else { 5 };
+                    e.dests.keys().map(move |d| ((*k, *d), n))
+                })
+                .collect();
+            assert_eq!(read.counts, expected, "{replaced} replaced");
+            assert_eq!(
+                table.services.len(),
+                if replaced > 1 { 9 } else { 10 },
+                "{replaced} replaced"
+            );
+            let (owned, f) = &read.fingerprint;
+            assert_eq!(
+                *f,
+                Fingerprint::of_table(table, owned.view()),
+                "{replaced} replaced"
+            );
+        }
+    }
 
     /// Sets the node's addresses the in-memory kernel reports.
     fn set_addresses(k: &MemKernel, addrs: &[&str]) {

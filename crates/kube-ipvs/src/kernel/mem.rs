@@ -273,7 +273,7 @@ impl Kernel for MemKernel {
     }
 
     fn connection_counts(&mut self, _: &BTreeSet<VirtualKey>) -> Counts {
-        Counts::new()
+        Counts::default()
     }
 
     fn observe_services(

@@ -49,7 +49,12 @@ use kube_ipvs_netlink::nfnl::ipset::{Ipset, Member, SetKind};
 use observe::Observed;
 
 /// Connection counts (active + inactive) by virtual server and real server.
-pub type Counts = HashMap<(VirtualKey, DestKey), u64>;
+///
+/// Hashed with foldhash (seeded per process), not SipHash: a reconcile under churn removes and
+/// inserts every real server of the virtual servers it reads again or takes on the engine's
+/// word, and at 1,000 Services of 250 real servers SipHash made those 250,000 removals the
+/// largest part of the loop's 2.1 s there under emulation (54 of about 100 ms natively).
+pub type Counts = HashMap<(VirtualKey, DestKey), u64, foldhash::fast::RandomState>;
 
 /// Why a kernel operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -401,7 +406,7 @@ impl Kernel for RealKernel {
         // the engine's entry and counts at once: the raw dump is never held whole. A foreign
         // virtual server's connections are not counted: the engine never touches it.
         let mut observed = Observed::default();
-        let mut counts = Counts::new();
+        let mut counts = Counts::default();
         let mut stretch = std::time::Instant::now();
         for svc in self.ipvs.services()? {
             let dests = self.ipvs.destinations(&svc.key)?;
@@ -420,7 +425,7 @@ impl Kernel for RealKernel {
     }
 
     fn connection_counts(&mut self, services: &BTreeSet<VirtualKey>) -> Counts {
-        let mut counts = Counts::new();
+        let mut counts = Counts::default();
         for key in services {
             // An unreadable virtual server leaves its counts unknown, which the engine treats
             // as "may have connections": the safe side.
@@ -436,7 +441,7 @@ impl Kernel for RealKernel {
         keys: &BTreeSet<VirtualKey>,
     ) -> Result<(BTreeMap<VirtualKey, Option<ServiceEntry>>, Counts), KernelError> {
         let mut entries = BTreeMap::new();
-        let mut counts = Counts::new();
+        let mut counts = Counts::default();
         for key in keys {
             let sk = convert::service_key(key);
             let entry = match self.ipvs.service(&sk)? {
