@@ -552,6 +552,52 @@ impl Engine {
         Some(entry)
     }
 
+    /// [`Fingerprint::of_entry`] of [`Engine::asked_entry`] for `key` (the empty fingerprint
+    /// when it asks for none there), worked out without building the entry.
+    pub fn asked_fingerprint(&self, key: &VirtualKey) -> Fingerprint {
+        let Some((server, dests)) = self
+            .owners
+            .get(key)
+            .and_then(|owner| self.applied.get(owner))
+            .and_then(|st| st.servers.iter().find(|(s, _)| s.key == *key))
+        else {
+            return Fingerprint::default();
+        };
+        let mut f = Fingerprint::default();
+        f.insert_server(server);
+        let draining = || {
+            self.draining
+                .range((*key, DestKey::MIN)..=(*key, DestKey::MAX))
+        };
+        let any_draining = draining().next().is_some();
+        for d in dests {
+            // A draining entry of the same key stands in its place, as in `asked_entry`.
+            if !(any_draining && self.draining.contains_key(&(*key, d.key))) {
+                f.insert_dest(key, d);
+            }
+        }
+        for (_, dr) in draining() {
+            f.insert_dest(key, &dr.dest);
+        }
+        f
+    }
+
+    /// Whether `observed_fingerprint` is that of the desired table with the draining real
+    /// servers at weight 0, and nothing in `inputs` waits to be synced: then
+    /// [`Engine::resync_fingerprinted`] with it finds the fingerprints equal and walks no diff,
+    /// so a caller that put the engine's own entries into the fingerprint
+    /// ([`Engine::asked_fingerprint`]) need not build them into its table.
+    pub fn holds_desired(&self, inputs: &Inputs, observed_fingerprint: Fingerprint) -> bool {
+        if inputs.has_changes() || !self.started {
+            return false;
+        }
+        let mut with_draining = self.fingerprint;
+        for ((service, _), d) in &self.draining {
+            with_draining.insert_dest(service, &d.dest);
+        }
+        observed_fingerprint == with_draining
+    }
+
     /// The size of [`Engine::desired_table`], virtual servers and real servers (draining
     /// ones included), without building it: one walk, no allocation.
     pub fn desired_size(&self) -> (usize, usize) {

@@ -459,13 +459,21 @@ proptest! {
         let desired = fingerprinted.desired_table();
         // One virtual server of the desired table at a time, as a reconcile takes the engine's
         // word for those it changed during its read.
+        // Its fingerprint too, without building it.
         for (k, e) in &desired.services {
             prop_assert_eq!(fingerprinted.asked_entry(k), Some(e.clone()));
+            prop_assert_eq!(
+                fingerprinted.asked_fingerprint(k),
+                Fingerprint::of_entry(&e.server, e.dests.values())
+            );
         }
         for k in observed.services.keys().filter(|k| !desired.services.contains_key(k)) {
             prop_assert_eq!(fingerprinted.asked_entry(k), None);
+            prop_assert_eq!(fingerprinted.asked_fingerprint(k), Fingerprint::default());
         }
         let f = Fingerprint::of_table(&observed, owned);
+        // Whether the resync will match is known before it, with nothing left to sync.
+        prop_assert_eq!(fingerprinted.holds_desired(&same_inputs, f), ours == desired);
         let now = Duration::from_secs(3);
         let unknown = kube_ipvs_diff::UnknownCounts;
         let counts: &dyn ConnectionCounts = if idle { &Idle } else { &unknown };

@@ -23,7 +23,10 @@
 //! others the reconcile takes the engine's word ([`Engine::asked_entry`]: what it asked the
 //! kernel to hold there, every change since applied; one with an operation that failed
 //! meanwhile is read on the loop, and none is taken on its word while a failed operation waits
-//! for its retry), and the next reconcile reads them. So every virtual server
+//! for its retry), and the next reconcile reads them. The engine's entries are built into the
+//! read only when the fingerprint with them differs from the desired table's
+//! ([`Engine::asked_fingerprint`], [`Engine::holds_desired`]): when it does not, the reconcile
+//! walks no diff and needs only their fingerprints. So every virtual server
 //! is read by one reconcile in two at least, and drift in one the loop keeps changing is
 //! repaired at most one sync period later. A read during which a virtual server or an address came or
 //! went is discarded and read again (the kernel dumps by position, so such a read may have
@@ -66,8 +69,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use kube_ipvs_diff::{
-    Cidr, DestKey, Engine, Fingerprint, Inputs, MarkSpace, Op, Options, Ownership, Protocol,
-    ServiceEntry, ServiceName, VirtualKey,
+    Cidr, ConnectionCounts, DestKey, Engine, Fingerprint, Inputs, MarkSpace, Op, Options,
+    Ownership, Protocol, ServiceEntry, ServiceName, VirtualKey,
 };
 use kube_ipvs_watch::ChangeSet;
 use tokio::sync::mpsc;
@@ -111,6 +114,28 @@ struct Read {
     /// The service sets, when asked for and readable (otherwise the reconcile reads them on
     /// the loop).
     sets: Option<SetsRead>,
+    /// Virtual servers taken on the engine's word without building their entries: the
+    /// fingerprint counts them as the engine asks for them, while `observed` and `counts` still
+    /// hold what the read found there, which the reconcile must not use (their counts are
+    /// unknown to it, as for entries put in).
+    word: BTreeSet<VirtualKey>,
+}
+
+/// Connection counts with those of some virtual servers unknown (the engine's word taken for
+/// them unbuilt, see [`Read::word`]).
+struct Masked<'a> {
+    counts: &'a Counts,
+    unknown: &'a BTreeSet<VirtualKey>,
+}
+
+impl ConnectionCounts for Masked<'_> {
+    fn connections(&self, service: &VirtualKey, dest: &DestKey) -> Option<u64> {
+        if self.unknown.contains(service) {
+            None
+        } else {
+            self.counts.connections(service, dest)
+        }
+    }
 }
 
 /// [`Ownership`] by value, for the reader thread.
@@ -222,6 +247,7 @@ fn read_whole(kernel: &mut dyn Kernel, owned: Owned, sets: bool) -> ReadResult {
             })
             .ok()
         }),
+        word: BTreeSet::new(),
     })
 }
 
@@ -867,19 +893,48 @@ impl<K: Kernel> Agent<K> {
         defer.retain(|k| !unsure.contains(k));
         if !defer.is_empty() {
             let start = Instant::now();
-            let entries = defer
-                .iter()
-                .map(|k| (*k, self.engine.asked_entry(k)))
-                .collect();
-            replace_entries(read, &defer, (entries, Counts::default()));
+            let built = if let Some(f) = self.word_fingerprint(read, &defer) {
+                read.fingerprint.1 = f;
+                read.word.clone_from(&defer);
+                "fingerprinted"
+            } else {
+                let entries = defer
+                    .iter()
+                    .map(|k| (*k, self.engine.asked_entry(k)))
+                    .collect();
+                replace_entries(read, &defer, (entries, Counts::default()));
+                "built"
+            };
             tracing::info!(
-                "reconcile: took the engine's word for {} the loop changed during the read in {:.1} ms (the next reconcile reads them)",
+                "reconcile: took the engine's word for {} the loop changed during the read, {built} in {:.1} ms (the next reconcile reads them)",
                 count(defer.len(), "virtual server", "virtual servers"),
                 start.elapsed().as_secs_f64() * 1000.0
             );
         }
         self.deferred = defer;
         Ok(())
+    }
+
+    /// The fingerprint `read` would have with the engine's entries for `defer` in place of what
+    /// it found there, when that is the desired table's and nothing waits to be synced: the
+    /// reconcile then walks no diff, so those entries need not be built (at 1,000 virtual
+    /// servers of 250 real servers, 1.7 s of the loop under emulation). Otherwise `None`, and
+    /// they are built: the diff needs them, and they must be the engine's as they are now,
+    /// before the reconcile syncs anything.
+    fn word_fingerprint(&self, read: &Read, defer: &BTreeSet<VirtualKey>) -> Option<Fingerprint> {
+        let (owned, f) = &read.fingerprint;
+        if *owned != Owned::of(&self.inputs.node().options) {
+            return None;
+        }
+        let view = owned.view();
+        let mut f = *f;
+        for key in defer.iter().filter(|k| view.key(k)) {
+            if let Some(old) = read.observed.table.services.get(key) {
+                f.subtract(Fingerprint::of_entry(&old.server, old.dests.values()));
+            }
+            f.add(self.engine.asked_fingerprint(key));
+        }
+        self.engine.holds_desired(&self.inputs, f).then_some(f)
     }
 
     /// Reads the virtual servers `keys` again on the loop, in place of what `read` found of
@@ -994,7 +1049,10 @@ impl<K: Kernel> Agent<K> {
             took,
             Some(loop_start),
             &read.observed,
-            &read.counts,
+            &Masked {
+                counts: &read.counts,
+                unknown: &read.word,
+            },
             fingerprint,
         );
         self.reconcile_masquerade(read.sets.as_ref());
@@ -1281,7 +1339,17 @@ impl<K: Kernel> Agent<K> {
         };
         // Everything was read: nothing is left on the engine's word.
         self.deferred.clear();
-        self.resync_observed(kind, start.elapsed(), None, &observed, &counts, None);
+        self.resync_observed(
+            kind,
+            start.elapsed(),
+            None,
+            &observed,
+            &Masked {
+                counts: &counts,
+                unknown: &BTreeSet::new(),
+            },
+            None,
+        );
         drop((observed, counts));
         release_memory(kind.label());
     }
@@ -1295,10 +1363,11 @@ impl<K: Kernel> Agent<K> {
         read: Duration,
         background: Option<Instant>,
         observed: &Observed,
-        counts: &Counts,
+        masked: &Masked<'_>,
         fingerprint: Option<Fingerprint>,
     ) {
         let start = Instant::now();
+        let counts: &dyn ConnectionCounts = masked;
         let on_loop = background.unwrap_or_else(|| start.checked_sub(read).unwrap_or(start));
         self.adopted = true;
         let now = self.now();
@@ -1317,6 +1386,19 @@ impl<K: Kernel> Agent<K> {
                 false,
             ),
         };
+        if !same && !masked.unknown.is_empty() {
+            // `word_fingerprint` made sure the fingerprints would be equal, so this is a bug:
+            // the diff went against entries the read no longer stands for, so its ops are
+            // dropped and the kernel is read again whole on the loop.
+            debug_assert!(
+                false,
+                "the engine's word was taken unbuilt and the diff ran"
+            );
+            tracing::warn!(
+                "reconcile: fingerprints differed with the engine's word taken unbuilt; reading the kernel on the loop"
+            );
+            return self.full_sync(SyncKind::Reconcile);
+        }
         self.note_drain_timeouts();
         let diffed = start.elapsed();
         let failures = self.apply(&ops);
@@ -1757,6 +1839,7 @@ mod tests {
             counts,
             fingerprint: (owned, f),
             sets: None,
+            word: BTreeSet::new(),
         }
     }
 
@@ -2377,6 +2460,77 @@ mod tests {
         assert_eq!(trouble(&l.shared), (0, 1, 0), "the drift repaired");
         assert!(shop_dests(&l.kernel).contains(&ip("10.244.3.30")));
         assert_eq!(read_shop(&l.kernel), 1, "the shop read again once");
+    }
+
+    /// The engine's word is taken without building its entries when the fingerprint with it is
+    /// the desired table's (drift inside a virtual server taken on its word is the engine's word's
+    /// to override, as when built); drift anywhere else, or a change waiting to be synced, has
+    /// the entries built, so the reconcile's diff sees them.
+    #[test]
+    fn the_engine_s_word_is_built_only_when_the_fingerprints_differ() {
+        let m = examples();
+        let mut t = kube_ipvs_watch::Tracker::new(kube_ipvs_watch::TranslateOptions::default());
+        t.relist_services(&m.services);
+        t.relist_slices(&m.slices);
+        t.apply_node(&m.nodes[0]);
+        let cs = t.take_change_set().expect("an initial change set");
+        let period = Duration::from_secs(3600);
+        let inputs = Inputs::new(kube_ipvs_diff::NodeContext::new("node-1")).expect("valid node");
+        let kernel = MemKernel::default();
+        let mut agent = Agent::new(
+            kernel.clone(),
+            inputs,
+            AgentConfig::every(period),
+            Arc::new(Shared::new(period)),
+        );
+        agent.take(cs);
+        agent.full_sync(SyncKind::Startup);
+        let keys: Vec<VirtualKey> = kernel.state().table.services.keys().copied().collect();
+        assert!(keys.len() >= 3, "{keys:?}");
+        let defer = BTreeSet::from([keys[0], keys[1]]);
+        let owned = Owned::of(&agent.inputs.node().options);
+        let drop_a_dest = |k: &VirtualKey| {
+            let mut state = kernel.state();
+            let e = state.table.services.get_mut(k).expect("held");
+            let first = *e.dests.keys().next().expect("a real server");
+            e.dests.remove(&first);
+        };
+
+        // In sync, and drift only inside a virtual server taken on the word: not built.
+        drop_a_dest(&keys[0]);
+        let mut read = read_whole(&mut agent.kernel, owned.clone(), false).expect("read");
+        let found = read.observed.table.services.get(&keys[0]).cloned();
+        agent
+            .take_engine_word(&mut read, defer.clone())
+            .expect("no read");
+        assert_eq!(read.word, defer);
+        assert_eq!(
+            read.observed.table.services.get(&keys[0]).cloned(),
+            found,
+            "not built"
+        );
+        assert!(
+            agent
+                .engine
+                .holds_desired(&agent.inputs, read.fingerprint.1)
+        );
+
+        // Drift in another virtual server: built, so the diff sees both.
+        drop_a_dest(&keys[2]);
+        let mut read = read_whole(&mut agent.kernel, owned.clone(), false).expect("read");
+        agent
+            .take_engine_word(&mut read, defer.clone())
+            .expect("no read");
+        assert!(read.word.is_empty());
+        assert_eq!(
+            read.observed.table.services.get(&keys[0]).cloned(),
+            agent.engine.asked_entry(&keys[0]),
+            "built"
+        );
+        assert_eq!(
+            read.fingerprint.1,
+            Fingerprint::of_table(&read.observed.table, owned.view())
+        );
     }
 
     /// Above the threshold, only the virtual servers the last reconcile took on the engine's
