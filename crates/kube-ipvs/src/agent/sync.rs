@@ -1389,7 +1389,9 @@ impl<K: Kernel> Agent<K> {
         if !same && !masked.unknown.is_empty() {
             // `word_fingerprint` made sure the fingerprints would be equal, so this is a bug:
             // the diff went against entries the read no longer stands for, so its ops are
-            // dropped and the kernel is read again whole on the loop.
+            // dropped and the kernel is read again whole on the loop. (The engine's draining
+            // state is the dropped diff's by then: a real server it meant to delete that still
+            // has connections starts its graceful termination again, the safe side.)
             debug_assert!(
                 false,
                 "the engine's word was taken unbuilt and the diff ran"
