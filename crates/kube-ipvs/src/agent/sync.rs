@@ -1923,6 +1923,16 @@ mod tests {
         kube_ipvs_watch::manifest::load(&dir).expect("the examples load")
     }
 
+    /// The first change set of the example cluster, with its Node.
+    fn examples_change_set() -> ChangeSet {
+        let m = examples();
+        let mut t = kube_ipvs_watch::Tracker::new(kube_ipvs_watch::TranslateOptions::default());
+        t.relist_services(&m.services);
+        t.relist_slices(&m.slices);
+        t.apply_node(&m.nodes[0]);
+        t.take_change_set().expect("an initial change set")
+    }
+
     /// Waits (at most 10 s, so a missing sync fails the test instead of hanging it) until `n`
     /// syncs have finished.
     async fn wait_syncs(syncs: &mut tokio::sync::watch::Receiver<u64>, n: u64) {
@@ -1936,12 +1946,7 @@ mod tests {
     /// addresses: the NodePort follows an added and a removed address.
     #[tokio::test]
     async fn an_address_signal_moves_the_nodeports() {
-        let m = examples();
-        let mut t = kube_ipvs_watch::Tracker::new(kube_ipvs_watch::TranslateOptions::default());
-        t.relist_services(&m.services);
-        t.relist_slices(&m.slices);
-        t.apply_node(&m.nodes[0]);
-        let cs = t.take_change_set().expect("an initial change set");
+        let cs = examples_change_set();
 
         let kernel = MemKernel::default();
         set_addresses(&kernel, &["192.168.77.10", "10.0.2.15"]);
@@ -2470,12 +2475,7 @@ mod tests {
     /// the entries built, so the reconcile's diff sees them.
     #[test]
     fn the_engine_s_word_is_built_only_when_the_fingerprints_differ() {
-        let m = examples();
-        let mut t = kube_ipvs_watch::Tracker::new(kube_ipvs_watch::TranslateOptions::default());
-        t.relist_services(&m.services);
-        t.relist_slices(&m.slices);
-        t.apply_node(&m.nodes[0]);
-        let cs = t.take_change_set().expect("an initial change set");
+        let cs = examples_change_set();
         let period = Duration::from_secs(3600);
         let inputs = Inputs::new(kube_ipvs_diff::NodeContext::new("node-1")).expect("valid node");
         let kernel = MemKernel::default();
