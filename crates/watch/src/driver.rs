@@ -316,6 +316,13 @@ mod tests {
         let _ = tx.send(Ok(Event::InitDone));
     }
 
+    /// Sends `n` Services (`s0`, `s1`, ...) as watch events, all at once.
+    fn apply_services(tx: &Tx<Service>, n: usize) {
+        for i in 0..n {
+            let _ = tx.send(Ok(Event::Apply(svc(&format!("s{i}"), "10.96.0.2"))));
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn first_change_set_waits_for_both_lists() {
         let mut h = start(Duration::from_millis(100));
@@ -343,11 +350,7 @@ mod tests {
         let first = h.out.recv().await.expect("initial change set");
         let t0 = Instant::now();
         assert!(first.services.is_empty());
-        for i in 0..5 {
-            let _ = h
-                .svc
-                .send(Ok(Event::Apply(svc(&format!("s{i}"), "10.96.0.2"))));
-        }
+        apply_services(&h.svc, 5);
         let cs = h.out.recv().await.expect("change set");
         assert_eq!(cs.services.len(), 5, "all five in one change set");
         assert!(
@@ -364,11 +367,7 @@ mod tests {
         let _ = h.out.recv().await.expect("initial change set");
         // Queued at once: the first wakes the flush, which takes in the rest. Each receive
         // spends the task's budget (128 per poll); a drain within it stopped after 127.
-        for i in 0..300 {
-            let _ = h
-                .svc
-                .send(Ok(Event::Apply(svc(&format!("s{i}"), "10.96.0.2"))));
-        }
+        apply_services(&h.svc, 300);
         let cs = h.out.recv().await.expect("change set");
         assert_eq!(cs.services.len(), 300, "the whole burst in one change set");
     }
