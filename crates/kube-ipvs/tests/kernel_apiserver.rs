@@ -784,6 +784,8 @@ fn kube_proxy_is_replaced_with_open_connections_kept_and_rolled_back_clean() {
     hosts.echo_server("mg-pod", 8080);
     let web = cluster.create_service_with("web", 80, &[("10.244.1.70", true)]);
     let web_vip = format!("{web}:80");
+    // A Node with an address, as a kubelet registers it (kube-proxy waits 30 s for one).
+    let address = cluster.node_address("192.168.56.10");
 
     let proxy = start_kube_proxy("/tmp/kube-proxy-migrate-1.log");
     wait_for_table("kube-proxy to program web", |t| {
@@ -877,5 +879,6 @@ fn kube_proxy_is_replaced_with_open_connections_kept_and_rolled_back_clean() {
         "no fwmark service of ours"
     );
     let _ = proxy.terminate();
+    drop(address);
     drop(cluster);
 }

@@ -89,6 +89,17 @@ impl Drop for Forwards {
     }
 }
 
+/// `NODE` has an `InternalIP` while this lives (see [`Cluster::node_address`]).
+pub(crate) struct NodeAddress<'a> {
+    cluster: &'a Cluster,
+}
+
+impl Drop for NodeAddress<'_> {
+    fn drop(&mut self) {
+        self.cluster.patch_node_addresses(serde_json::Value::Null);
+    }
+}
+
 /// One test's world: the forwarded ports, an admin client, a namespace, a runtime.
 pub(crate) struct Cluster {
     pub(crate) rt: tokio::runtime::Runtime,
@@ -155,6 +166,24 @@ impl Cluster {
                     .await
                     .expect("create namespace");
             }
+        });
+    }
+
+    /// Gives `NODE` this `InternalIP` (a JSON merge patch of its status) until the guard drops,
+    /// which takes the addresses away again so later tests see the Node they expect. kube-proxy
+    /// waits 30 s at start for its Node to have an address before it programs anything.
+    pub(crate) fn node_address(&self, ip: &str) -> NodeAddress<'_> {
+        self.patch_node_addresses(serde_json::json!([{"type": "InternalIP", "address": ip}]));
+        NodeAddress { cluster: self }
+    }
+
+    fn patch_node_addresses(&self, addresses: serde_json::Value) {
+        let patch = serde_json::json!({"status": {"addresses": addresses}});
+        self.rt.block_on(async {
+            Api::<Node>::all(self.client.clone())
+                .patch_status(NODE, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap_or_else(|e| panic!("patch Node {NODE}'s addresses: {e}"))
         });
     }
 
