@@ -321,6 +321,15 @@ fn vm_test(options: &Options) -> Result<()> {
         secs(started.elapsed())
     );
     println!("console log: {}", outcome.log.display());
+    for (name, tail) in &report.tails {
+        println!("last lines of {name}:");
+        for line in tail {
+            println!("    {line}");
+        }
+    }
+    for (name, secs, limit) in near_their_limit(&report, options.test_timeout) {
+        println!("NEAR ITS LIMIT {name}: {secs:.1}s of {limit}s");
+    }
     for (name, why) in &report.skipped {
         println!("SKIPPED {name}: {why}");
     }
@@ -390,21 +399,58 @@ fn control_plane(
 }
 
 /// The per-test results parsed from the console.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq)]
 pub(crate) struct Report {
     pub(crate) passed: Vec<String>,
     /// Failed tests with the reason.
     pub(crate) failed: Vec<(String, String)>,
     /// Tests not run, with the reason.
     pub(crate) skipped: Vec<(String, String)>,
+    /// Each passed test's seconds, as its pass marker gives them.
+    pub(crate) took: Vec<(String, f64)>,
+    /// Each failed test's last console lines (at most [`TAIL_LINES`]), for the summary: a CI
+    /// log is often read from its end.
+    pub(crate) tails: Vec<(String, Vec<String>)>,
+}
+
+/// How many of a failed test's last console lines the summary repeats.
+const TAIL_LINES: usize = 20;
+
+/// A test's own limit in the guest: the first [`SLOW_TESTS`] entry its name contains, else
+/// `default` (the runner script's lookup, in Rust).
+fn limit_for(name: &str, default: u64) -> u64 {
+    SLOW_TESTS
+        .iter()
+        .find(|(pattern, _)| name.contains(pattern))
+        .map_or(default, |(_, secs)| *secs)
+}
+
+/// The passed tests that used more than half of their limit, slowest share first: on a slower
+/// host they are the next timeouts, so the summary names them while they still pass.
+fn near_their_limit(report: &Report, default: u64) -> Vec<(String, f64, u64)> {
+    let mut near: Vec<(String, f64, u64)> = report
+        .took
+        .iter()
+        .map(|(name, secs)| (name.clone(), *secs, limit_for(name, default)))
+        .filter(|(_, secs, limit)| *secs > *limit as f64 / 2.0)
+        .collect();
+    near.sort_by(|a, b| (b.1 / b.2 as f64).total_cmp(&(a.1 / a.2 as f64)));
+    near
 }
 
 impl Report {
     pub(crate) fn parse<'a>(lines: impl IntoIterator<Item = &'a str>) -> Self {
         let mut report = Self::default();
         let mut running: Option<String> = None;
+        let mut recent: std::collections::VecDeque<String> = std::collections::VecDeque::new();
         for line in lines {
             let Some((_, marker)) = line.split_once("##ktest:") else {
+                if running.is_some() {
+                    if recent.len() == TAIL_LINES {
+                        recent.pop_front();
+                    }
+                    recent.push_back(line.trim_end().to_owned());
+                }
                 continue;
             };
             let mut words = marker.split_whitespace();
@@ -413,13 +459,26 @@ impl Report {
             };
             let rest: Vec<&str> = words.collect();
             match (kind, name) {
-                ("start", Some(name)) => running = Some(name),
+                ("start", Some(name)) => {
+                    running = Some(name);
+                    recent.clear();
+                }
                 ("pass", Some(name)) => {
                     running = None;
+                    let secs = rest
+                        .last()
+                        .and_then(|s| s.strip_suffix('s'))
+                        .and_then(|s| s.parse::<f64>().ok());
+                    if let Some(secs) = secs {
+                        report.took.push((name.clone(), secs));
+                    }
                     report.passed.push(name);
                 }
                 ("fail", Some(name)) => {
                     running = None;
+                    report
+                        .tails
+                        .push((name.clone(), recent.drain(..).collect()));
                     report
                         .failed
                         .push((name, format!("exited with {}", rest.join(" "))));
@@ -428,6 +487,9 @@ impl Report {
                 ("timeout", Some(name)) => {
                     running = None;
                     report
+                        .tails
+                        .push((name.clone(), recent.drain(..).collect()));
+                    report
                         .failed
                         .push((name, format!("timed out {}", rest.join(" "))));
                 }
@@ -435,6 +497,9 @@ impl Report {
             }
         }
         if let Some(name) = running {
+            report
+                .tails
+                .push((name.clone(), recent.into_iter().collect()));
             report
                 .failed
                 .push((name, "did not finish (the VM stopped while it ran)".into()));
@@ -501,6 +566,41 @@ test dummy_link ... FAILED
         assert!(report.verdict(None, None).is_err());
         let timed = Report::parse(["##ktest:timeout p/kernel::slow after 120s"]);
         assert_eq!(timed.failed[0].1, "timed out after 120s");
+    }
+
+    #[test]
+    fn a_failed_test_brings_its_last_lines_and_slow_passes_are_named() {
+        let report = Report::parse(CANNED.lines());
+        assert_eq!(
+            report.tails,
+            [(
+                "xtask/kernel_harness::dummy_link".to_owned(),
+                vec![
+                    "thread 'dummy_link' panicked at xtask/tests/kernel_harness.rs:9:5:".to_owned(),
+                    "test dummy_link ... FAILED".to_owned(),
+                ]
+            )]
+        );
+        assert_eq!(
+            report.took,
+            [("xtask/kernel_harness::ipvsadm_lists".to_owned(), 0.31)]
+        );
+        let long: String = (0..50).map(|i| format!("line {i}\n")).collect();
+        let cut = Report::parse(format!("##ktest:start a::b\n{long}").lines());
+        let tail = &cut.tails[0].1;
+        assert_eq!((tail.len(), tail[0].as_str()), (TAIL_LINES, "line 30"));
+
+        let slow = Report::parse([
+            "##ktest:pass a::fast 59.9s",
+            "##ktest:pass a::slow 61.0s",
+            "##ktest:pass a::slower 110.0s",
+            "##ktest:pass kube-ipvs/kernel_e2e::faults_under_live_traffic_x 300.0s",
+        ]);
+        let near: Vec<String> = near_their_limit(&slow, 120)
+            .into_iter()
+            .map(|(name, _, _)| name)
+            .collect();
+        assert_eq!(near, ["a::slower", "a::slow"]);
     }
 
     #[test]
