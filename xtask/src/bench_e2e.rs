@@ -203,6 +203,9 @@ struct RunResult {
     full_read_ms: u64,
     updates_requested: usize,
     update_timeouts: usize,
+    /// The warm-up update before the series, not in `updates_us` (see the driver's
+    /// `Updates::warmup_us`); `None` in lines from before it existed, or if it timed out.
+    warmup_us: Option<u64>,
     updates_us: Vec<u64>,
     /// The API server's answer to each PATCH (included in `updates_us`).
     patch_us: Vec<u64>,
@@ -352,6 +355,10 @@ fn parse_result_line(line: &str) -> Result<RunResult> {
         full_read_ms: num("full_read_ms", get("full_read_ms")?)?,
         updates_requested: num("updates_requested", get("updates_requested")?)?,
         update_timeouts: num("update_timeouts", get("update_timeouts")?)?,
+        warmup_us: match fields.get("warmup_us").copied() {
+            None | Some("-") => None,
+            Some(v) => Some(num("warmup_us", v)?),
+        },
         updates_us: samples("updates_us", get("updates_us")?)?,
         patch_us: samples("patch_us", get("patch_us")?)?,
         cpu_converge_s: num("cpu_converge_s", get("cpu_converge_s")?)?,
@@ -493,6 +500,10 @@ fn table(results: &[RunResult]) -> String {
         (
             "update max",
             Box::new(|r| r.updates_us.iter().max().map(|v| (ms(*v), *v as f64))),
+        ),
+        (
+            "warm-up update before them (not in the above)",
+            Box::new(|r| r.warmup_us.map(|v| (ms(v), v as f64))),
         ),
         (
             "updates measured / asked",
@@ -1144,8 +1155,8 @@ mod tests {
 
     const LINE: &str = "E2E-RESULT agent=kube-ipvs services=1000 endpoints=10 converge_ms=5230 \
         converge_err_ms=110 full_read_ms=340 cpu_converge_s=1.50 settle_ms=2100 settled=true updates_requested=4 \
-        update_timeouts=0 updates_us=900,1200,15000,3000 patch_us=500,600,700,800 cpu_s=3.25 \
-        rss_kib=51200";
+        update_timeouts=0 warmup_us=25000 updates_us=900,1200,15000,3000 patch_us=500,600,700,800 \
+        cpu_s=3.25 rss_kib=51200";
 
     #[test]
     fn a_result_line_parses_with_console_noise_trimmed() -> Result<()> {
@@ -1158,6 +1169,12 @@ mod tests {
         );
         assert_eq!(r.updates_us, vec![900, 1200, 15000, 3000]);
         assert_eq!(r.patch_us, vec![500, 600, 700, 800]);
+        assert_eq!(r.warmup_us, Some(25000));
+        // Lines from before the warm-up, and a warm-up that timed out.
+        let old = parse_result_line(&LINE.replace(" warmup_us=25000", ""))?;
+        let lost = parse_result_line(&LINE.replace("warmup_us=25000", "warmup_us=-"))?;
+        assert_eq!((old.warmup_us, lost.warmup_us), (None, None));
+        assert!(parse_result_line(&LINE.replace("warmup_us=25000", "warmup_us=x")).is_err());
         assert!((r.cpu_converge_s - 1.5).abs() < 1e-9);
         assert_eq!((r.settle_ms, r.settled), (2100, true));
         assert_eq!((r.updates_requested, r.update_timeouts), (4, 0));

@@ -172,14 +172,17 @@ pub async fn drive<S1, S2, S3>(
         stats,
     };
     let mut last_sent: Option<Instant> = None;
+    // When the oldest change not yet sent was taken in (for the debug log of each change set).
+    let mut pending_since: Option<Instant> = None;
     // The Node's deadline: the first change set waits for it until then.
     let node_wait = core.tracker.node_awaited();
     let node_deadline = node_wait.map(|w| Instant::now() + w);
     loop {
-        let due = core
-            .tracker
-            .has_pending()
-            .then(|| last_sent.map_or_else(Instant::now, |t| t + min_interval));
+        let pending = core.tracker.has_pending();
+        if pending && pending_since.is_none() {
+            pending_since = Some(Instant::now());
+        }
+        let due = pending.then(|| last_sent.map_or_else(Instant::now, |t| t + min_interval));
         tokio::select! {
             // The timer comes first so a steady stream of events cannot starve the flush.
             biased;
@@ -209,6 +212,14 @@ pub async fn drive<S1, S2, S3>(
                 })
                 .await;
                 if let Some(cs) = core.tracker.take_change_set() {
+                    if let Some(since) = pending_since.take() {
+                        tracing::debug!(
+                            "change set of {} Services sent {:.1} ms after its first change was \
+                             taken in",
+                            cs.services.len(),
+                            since.elapsed().as_secs_f64() * 1000.0
+                        );
+                    }
                     if tx.send(cs).await.is_err() {
                         return;
                     }

@@ -681,6 +681,7 @@ impl<K: Kernel> Agent<K> {
                 () = &mut shutdown => return Ok(()),
                 cs = changes.recv() => {
                     let Some(cs) = cs else { return Err(AgentError::SourceEnded) };
+                    tracing::debug!("change set of {} Services received", cs.services.len());
                     self.take(cs);
                     // Whatever else is already queued goes into the same sync.
                     while let Ok(more) = changes.try_recv() {
@@ -1303,6 +1304,13 @@ impl<K: Kernel> Agent<K> {
             self.finish(SyncKind::Incremental, start, 0, &[]);
             return;
         }
+        tracing::debug!(
+            "incremental sync: {} ready to apply after {:.1} ms (connection counts of {} \
+             draining virtual servers, diff)",
+            count(ops.len(), "operation", "operations"),
+            start.elapsed().as_secs_f64() * 1000.0,
+            draining.len()
+        );
         let failures = self.apply(&ops);
         let mut delta: (i64, i64) = (0, 0);
         for op in &ops {
