@@ -203,7 +203,7 @@ struct RunResult {
     full_read_ms: u64,
     updates_requested: usize,
     update_timeouts: usize,
-    /// The warm-up update before the series, not in `updates_us` (see the driver's
+    /// The slower of the warm-up updates before the series, not in `updates_us` (see the driver's
     /// `Updates::warmup_us`); `None` in lines from before it existed, or if it timed out.
     warmup_us: Option<u64>,
     updates_us: Vec<u64>,
@@ -502,7 +502,7 @@ fn table(results: &[RunResult]) -> String {
             Box::new(|r| r.updates_us.iter().max().map(|v| (ms(*v), *v as f64))),
         ),
         (
-            "warm-up update before them (not in the above)",
+            "warm-up: slower of 2 updates before them (not above)",
             Box::new(|r| r.warmup_us.map(|v| (ms(v), v as f64))),
         ),
         (
