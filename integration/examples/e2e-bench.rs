@@ -1176,6 +1176,14 @@ impl Churn {
         })
     }
 
+    /// This churn after `sent` updates of another on the same agent: it goes on from there,
+    /// so its first changes are not those already sent (a PATCH that changes nothing brings
+    /// no event, and the kernel "serves" it at once: a sample at PATCH time).
+    fn starting_after(mut self, sent: usize) -> Churn {
+        self.sent = sent;
+        self
+    }
+
     /// The next change: the next Service (a prime stride visits Services spread over the
     /// table, each once per N updates) with its first endpoint replaced, its new endpoint set,
     /// and the merge patch that sets it.
@@ -1359,8 +1367,9 @@ fn open_loop(
     plane: &mut Dataplane,
     agent: &mut Agent,
     ips: &[Ipv4Addr],
+    sent_before: usize,
 ) -> Result<OpenLoop> {
-    let mut churn = Churn::new(opts, WARM_CONNECTIONS)?;
+    let mut churn = Churn::new(opts, WARM_CONNECTIONS)?.starting_after(sent_before);
     let period = Duration::from_secs_f64(1.0 / opts.churn_rate);
     let start = Instant::now();
     let mut next = start;
@@ -1484,19 +1493,23 @@ const WARMUP_UPDATES: usize = 2;
 struct Updates {
     /// The slower of the [`WARMUP_UPDATES`] before the series, not in it (`None`: no series,
     /// or the kernel never showed one). Under TCG the first run of each code path in the
-    /// guest, the agent's and the kernel's, is translated first, and the API server's first
-    /// merge patch of an EndpointSlice takes about twice its usual: in kube-ipvs's debug log
-    /// (1,000 Services, 2026-12-05) each step of the first update (the watch's delivery,
-    /// taking the change in, the diff, the apply) took 2-6 times what it took from the third
-    /// update on, and the second update, the first to read a draining virtual server's
-    /// connections and delete the real server the first one drained, applied in 7.6-16.7 ms
-    /// against 1.3-2.9 ms from the third on. Two updates of other Services first warm every
-    /// path the series takes, for every agent alike.
+    /// guest, the agent's and the kernel's, is translated first, and (on the host) the API
+    /// server's first merge patch of an EndpointSlice takes about twice its usual: in
+    /// kube-ipvs's debug log (1,000 Services, 2026-12-05) each step of the first update (the
+    /// watch's delivery, taking the change in, the diff, the apply) took 2-6 times what it
+    /// took from the third update on, and the second update, the first to read a draining
+    /// virtual server's connections and delete the real server the first one drained, synced
+    /// in 7.6 ms (16.7 and 7.4 ms in two runs at 10,000) against 1.3-2.9 ms from the third
+    /// on. Two updates of other Services first warm the paths the series' updates take (an
+    /// add, a drain, a delete), for every agent alike.
     warmup_us: Option<u64>,
     kernel_us: Vec<u64>,
     patch_us: Vec<u64>,
     /// Updates the kernel never showed (at most one: the series stops there).
     timeouts: usize,
+    /// PATCHes sent, warm-ups included: the churn after the series starts past them (see
+    /// [`Churn::starting_after`]).
+    sent: usize,
 }
 
 fn updates(
@@ -1506,9 +1519,9 @@ fn updates(
     ips: &[Ipv4Addr],
 ) -> Result<Updates> {
     let mut churn = Churn::new(opts, 1)?;
-    let budget_end = Instant::now() + opts.update_budget;
     let mut out = Updates::default();
     for w in 0..if opts.updates > 0 { WARMUP_UPDATES } else { 0 } {
+        agent.check_running()?;
         let warmup = churn.update(plane, ips)?;
         eprintln!(
             "e2e-bench: warm-up update {w} (not in the series): PATCH answered +{} us, kernel +{} us",
@@ -1520,10 +1533,13 @@ fn updates(
         let Some(us) = warmup.kernel_us else {
             out.warmup_us = None;
             out.timeouts = 1;
+            out.sent = churn.sent;
             return Ok(out);
         };
         out.warmup_us = Some(out.warmup_us.map_or(us, |w| w.max(us)));
     }
+    // The budget is the series': a peer's slow warm-ups do not shorten it.
+    let budget_end = Instant::now() + opts.update_budget;
     for u in 0..opts.updates {
         if Instant::now() > budget_end {
             eprintln!(
@@ -1556,6 +1572,7 @@ fn updates(
             }
         }
     }
+    out.sent = churn.sent;
     Ok(out)
 }
 
@@ -1695,8 +1712,9 @@ fn soak(
     plane: &mut Dataplane,
     agent: &mut Agent,
     ips: &[Ipv4Addr],
+    sent_before: usize,
 ) -> Result<usize> {
-    let mut churn = Churn::new(opts, 1)?;
+    let mut churn = Churn::new(opts, 1)?.starting_after(sent_before);
     let period = Duration::from_secs_f64(1.0 / opts.churn_rate);
     let start = Instant::now();
     let mut next_update = start;
@@ -1857,8 +1875,10 @@ fn guest(opts: &Options) -> Result<()> {
             "--- {agent_name} log from the data path to the last update ---\n{}\n---",
             agent.since(before_datapath)
         );
+        let mut sent_before = up.sent;
         if !opts.churn.is_zero() {
-            let c = open_loop(opts, &mut plane, &mut agent, &ips)?;
+            let c = open_loop(opts, &mut plane, &mut agent, &ips, sent_before)?;
+            sent_before += c.sent;
             println!(
                 "E2E-CHURN agent={agent_name} services={} rate={} seconds={} sent={} timeouts={} superseded={} errors={} check_us={} max_pending={} updates_us={} patch_us={}",
                 ips.len(),
@@ -1875,7 +1895,7 @@ fn guest(opts: &Options) -> Result<()> {
             );
         }
         if !opts.soak.is_zero() {
-            let sent = soak(opts, &mut plane, &mut agent, &ips)?;
+            let sent = soak(opts, &mut plane, &mut agent, &ips, sent_before)?;
             eprintln!(
                 "e2e-bench: soak of {} s sent {sent} updates",
                 opts.soak.as_secs()

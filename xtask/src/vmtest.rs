@@ -416,13 +416,23 @@ pub(crate) struct Report {
 /// How many of a failed test's last console lines the summary repeats.
 const TAIL_LINES: usize = 20;
 
-/// A test's own limit in the guest: the first [`SLOW_TESTS`] entry its name contains, else
-/// `default` (the runner script's lookup, in Rust).
+/// The lines kept since the last marker, without the blank line the runner ends a test with.
+fn tail_of(recent: &mut std::collections::VecDeque<String>) -> Vec<String> {
+    let mut lines: Vec<String> = recent.drain(..).collect();
+    while lines.last().is_some_and(|l| l.is_empty()) {
+        lines.pop();
+    }
+    lines
+}
+
+/// A test's own limit in the guest, as the runner script works it out: the last
+/// [`SLOW_TESTS`] entry its name contains, if longer than `default`.
 fn limit_for(name: &str, default: u64) -> u64 {
     SLOW_TESTS
         .iter()
+        .rev()
         .find(|(pattern, _)| name.contains(pattern))
-        .map_or(default, |(_, secs)| *secs)
+        .map_or(default, |(_, secs)| (*secs).max(default))
 }
 
 /// The passed tests that used more than half of their limit, slowest share first: on a slower
@@ -444,13 +454,13 @@ impl Report {
         let mut running: Option<String> = None;
         let mut recent: std::collections::VecDeque<String> = std::collections::VecDeque::new();
         for line in lines {
+            // The lines since the last marker: a test's own output, or, before a failed
+            // listing's marker, the listing's error.
             let Some((_, marker)) = line.split_once("##ktest:") else {
-                if running.is_some() {
-                    if recent.len() == TAIL_LINES {
-                        recent.pop_front();
-                    }
-                    recent.push_back(line.trim_end().to_owned());
+                if recent.len() == TAIL_LINES {
+                    recent.pop_front();
                 }
+                recent.push_back(line.trim_end().to_owned());
                 continue;
             };
             let mut words = marker.split_whitespace();
@@ -459,10 +469,7 @@ impl Report {
             };
             let rest: Vec<&str> = words.collect();
             match (kind, name) {
-                ("start", Some(name)) => {
-                    running = Some(name);
-                    recent.clear();
-                }
+                ("start", Some(name)) => running = Some(name),
                 ("pass", Some(name)) => {
                     running = None;
                     let secs = rest
@@ -476,9 +483,7 @@ impl Report {
                 }
                 ("fail", Some(name)) => {
                     running = None;
-                    report
-                        .tails
-                        .push((name.clone(), recent.drain(..).collect()));
+                    report.tails.push((name.clone(), tail_of(&mut recent)));
                     report
                         .failed
                         .push((name, format!("exited with {}", rest.join(" "))));
@@ -486,20 +491,17 @@ impl Report {
                 ("skip", Some(name)) => report.skipped.push((name, rest.join(" "))),
                 ("timeout", Some(name)) => {
                     running = None;
-                    report
-                        .tails
-                        .push((name.clone(), recent.drain(..).collect()));
+                    report.tails.push((name.clone(), tail_of(&mut recent)));
                     report
                         .failed
                         .push((name, format!("timed out {}", rest.join(" "))));
                 }
                 _ => {}
             }
+            recent.clear();
         }
         if let Some(name) = running {
-            report
-                .tails
-                .push((name.clone(), recent.into_iter().collect()));
+            report.tails.push((name.clone(), tail_of(&mut recent)));
             report
                 .failed
                 .push((name, "did not finish (the VM stopped while it ran)".into()));
@@ -589,6 +591,22 @@ test dummy_link ... FAILED
         let cut = Report::parse(format!("##ktest:start a::b\n{long}").lines());
         let tail = &cut.tails[0].1;
         assert_eq!((tail.len(), tail[0].as_str()), (TAIL_LINES, "line 30"));
+        // A failed listing has no start marker: its tail is its error, not the last test's.
+        let listing = Report::parse([
+            "##ktest:start a::b",
+            "b's output",
+            "##ktest:pass a::b 0.1s",
+            "error: cannot list",
+            "",
+            "##ktest:fail p/kernel::--list rc=listing-failed",
+        ]);
+        assert_eq!(
+            listing.tails,
+            [(
+                "p/kernel::--list".to_owned(),
+                vec!["error: cannot list".to_owned()]
+            )]
+        );
 
         let slow = Report::parse([
             "##ktest:pass a::fast 59.9s",
@@ -601,6 +619,12 @@ test dummy_link ... FAILED
             .map(|(name, _, _)| name)
             .collect();
         assert_eq!(near, ["a::slower", "a::slow"]);
+        // As the runner: a longer default wins over a SLOW_TESTS entry.
+        let faults = "kube-ipvs/kernel_e2e::faults_under_live_traffic_x";
+        assert_eq!(
+            (limit_for(faults, 120), limit_for(faults, 1000)),
+            (900, 1000)
+        );
     }
 
     #[test]
