@@ -5,7 +5,8 @@
 //! one that is missing is loaded with `modprobe` only if a `modprobe` binary exists, and the
 //! error names the module. Sysctls are written through `/proc/sys` (only when they differ), and
 //! an error names the sysctl. The roots are fields so tests can point them at a directory of
-//! their own. This module does not touch the IPVS table.
+//! their own. [`Host::prepare`] is the agent's whole setup: these, then the IPVS and
+//! rtnetlink handles and the IPVS timeouts. This module does not touch the IPVS table.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,6 +21,15 @@ pub enum SetupError {
         module: String,
         /// What was tried.
         detail: String,
+    },
+    /// A netlink handle could not be opened, or the IPVS timeouts not set.
+    #[error("{what}: {source}")]
+    Netlink {
+        /// What was being done.
+        what: &'static str,
+        /// The netlink error.
+        #[source]
+        source: kube_ipvs_netlink::Error,
     },
     /// A sysctl could not be read or written.
     #[error("sysctl {name}={value}: {source}")]
@@ -582,6 +592,7 @@ mod tests {
             .map(|e| match e {
                 SetupError::MissingModule { module, .. } => module.clone(),
                 SetupError::Sysctl { name, .. } => name.clone(),
+                SetupError::Netlink { what, .. } => (*what).to_owned(),
             })
             .collect();
         assert_eq!(named, set_modules());
@@ -639,5 +650,64 @@ mod tests {
                 .starts_with("sysctl net.ipv4.conf.all.arp_ignore=1: "),
             "{err}"
         );
+    }
+}
+
+/// What the agent's setup before its first sync does (kube-proxy's `--init-only` part).
+#[derive(Debug, Clone, Copy)]
+pub struct Preparation<'a> {
+    /// The default scheduler, whose module must be there.
+    pub scheduler: &'a kube_ipvs_diff::Scheduler,
+    /// Strict ARP sysctls.
+    pub strict_arp: bool,
+    /// The conntrack tuning.
+    pub conntrack: &'a Conntrack,
+    /// The rate estimator off ([`NO_RATE_ESTIMATION`]).
+    pub no_rate_estimation: bool,
+    /// The ipset and iptables match modules are loaded too.
+    pub masquerade: bool,
+    /// The IPVS timeouts to set (a zero leaves that one as it is); `None` sets none.
+    pub ipvs_timeouts: Option<kube_ipvs_netlink::ipvs::Timeouts>,
+}
+
+/// The kernel handles the sync works through, and the setup that was left as it was.
+pub struct Prepared {
+    /// IPVS over generic netlink, the timeouts set.
+    pub ipvs: kube_ipvs_netlink::ipvs::Ipvs,
+    /// rtnetlink.
+    pub rtnl: kube_ipvs_netlink::link::Rtnl,
+    /// Tuning sysctls that could not be set (tuning, not correctness).
+    pub tuning_left: Vec<SetupError>,
+    /// Optional modules (ipset, iptables matches) that could not be loaded.
+    pub optional_modules_missing: Vec<SetupError>,
+}
+
+impl Host {
+    /// The agent's kernel setup, in order: the required modules and sysctls (an error stops
+    /// it), the tuning sysctls and, with masquerade, the optional modules (failures are
+    /// returned, not fatal), then the IPVS and rtnetlink handles and the IPVS timeouts.
+    pub fn prepare(&self, p: &Preparation<'_>) -> Result<Prepared, SetupError> {
+        self.ensure_modules(&required_modules(p.scheduler))?;
+        self.set_sysctls(&required_sysctls(p.strict_arp))?;
+        let tuning_left = self.set_tuning_sysctls(p.conntrack, p.no_rate_estimation);
+        let optional_modules_missing = if p.masquerade {
+            self.load_optional_modules(&set_modules())
+        } else {
+            Vec::new()
+        };
+        let netlink = |what| move |source| SetupError::Netlink { what, source };
+        let mut ipvs =
+            kube_ipvs_netlink::ipvs::Ipvs::new().map_err(netlink("opening IPVS netlink"))?;
+        if let Some(timeouts) = p.ipvs_timeouts {
+            ipvs.set_timeouts(timeouts)
+                .map_err(netlink("setting IPVS timeouts"))?;
+        }
+        let rtnl = kube_ipvs_netlink::link::Rtnl::new().map_err(netlink("opening rtnetlink"))?;
+        Ok(Prepared {
+            ipvs,
+            rtnl,
+            tuning_left,
+            optional_modules_missing,
+        })
     }
 }

@@ -25,8 +25,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube_ipvs_diff::Inputs;
-use kube_ipvs_netlink::ipvs::{Ipvs, Timeouts};
-use kube_ipvs_netlink::link::{DEFAULT_DUMMY, Rtnl};
+use kube_ipvs_netlink::ipvs::Timeouts;
+use kube_ipvs_netlink::link::DEFAULT_DUMMY;
 use kube_ipvs_watch::TranslateOptions;
 
 pub use config::{RunArgs, Settings};
@@ -108,43 +108,37 @@ pub fn main(args: &RunArgs) -> ExitCode {
     rt.block_on(serve(settings, kernel))
 }
 
-/// Modules, sysctls, the netlink handles and the IPVS timeouts.
+/// Modules, sysctls, the netlink handles and the IPVS timeouts, through the host crate.
 fn prepare_kernel(settings: &Settings) -> Result<RealKernel, String> {
-    let host = kube_ipvs_host::setup::Host::system();
-    host.ensure_modules(&kube_ipvs_host::setup::required_modules(
-        &settings.node.default_scheduler,
-    ))
-    .map_err(|e| e.to_string())?;
-    host.set_sysctls(&kube_ipvs_host::setup::required_sysctls(
-        settings.strict_arp,
-    ))
-    .map_err(|e| e.to_string())?;
+    let t = settings.timeouts;
+    // Zero leaves the kernel's value for that timeout.
+    let ipvs_timeouts =
+        (t.tcp.is_some() || t.tcp_fin.is_some() || t.udp.is_some()).then(|| Timeouts {
+            tcp: t.tcp.unwrap_or(0),
+            tcp_fin: t.tcp_fin.unwrap_or(0),
+            udp: t.udp.unwrap_or(0),
+        });
+    let prepared = kube_ipvs_host::setup::Host::system()
+        .prepare(&kube_ipvs_host::setup::Preparation {
+            scheduler: &settings.node.default_scheduler,
+            strict_arp: settings.strict_arp,
+            conntrack: &settings.conntrack,
+            no_rate_estimation: settings.no_rate_estimation,
+            masquerade: settings.masquerade,
+            ipvs_timeouts,
+        })
+        .map_err(|e| e.to_string())?;
     // Tuning, not correctness: a sysctl that cannot be set (nf_conntrack_max is read-only
     // outside the initial network namespace; run_estimation before 5.12, or in the agent's
     // read-only /proc/sys after an init container without the flag) is named and the agent
     // goes on.
-    for e in host.set_tuning_sysctls(&settings.conntrack, settings.no_rate_estimation) {
+    for e in &prepared.tuning_left {
         tracing::warn!("tuning left as it is: {e}");
     }
-    if settings.masquerade {
-        for e in host.load_optional_modules(&kube_ipvs_host::setup::set_modules()) {
-            tracing::warn!("ipset and iptables matches: {e}");
-        }
+    for e in &prepared.optional_modules_missing {
+        tracing::warn!("ipset and iptables matches: {e}");
     }
-    let mut ipvs = Ipvs::new().map_err(|e| format!("opening IPVS netlink: {e}"))?;
-    let t = settings.timeouts;
-    if t.tcp.is_some() || t.tcp_fin.is_some() || t.udp.is_some() {
-        // Zero leaves the kernel's value for that timeout.
-        let timeouts = Timeouts {
-            tcp: t.tcp.unwrap_or(0),
-            tcp_fin: t.tcp_fin.unwrap_or(0),
-            udp: t.udp.unwrap_or(0),
-        };
-        ipvs.set_timeouts(timeouts)
-            .map_err(|e| format!("setting IPVS timeouts: {e}"))?;
-    }
-    let rtnl = Rtnl::new().map_err(|e| format!("opening rtnetlink: {e}"))?;
-    Ok(RealKernel::with(ipvs, rtnl, DEFAULT_DUMMY).binding(settings.binding))
+    Ok(RealKernel::with(prepared.ipvs, prepared.rtnl, DEFAULT_DUMMY).binding(settings.binding))
 }
 
 /// The iptables backend and whether it has `--random-fully`, asked once; if
