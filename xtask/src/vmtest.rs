@@ -85,7 +85,7 @@ for bin in /tests/*/*; do
         took=$(awk "BEGIN { printf \"%.2f\", $t1 - $t0 }")
         echo
         if [ "$rc" -eq 0 ]; then
-            echo "##ktest:pass $full ${took}s"
+            echo "##ktest:pass $full ${took}s limit=${t}s"
         elif [ "$rc" -eq 137 ]; then
             echo "##ktest:timeout $full after ${t}s"
         else
@@ -406,8 +406,9 @@ pub(crate) struct Report {
     pub(crate) failed: Vec<(String, String)>,
     /// Tests not run, with the reason.
     pub(crate) skipped: Vec<(String, String)>,
-    /// Each passed test's seconds, as its pass marker gives them.
-    pub(crate) took: Vec<(String, f64)>,
+    /// Each passed test's seconds and its limit, as its pass marker gives them (the runner
+    /// works the limit out: `--test-timeout`, or the test's own in [`SLOW_TESTS`]).
+    pub(crate) took: Vec<(String, f64, Option<u64>)>,
     /// Each failed test's last console lines (at most [`TAIL_LINES`]), for the summary: a CI
     /// log is often read from its end.
     pub(crate) tails: Vec<(String, Vec<String>)>,
@@ -425,23 +426,13 @@ fn tail_of(recent: &mut std::collections::VecDeque<String>) -> Vec<String> {
     lines
 }
 
-/// A test's own limit in the guest, as the runner script works it out: the last
-/// [`SLOW_TESTS`] entry its name contains, if longer than `default`.
-fn limit_for(name: &str, default: u64) -> u64 {
-    SLOW_TESTS
-        .iter()
-        .rev()
-        .find(|(pattern, _)| name.contains(pattern))
-        .map_or(default, |(_, secs)| (*secs).max(default))
-}
-
 /// The passed tests that used more than half of their limit, slowest share first: on a slower
 /// host they are the next timeouts, so the summary names them while they still pass.
 fn near_their_limit(report: &Report, default: u64) -> Vec<(String, f64, u64)> {
     let mut near: Vec<(String, f64, u64)> = report
         .took
         .iter()
-        .map(|(name, secs)| (name.clone(), *secs, limit_for(name, default)))
+        .map(|(name, secs, limit)| (name.clone(), *secs, limit.unwrap_or(default)))
         .filter(|(_, secs, limit)| *secs > *limit as f64 / 2.0)
         .collect();
     near.sort_by(|a, b| (b.1 / b.2 as f64).total_cmp(&(a.1 / a.2 as f64)));
@@ -473,11 +464,16 @@ impl Report {
                 ("pass", Some(name)) => {
                     running = None;
                     let secs = rest
-                        .last()
+                        .first()
                         .and_then(|s| s.strip_suffix('s'))
                         .and_then(|s| s.parse::<f64>().ok());
+                    let limit = rest
+                        .iter()
+                        .find_map(|w| w.strip_prefix("limit="))
+                        .and_then(|s| s.strip_suffix('s'))
+                        .and_then(|s| s.parse::<u64>().ok());
                     if let Some(secs) = secs {
-                        report.took.push((name.clone(), secs));
+                        report.took.push((name.clone(), secs, limit));
                     }
                     report.passed.push(name);
                 }
@@ -585,7 +581,7 @@ test dummy_link ... FAILED
         );
         assert_eq!(
             report.took,
-            [("xtask/kernel_harness::ipvsadm_lists".to_owned(), 0.31)]
+            [("xtask/kernel_harness::ipvsadm_lists".to_owned(), 0.31, None)]
         );
         let long: String = (0..50).map(|i| format!("line {i}\n")).collect();
         let cut = Report::parse(format!("##ktest:start a::b\n{long}").lines());
@@ -608,22 +604,20 @@ test dummy_link ... FAILED
             )]
         );
 
+        // The limit is the runner's, from the marker; without one, the default.
         let slow = Report::parse([
-            "##ktest:pass a::fast 59.9s",
+            "##ktest:pass a::fast 59.9s limit=120s",
             "##ktest:pass a::slow 61.0s",
-            "##ktest:pass a::slower 110.0s",
-            "##ktest:pass kube-ipvs/kernel_e2e::faults_under_live_traffic_x 300.0s",
+            "##ktest:pass a::slower 110.0s limit=120s",
+            "##ktest:pass a::long 300.0s limit=900s",
         ]);
-        let near: Vec<String> = near_their_limit(&slow, 120)
+        let near: Vec<(String, u64)> = near_their_limit(&slow, 120)
             .into_iter()
-            .map(|(name, _, _)| name)
+            .map(|(name, _, limit)| (name, limit))
             .collect();
-        assert_eq!(near, ["a::slower", "a::slow"]);
-        // As the runner: a longer default wins over a SLOW_TESTS entry.
-        let faults = "kube-ipvs/kernel_e2e::faults_under_live_traffic_x";
         assert_eq!(
-            (limit_for(faults, 120), limit_for(faults, 1000)),
-            (900, 1000)
+            near,
+            [("a::slower".to_owned(), 120), ("a::slow".to_owned(), 120)]
         );
     }
 

@@ -150,25 +150,18 @@ impl Cluster {
             "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {}}}\n",
             self.ns
         ));
-        self.rt.block_on(async {
+        let addressed = self.rt.block_on(async {
             let nodes: Api<Node> = Api::all(self.client.clone());
-            match nodes.get_opt(NODE).await.expect("get node") {
+            let addressed = match nodes.get_opt(NODE).await.expect("get node") {
                 None => {
                     nodes
                         .create(&PostParams::default(), &node)
                         .await
                         .expect("create node");
+                    false
                 }
-                // A test killed at its limit kept its NodeAddress: every test starts without.
-                Some(n) if n.status.as_ref().is_some_and(|s| s.addresses.is_some()) => {
-                    let patch = serde_json::json!({"status": {"addresses": null}});
-                    nodes
-                        .patch_status(NODE, &PatchParams::default(), &Patch::Merge(&patch))
-                        .await
-                        .expect("clear the node's addresses");
-                }
-                Some(_) => {}
-            }
+                Some(n) => n.status.is_some_and(|s| s.addresses.is_some()),
+            };
             let namespaces: Api<Namespace> = Api::all(self.client.clone());
             if namespaces
                 .get_opt(&self.ns)
@@ -181,7 +174,13 @@ impl Cluster {
                     .await
                     .expect("create namespace");
             }
+            addressed
         });
+        // A test killed at its limit kept its NodeAddress: every test starts without one.
+        if addressed {
+            self.patch_node_addresses(serde_json::Value::Null)
+                .unwrap_or_else(|e| panic!("clear Node {NODE}'s addresses: {e}"));
+        }
     }
 
     /// Gives `NODE` this `InternalIP` (a JSON merge patch of its status) until the guard drops,
