@@ -212,6 +212,50 @@ fn no_bare_ignore() {
     report("bare `#[ignore]`", &violations);
 }
 
+/// The `kernel-tests` feature only gates the kernel test files: each member declares it empty
+/// (`kernel-tests = []`) and only `tests/kernel*.rs` test on it (`feature = "kernel-tests"`). `cargo xtask ci` relies
+/// on this to lint the workspace once with every such feature on (a build with it on then holds
+/// everything a build without it does).
+#[test]
+fn the_kernel_tests_feature_only_gates_kernel_test_files() {
+    let root = repo_root();
+    let mut violations = Vec::new();
+    for manifest in member_manifests(&root) {
+        let text = fs::read_to_string(&manifest)
+            .unwrap_or_else(|e| panic!("read {}: {e}", manifest.display()));
+        for (n, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or_default().trim();
+            if line.starts_with("kernel-tests") && line.replace(' ', "") != "kernel-tests=[]" {
+                violations.push(format!(
+                    "{}:{}: the kernel-tests feature must be empty: `{line}`",
+                    relative(&root, &manifest),
+                    n + 1
+                ));
+            }
+        }
+    }
+    for file in rust_files(&root) {
+        let source = SourceFile::read(&root, &file);
+        let in_kernel_test = file.parent().is_some_and(|dir| file_name(dir) == "tests")
+            && file_name(&file).starts_with("kernel");
+        if in_kernel_test {
+            continue;
+        }
+        for offset in find_all(&source.masked.text, "feature = \"kernel-tests\"") {
+            let line = line_of(&source.masked.text, offset);
+            violations.push(format!(
+                "{}:{line}: only tests/kernel*.rs may depend on the kernel-tests feature: `{}`",
+                source.rel,
+                source.line_text(line),
+            ));
+        }
+    }
+    report(
+        "kernel-tests feature beyond the kernel test files",
+        &violations,
+    );
+}
+
 /// Both image builders make the same image: `cargo xtask image` (`xtask/src/image.rs`) and the
 /// `Dockerfile` each link `/usr/local/bin/kube-proxy` to the binary, so a kube-proxy DaemonSet
 /// whose image alone is swapped keeps its `command` with either image.
