@@ -241,15 +241,18 @@ fn build_set(
 
 /// `-ldflags` stamping the release into the programs, as upstream's build does: without it
 /// they report `v0.0.0-master`, and kubectl, kubelet and the e2e suite compare versions.
-/// `strip` drops the symbol tables of programs that go into guests.
+/// No program gets DWARF (`-w`): none is run under a debugger here, writing it is much of the
+/// linker's time on a cold machine, and Go's stack traces and pprof read the pclntab, which
+/// stays. `strip` also drops the symbol tables of programs that go into guests (`-s`).
 fn version_ldflags(version: &str, strip: bool) -> String {
     let mut parts = version.trim_start_matches('v').split('.');
     let major = parts.next().unwrap_or("1");
     let minor = parts.next().unwrap_or("0");
     let mut flags = String::from("-ldflags=");
     if strip {
-        flags.push_str("-s -w ");
+        flags.push_str("-s ");
     }
+    flags.push_str("-w ");
     for pkg in [
         "k8s.io/component-base/version",
         "k8s.io/client-go/pkg/version",
@@ -368,9 +371,10 @@ const HELM: &str = "helm.sh/helm/v3/cmd/helm";
 /// The CoreDNS package built, from its own module (`integration/tools/coredns`).
 const COREDNS: &str = "github.com/coredns/coredns";
 
-/// The `helm` binary, building it first if the cache lacks it (as [`ensure`]).
+/// The `helm` binary, building it first if the cache lacks it (as [`ensure`]); without DWARF,
+/// as [`version_ldflags`] says why.
 pub(crate) fn helm() -> Result<std::result::Result<PathBuf, Unavailable>> {
-    own_module("helm", HELM, &[])
+    own_module("helm", HELM, &["-ldflags=-w"])
 }
 
 /// The `coredns` binary for the lab cluster (built without symbol tables: it goes into an
