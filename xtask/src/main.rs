@@ -27,7 +27,8 @@ use anyhow::{Result, bail};
 
 const USAGE: &str = "usage: cargo xtask <command>
   demo                              the example cluster on a real kernel: agent, traffic, table
-  ci [--no-vm]                      fmt, clippy, tests, kernel-test clippy, fuzz, vm-test (timed)
+  ci [--no-vm]                      fmt, clippy (kernel tests too), tests, fuzz, vm-test, image,
+                                    conformance smoke (each step timed)
   vm-test [FILTER] [--timeout S] [--test-timeout S] [--no-daemon] [--forward PORT]...
                                     run the kernel tests in a QEMU guest
   vm-run [--mem MIB] [--timeout S] [--forward PORT]... [--exe HOST[:GUEST]]... 'SCRIPT'

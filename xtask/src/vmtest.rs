@@ -279,8 +279,8 @@ fn vm_test(options: &Options) -> Result<()> {
     let mut job = Job::new("vm-test", RUNNER.to_owned());
     job.executables = files;
     job.timeout = options.timeout;
-    // Every kernel test binary goes in (debug builds, some over 100 MiB each), and the guest
-    // holds the compressed image and the unpacked files in RAM at once.
+    // Every kernel test binary goes in (debug builds with line tables, up to about 70 MiB each),
+    // and the guest holds the compressed image and the unpacked files in RAM at once.
     job.memory_mib = 4096;
     job.forward_ports = options.forward_ports.clone();
     // Held until the VM has powered off; dropping it stops etcd and kube-apiserver.
