@@ -117,13 +117,14 @@ fn steps(vm: bool, timings: &mut Vec<(String, Duration)>) -> Result<()> {
         (true, None, _) => Lab::Skipped("no Go toolchain".into()),
         (true, _, Some(why)) => Lab::Skipped(why),
         (true, Some(_), None) => Lab::Building(std::thread::spawn(|| {
-            crate::tools::in_background(crate::lab::prebuild)
+            util::in_background(crate::lab::prebuild)
         })),
     };
     // The image's release build goes beside the kernel tests too, at nice 19 like the lab's:
     // the guests leave a CPU idle much of the time, and the image step below then finds the
     // binary built.
-    let release = vm.then(|| std::thread::spawn(|| crate::image::build_release(true)));
+    let release =
+        vm.then(|| std::thread::spawn(|| util::in_background(crate::image::build_release)));
     if vm {
         timed(timings, "cargo xtask vm-test", || vmtest::command(&[]))?;
     }

@@ -82,27 +82,16 @@ fn image_dir() -> Result<PathBuf> {
     Ok(util::target_dir()?.join("image"))
 }
 
-/// The release build of the binary the image holds. `ci` runs it at nice 19 beside the kernel
-/// tests (`background`), which leave a CPU idle much of the time; the image step's own build
-/// then finds it done. Debug and release builds hold separate locks, so it never blocks the
-/// kernel tests' build.
-pub(crate) fn build_release(background: bool) -> Result<()> {
-    let args = ["build", "--release", "--locked", "-p", "kube-ipvs"];
-    if background {
-        let cargo = util::cargo_cmd();
-        let mut nice = Command::new("nice");
-        nice.args(["-n", "19"])
-            .arg(cargo.get_program())
-            .args(args)
-            .current_dir(util::workspace_root());
-        util::run(&mut nice)
-    } else {
-        util::run(util::cargo_cmd().args(args))
-    }
+/// The release build of the binary the image holds. `ci` runs it in the background
+/// ([`util::in_background`]) beside the kernel tests, which leave a CPU idle much of the time;
+/// the image step's own build then finds it done. Debug and release builds hold separate
+/// locks, so it never blocks the kernel tests' build.
+pub(crate) fn build_release() -> Result<()> {
+    util::run(util::cargo_cmd().args(["build", "--release", "--locked", "-p", "kube-ipvs"]))
 }
 
 fn build(out_dir: &Path) -> Result<PathBuf> {
-    build_release(false)?;
+    build_release()?;
     let target = out_dir.parent().context("image dir has no parent")?;
     let binary = target.join("release/kube-ipvs");
 

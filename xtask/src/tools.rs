@@ -265,29 +265,8 @@ fn version_ldflags(version: &str, strip: bool) -> String {
     flags.trim_end().to_owned()
 }
 
-thread_local! {
-    /// Set while [`in_background`] runs: Go builds started on this thread run at nice 19.
-    static BACKGROUND: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Runs `f` with the Go builds it starts at the lowest CPU priority (`nice -n 19`), so they use
-/// only what the rest of the machine leaves idle: `cargo xtask ci` builds the lab's programs
-/// this way while the kernel tests wait on their guests' timers.
-pub(crate) fn in_background<T>(f: impl FnOnce() -> T) -> T {
-    BACKGROUND.set(true);
-    let out = f();
-    BACKGROUND.set(false);
-    out
-}
-
 fn go_command(go: &Path, module: &Path) -> Command {
-    let mut cmd = if BACKGROUND.get() {
-        let mut nice = Command::new("nice");
-        nice.args(["-n", "19"]).arg(go);
-        nice
-    } else {
-        Command::new(go)
-    };
+    let mut cmd = util::program(go);
     cmd.current_dir(module)
         // go.sum is committed: a build must never rewrite the pins, and must not switch to
         // another Go release on its own.

@@ -30,9 +30,36 @@ pub(crate) fn target_dir() -> Result<PathBuf> {
 /// The cargo that invoked us, so toolchain overrides (`cargo +nightly xtask`) carry through.
 pub(crate) fn cargo_cmd() -> Command {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
+    let mut cmd = program(cargo);
     cmd.current_dir(workspace_root());
     cmd
+}
+
+thread_local! {
+    /// Set while [`in_background`] runs: builds started on this thread run at nice 19.
+    static BACKGROUND: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with the builds it starts (through [`program`]: cargo and Go) at the lowest CPU
+/// priority (`nice -n 19`), so they use only what the rest of the machine leaves idle: `cargo
+/// xtask ci` builds the lab's programs and the image's binary this way while the kernel tests
+/// wait on their guests' timers.
+pub(crate) fn in_background<T>(f: impl FnOnce() -> T) -> T {
+    BACKGROUND.set(true);
+    let out = f();
+    BACKGROUND.set(false);
+    out
+}
+
+/// A command running `program`, under `nice -n 19` inside [`in_background`].
+pub(crate) fn program(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    if BACKGROUND.get() {
+        let mut nice = Command::new("nice");
+        nice.args(["-n", "19"]).arg(program);
+        nice
+    } else {
+        Command::new(program)
+    }
 }
 
 /// Renders a command for messages, so a failure says exactly what to re-run by hand.
@@ -181,6 +208,22 @@ pub(crate) fn secs(d: std::time::Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn builds_in_background_run_at_nice_19_and_others_do_not() {
+        let args = |c: &Command| -> Vec<String> {
+            c.get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect()
+        };
+        let plain = program("go");
+        assert_eq!(plain.get_program(), "go");
+        let niced = in_background(|| program("go"));
+        assert_eq!(niced.get_program(), "nice");
+        assert_eq!(args(&niced), ["-n", "19", "go"]);
+        // The flag ends with the closure: later commands on the thread are plain again.
+        assert_eq!(program("cargo").get_program(), "cargo");
+    }
 
     #[test]
     fn shell_quote_leaves_plain_words_and_quotes_the_rest() {
