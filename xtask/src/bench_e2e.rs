@@ -18,8 +18,9 @@ use anyhow::{Context, Result, bail};
 
 use crate::charts;
 use crate::cluster::{ControlPlane, GUEST_DIR};
+use crate::netns::{self, ip};
 use crate::util::{self, secs, shell_quote};
-use crate::vm::{self, GuestFile, Job};
+use crate::vm::{self, GuestFile, Job, Tap};
 use crate::vmtest::cargo_executables;
 
 pub(crate) const DRIVER_PACKAGE: &str = "kube-ipvs-integration";
@@ -47,7 +48,28 @@ const USAGE: &str = "usage: cargo xtask bench e2e [--sizes 1000,5000,10000] [--u
      [--charts DIR] \
      [--agents kube-ipvs,kube-proxy-ipvs,kube-proxy-nftables,kube-proxy-iptables,kube-ipvs-routes] \
      [--update-budget SECS] [--settle-timeout SECS] [--converge-timeout SECS] [--mem MIB] \
-     [--store DIR] [--no-ipvs-rate-estimation]";
+     [--store DIR] [--net user|tap] [--no-ipvs-rate-estimation]";
+
+/// How the guests reach the API server on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Net {
+    /// QEMU's user networking (slirp), with `socat` carrying each connection to the API server
+    /// on the host's loopback (`guestfwd`).
+    User,
+    /// A tap device on a bridge in a network namespace of the bench's own, where the control
+    /// plane runs too: the guest's connections reach kube-apiserver through the guest kernel,
+    /// the tap and the bridge only, as on a node.
+    Tap,
+}
+
+/// The bench's network namespace (`--net tap`).
+const NETNS: &str = "kube-ipvs-bench";
+/// The bridge in it, holding [`vm::HOST_ALIAS`] (the address the guests' kubeconfigs name).
+const BRIDGE: &str = "bench0";
+/// The guests' tap device: one guest runs at a time.
+const TAP: &str = "bench-tap0";
+/// Set in the xtask run again inside [`NETNS`].
+const INSIDE_ENV: &str = "KUBE_IPVS_BENCH_INSIDE";
 
 #[derive(Debug, Clone, PartialEq)]
 struct Options {
@@ -79,6 +101,7 @@ struct Options {
     no_estimation: bool,
     /// A populated API server kept across runs (see [`KeptStore`]).
     store: Option<PathBuf>,
+    net: Net,
 }
 
 impl Default for Options {
@@ -103,6 +126,7 @@ impl Default for Options {
             memory_mib: 4096,
             no_estimation: false,
             store: None,
+            net: Net::User,
         }
     }
 }
@@ -133,6 +157,13 @@ fn parse_options(args: &[String]) -> Result<Options> {
             "--datapath" => o.datapath = number(value)?,
             "--charts" => o.charts = Some(PathBuf::from(value)),
             "--store" => o.store = Some(PathBuf::from(value)),
+            "--net" => {
+                o.net = match value.as_str() {
+                    "user" => Net::User,
+                    "tap" => Net::Tap,
+                    other => bail!("bench e2e: --net {other:?}: user or tap"),
+                }
+            }
             "--churn-seconds" => o.churn_seconds = number(value)? as u64,
             "--churn-rate" => {
                 o.churn_rate = value
@@ -788,8 +819,69 @@ pub(crate) fn populate(
     Ok(list)
 }
 
+/// The guest's side of `--net tap`: the address user networking gives it (the driver's node
+/// IP), with the bridge's address, where kube-apiserver listens, as its gateway.
+fn guest_tap() -> Tap {
+    Tap {
+        ifname: TAP.to_owned(),
+        mac: "52:54:00:12:34:56".to_owned(),
+        address: "10.0.2.15/24".to_owned(),
+        gateway: vm::HOST_ALIAS.to_owned(),
+    }
+}
+
+/// Whether `--net tap` can run here: checked before anything is built, and again just before
+/// the namespace is made.
+fn netns_check() -> Result<()> {
+    if let Some(why) = netns::unavailable() {
+        bail!("bench e2e --net tap: {why} (--net user needs neither)");
+    }
+    if netns::exists(NETNS) {
+        bail!(
+            "bench e2e --net tap: network namespace {NETNS} exists (another run holds it, or a \
+             killed run left it: `ip netns pids {NETNS} | xargs -r kill -KILL; ip netns del {NETNS}`)"
+        );
+    }
+    Ok(())
+}
+
+fn netns_down() {
+    let _ = netns::down(NETNS);
+}
+
+/// Makes the bench's namespace: loopback, the bridge with [`vm::HOST_ALIAS`] and the guests'
+/// tap on it. Removed at exit, also when a signal stops xtask.
+fn netns_up() -> Result<()> {
+    netns_check()?;
+    util::run(ip().args(["netns", "add", NETNS]))?;
+    crate::reaper::at_exit(netns_down);
+    let inside = |args: &[&str]| util::run(ip().args(["-n", NETNS]).args(args));
+    let made = (|| {
+        inside(&["link", "set", "lo", "up"])?;
+        inside(&["link", "add", BRIDGE, "type", "bridge"])?;
+        inside(&[
+            "addr",
+            "add",
+            &format!("{}/24", vm::HOST_ALIAS),
+            "dev",
+            BRIDGE,
+        ])?;
+        inside(&["link", "set", BRIDGE, "up"])?;
+        inside(&["tuntap", "add", TAP, "mode", "tap"])?;
+        inside(&["link", "set", TAP, "master", BRIDGE, "up"])
+    })();
+    if made.is_err() {
+        netns_down();
+    }
+    made
+}
+
 pub(crate) fn command(args: &[String]) -> Result<()> {
     let opts = parse_options(args)?;
+    let outside = opts.net == Net::Tap && std::env::var_os(INSIDE_ENV).is_none();
+    if outside {
+        netns_check()?;
+    }
     let tools = match crate::tools::ensure()? {
         Ok(t) => t,
         Err(crate::tools::Unavailable(why)) => bail!("bench e2e: {why}"),
@@ -808,6 +900,18 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
     } else {
         None
     };
+    if outside {
+        // Built above, outside, with the VM's packages, kernel and base image: the namespace
+        // has no route to the package registries.
+        vm::prepare()?;
+        netns_up()?;
+        let mut inner = vec!["bench".to_owned(), "e2e".to_owned()];
+        inner.extend_from_slice(args);
+        let result = netns::run_inside(NETNS, INSIDE_ENV, &inner);
+        netns_down();
+        crate::reaper::forget_at_exit();
+        return result;
+    }
     let work = util::target_dir()?.join(format!("bench-e2e/{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
     let largest = opts.sizes.last().copied().unwrap_or_default();
@@ -829,9 +933,24 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
                 dir.display(),
                 k.services
             );
-            ControlPlane::start_from_store(&tools, &work.join("control-plane"), &dir.join("etcd"))?
+            let store = dir.join("etcd");
+            match opts.net {
+                Net::User => {
+                    ControlPlane::start_from_store(&tools, &work.join("control-plane"), &store)?
+                }
+                Net::Tap => ControlPlane::start_in_namespace(
+                    &tools,
+                    &work.join("control-plane"),
+                    Some(&store),
+                )?,
+            }
         }
-        _ => ControlPlane::start(&tools, &work.join("control-plane"))?,
+        _ => match opts.net {
+            Net::User => ControlPlane::start(&tools, &work.join("control-plane"))?,
+            Net::Tap => {
+                ControlPlane::start_in_namespace(&tools, &work.join("control-plane"), None)?
+            }
+        },
     };
     plane.apply_rbac()?;
     // Saved once, after the largest size's first populate (before any agent changes a slice).
@@ -883,9 +1002,13 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
         }
     }
     println!(
-        "\nbench e2e ({} endpoints per Service over {} node(s); TCG guest, 2 vCPUs; kube-proxy {}{}):\n{}",
+        "\nbench e2e ({} endpoints per Service over {} node(s); TCG guest, 2 vCPUs, {}; kube-proxy {}{}):\n{}",
         opts.endpoints,
         opts.nodes,
+        match opts.net {
+            Net::User => "user networking",
+            Net::Tap => "tap networking",
+        },
         tools.kubernetes_version,
         if opts.no_estimation {
             "; IPVS rate estimator off in every guest"
@@ -1020,6 +1143,7 @@ fn run_agent(
         agent,
         list,
         memory_mib: opts.memory_mib,
+        tap: (opts.net == Net::Tap).then(guest_tap),
     };
     // The driver's own limits (convergence, settling, the update budget) plus boot.
     let timeout =
@@ -1050,6 +1174,9 @@ pub(crate) struct GuestRun<'a> {
     /// The `populate --out` list.
     pub(crate) list: &'a Path,
     pub(crate) memory_mib: u32,
+    /// The guest's network on this tap device (xtask runs in the device's namespace);
+    /// `None`: QEMU's user networking with the API server's port forwarded.
+    pub(crate) tap: Option<Tap>,
 }
 
 impl GuestRun<'_> {
@@ -1097,7 +1224,10 @@ impl GuestRun<'_> {
             std::fs::read(self.list).with_context(|| format!("reading {}", self.list.display()))?,
         ));
         // (The base image carries /etc/protocols, which kube-proxy's ipset needs: vm.rs.)
-        job.forward_ports.push(self.plane.port);
+        match &self.tap {
+            Some(tap) => job.tap = Some(tap.clone()),
+            None => job.forward_ports.push(self.plane.port),
+        }
         job.memory_mib = self.memory_mib;
         job.timeout = timeout;
         let outcome = vm::run(&job)?;
@@ -1339,6 +1469,12 @@ mod tests {
         let o = parse_options(&args("--store /tmp/kept-50000"))?;
         assert_eq!(o.store, Some(PathBuf::from("/tmp/kept-50000")));
         assert_eq!(parse_options(&[])?.store, None);
+        assert_eq!(parse_options(&args("--net tap"))?.net, Net::Tap);
+        assert_eq!(parse_options(&args("--net user"))?.net, Net::User);
+        let err = parse_options(&args("--net bridge"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--net \"bridge\": user or tap"), "{err}");
         Ok(())
     }
 }

@@ -260,7 +260,19 @@ fn terminate_untracked(child: &mut Child) {
 impl ControlPlane {
     /// Starts etcd and kube-apiserver in a fresh `dir` and waits until the API server is ready.
     pub(crate) fn start(tools: &Tools, dir: &Path) -> Result<ControlPlane> {
-        Self::start_with(tools, dir, None, None)
+        Self::start_with(tools, dir, None, None, false)
+    }
+
+    /// As [`ControlPlane::start`] (with etcd on a copy of `store` if given), for a run inside a
+    /// network namespace of its own whose bridge holds [`HOST_ALIAS`]: kube-apiserver listens
+    /// on every address there, so guests on the bridge reach it at `HOST_ALIAS` as they would
+    /// through QEMU's user networking.
+    pub(crate) fn start_in_namespace(
+        tools: &Tools,
+        dir: &Path,
+        store: Option<&Path>,
+    ) -> Result<ControlPlane> {
+        Self::start_with(tools, dir, None, store, true)
     }
 
     /// As [`ControlPlane::start`], with etcd on a copy of `store` (a data directory saved by
@@ -270,12 +282,12 @@ impl ControlPlane {
         dir: &Path,
         store: &Path,
     ) -> Result<ControlPlane> {
-        Self::start_with(tools, dir, None, Some(store))
+        Self::start_with(tools, dir, None, Some(store), false)
     }
 
     /// As [`ControlPlane::start`], set up for the lab cluster's kubelets.
     pub(crate) fn start_lab(tools: &Tools, dir: &Path, lab: &Lab) -> Result<ControlPlane> {
-        Self::start_with(tools, dir, Some(lab), None)
+        Self::start_with(tools, dir, Some(lab), None, true)
     }
 
     fn start_with(
@@ -283,6 +295,8 @@ impl ControlPlane {
         dir: &Path,
         lab: Option<&Lab>,
         store: Option<&Path>,
+        // Only inside a network namespace of xtask's own, which holds nothing else.
+        every_address: bool,
     ) -> Result<ControlPlane> {
         let started = Instant::now();
         let _ = fs::remove_dir_all(dir);
@@ -357,10 +371,10 @@ impl ControlPlane {
         let d = |name: &str| dir.join(name).display().to_string();
         let mut apiserver_args: Vec<String> = vec![
             format!("--etcd-servers=http://127.0.0.1:{etcd_client}"),
-            // The lab's network namespace holds nothing else: all its addresses are the lab's.
+            // A namespace of xtask's own holds nothing else: all its addresses are the run's.
             format!(
                 "--bind-address={}",
-                if lab.is_some() {
+                if every_address {
                     "0.0.0.0"
                 } else {
                     "127.0.0.1"

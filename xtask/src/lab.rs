@@ -26,7 +26,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::cluster::{self, ControlPlane, Lab, SERVICE_CIDR};
+use crate::netns::{self, ip};
 use crate::testimages::{self, Archive};
 use crate::tools::{self, ClusterTools, Tools};
 use crate::util::{self, secs};
@@ -144,30 +145,9 @@ impl Options {
     }
 }
 
-/// `ip` from iproute2 (busybox's applet lacks `netns` and `tuntap`).
-fn ip() -> Command {
-    Command::new("/usr/sbin/ip")
-}
-
-/// Whether the lab's namespace exists.
-fn netns_exists() -> bool {
-    Path::new("/run/netns").join(NETNS).exists()
-}
-
 /// Removes the lab's namespace and everything running in it.
 pub(crate) fn down() -> Result<()> {
-    if !netns_exists() {
-        return Ok(());
-    }
-    // Processes in the namespace keep it (and its taps) alive after `ip netns del`.
-    if let Ok(pids) = util::output(ip().args(["netns", "pids", NETNS])) {
-        let pids: Vec<&str> = pids.split_whitespace().collect();
-        if !pids.is_empty() {
-            eprintln!("xtask: stopping {} process(es) in {NETNS}", pids.len());
-            let _ = Command::new("kill").arg("-KILL").args(&pids).status();
-        }
-    }
-    util::run(ip().args(["netns", "del", NETNS]))
+    netns::down(NETNS)
 }
 
 /// Makes the namespace: loopback, the bridge with [`GATEWAY`], a tap per node on it, and a
@@ -176,7 +156,7 @@ fn netns_up(nodes: &[Node]) -> Result<()> {
     if let Some(why) = unavailable() {
         bail!("cluster: {why}");
     }
-    if netns_exists() {
+    if netns::exists(NETNS) {
         // Another lab on this host (a developer's, CI's) or what a killed run left: never
         // take it over; the fixed names and port 6443 are the lab's.
         bail!(
@@ -197,13 +177,7 @@ fn netns_up(nodes: &[Node]) -> Result<()> {
 
 /// Why this machine cannot run the lab, if it cannot: it needs root and the tun device.
 pub(crate) fn unavailable() -> Option<String> {
-    if !util::is_root() {
-        return Some("the lab needs root (a network namespace, a bridge, tap devices)".into());
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        return Some("the lab needs /dev/net/tun for its nodes' tap devices".into());
-    }
-    None
+    netns::unavailable().map(|why| format!("the lab cannot run here: {why}"))
 }
 
 /// The namespace's loopback, bridge, taps and routes.
@@ -803,21 +777,9 @@ fn enter(command: &str, args: &[String], options: &Options) -> Option<Result<()>
         // Build outside: the namespace has no route to the package registries.
         artifacts(options.proxy)?;
         netns_up(&options.nodes())?;
-        // A copy of this very binary: `cargo xtask ci` rebuilds target/debug/xtask with other
-        // features while it runs, so the path may name a deleted file by now (CI failed
-        // exactly so); /proc/self/exe still reads the running one.
-        let exe = util::target_dir()?.join(format!("lab/xtask-{}", std::process::id()));
-        fs::create_dir_all(exe.parent().context("no parent")?)?;
-        fs::copy("/proc/self/exe", &exe).context("copying /proc/self/exe")?;
-        let mut cmd = ip();
-        cmd.args(["netns", "exec", NETNS])
-            .arg(&exe)
-            .arg(command)
-            .args(args)
-            .env(INSIDE_ENV, "1")
-            .stdin(Stdio::inherit());
-        let result = util::run(&mut cmd);
-        let _ = fs::remove_file(&exe);
+        let mut inner = vec![command.to_owned()];
+        inner.extend_from_slice(args);
+        let result = netns::run_inside(NETNS, INSIDE_ENV, &inner);
         let _ = down();
         crate::reaper::forget_at_exit();
         result

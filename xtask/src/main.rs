@@ -15,6 +15,7 @@ mod image;
 mod initramfs;
 mod kernel;
 mod lab;
+mod netns;
 mod reaper;
 mod soak;
 mod testimages;

@@ -326,6 +326,7 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
         agent: "kube-ipvs",
         list: &list,
         memory_mib: opts.memory_mib,
+        tap: None,
     };
     // Converging and the repair (each within the timeout), settling, the soak, boot.
     let timeout = Duration::from_secs(2 * converge_timeout + 600 + run.as_secs() + 600);
