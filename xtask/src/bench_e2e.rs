@@ -18,7 +18,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::charts;
 use crate::cluster::{ControlPlane, GUEST_DIR};
-use crate::netns::{self, ip};
+use crate::netns;
 use crate::util::{self, secs, shell_quote};
 use crate::vm::{self, GuestFile, Job, Tap};
 use crate::vmtest::cargo_executables;
@@ -60,6 +60,15 @@ enum Net {
     /// plane runs too: the guest's connections reach kube-apiserver through the guest kernel,
     /// the tap and the bridge only, as on a node.
     Tap,
+}
+
+impl Net {
+    fn describe(self) -> &'static str {
+        match self {
+            Net::User => "user networking",
+            Net::Tap => "tap networking",
+        }
+    }
 }
 
 /// The bench's network namespace (`--net tap`).
@@ -853,27 +862,16 @@ fn netns_down() {
 /// tap on it. Removed at exit, also when a signal stops xtask.
 fn netns_up() -> Result<()> {
     netns_check()?;
-    util::run(ip().args(["netns", "add", NETNS]))?;
-    crate::reaper::at_exit(netns_down);
-    let inside = |args: &[&str]| util::run(ip().args(["-n", NETNS]).args(args));
-    let made = (|| {
-        inside(&["link", "set", "lo", "up"])?;
-        inside(&["link", "add", BRIDGE, "type", "bridge"])?;
-        inside(&[
-            "addr",
-            "add",
-            &format!("{}/24", vm::HOST_ALIAS),
-            "dev",
-            BRIDGE,
-        ])?;
-        inside(&["link", "set", BRIDGE, "up"])?;
-        inside(&["tuntap", "add", TAP, "mode", "tap"])?;
-        inside(&["link", "set", TAP, "master", BRIDGE, "up"])
-    })();
-    if made.is_err() {
-        netns_down();
-    }
-    made
+    netns::up(
+        &netns::Bridged {
+            name: NETNS,
+            bridge: BRIDGE,
+            address: format!("{}/24", vm::HOST_ALIAS),
+            taps: vec![TAP.to_owned()],
+            routes: Vec::new(),
+        },
+        netns_down,
+    )
 }
 
 pub(crate) fn command(args: &[String]) -> Result<()> {
@@ -926,32 +924,23 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
     if let Some(k) = &kept {
         k.check(shape, opts.sizes[0])?;
     }
-    let plane = match (&opts.store, &kept) {
+    let store = match (&opts.store, &kept) {
         (Some(dir), Some(k)) => {
             eprintln!(
                 "xtask: bench e2e: etcd starts on a copy of the kept store {} ({} Services)",
                 dir.display(),
                 k.services
             );
-            let store = dir.join("etcd");
-            match opts.net {
-                Net::User => {
-                    ControlPlane::start_from_store(&tools, &work.join("control-plane"), &store)?
-                }
-                Net::Tap => ControlPlane::start_in_namespace(
-                    &tools,
-                    &work.join("control-plane"),
-                    Some(&store),
-                )?,
-            }
+            Some(dir.join("etcd"))
         }
-        _ => match opts.net {
-            Net::User => ControlPlane::start(&tools, &work.join("control-plane"))?,
-            Net::Tap => {
-                ControlPlane::start_in_namespace(&tools, &work.join("control-plane"), None)?
-            }
-        },
+        _ => None,
     };
+    let plane = ControlPlane::start_for_bench(
+        &tools,
+        &work.join("control-plane"),
+        store.as_deref(),
+        opts.net == Net::Tap,
+    )?;
     plane.apply_rbac()?;
     // Saved once, after the largest size's first populate (before any agent changes a slice).
     let mut save_to = opts
@@ -1005,10 +994,7 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
         "\nbench e2e ({} endpoints per Service over {} node(s); TCG guest, 2 vCPUs, {}; kube-proxy {}{}):\n{}",
         opts.endpoints,
         opts.nodes,
-        match opts.net {
-            Net::User => "user networking",
-            Net::Tap => "tap networking",
-        },
+        opts.net.describe(),
         tools.kubernetes_version,
         if opts.no_estimation {
             "; IPVS rate estimator off in every guest"

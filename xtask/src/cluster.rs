@@ -263,26 +263,19 @@ impl ControlPlane {
         Self::start_with(tools, dir, None, None, false)
     }
 
-    /// As [`ControlPlane::start`] (with etcd on a copy of `store` if given), for a run inside a
-    /// network namespace of its own whose bridge holds [`HOST_ALIAS`]: kube-apiserver listens
-    /// on every address there, so guests on the bridge reach it at `HOST_ALIAS` as they would
-    /// through QEMU's user networking.
-    pub(crate) fn start_in_namespace(
+    /// As [`ControlPlane::start`], for `bench e2e`: etcd on a copy of `store` if given (a data
+    /// directory saved by [`ControlPlane::save_store`]), so the objects of an earlier run are
+    /// there from the start; with `every_address` (only inside a network namespace of xtask's own
+    /// whose bridge holds [`HOST_ALIAS`]) kube-apiserver listens on every address there, so
+    /// guests on the bridge reach it at `HOST_ALIAS` as they would through QEMU's user
+    /// networking.
+    pub(crate) fn start_for_bench(
         tools: &Tools,
         dir: &Path,
         store: Option<&Path>,
+        every_address: bool,
     ) -> Result<ControlPlane> {
-        Self::start_with(tools, dir, None, store, true)
-    }
-
-    /// As [`ControlPlane::start`], with etcd on a copy of `store` (a data directory saved by
-    /// [`ControlPlane::save_store`]): the objects of an earlier run are there from the start.
-    pub(crate) fn start_from_store(
-        tools: &Tools,
-        dir: &Path,
-        store: &Path,
-    ) -> Result<ControlPlane> {
-        Self::start_with(tools, dir, None, Some(store), false)
+        Self::start_with(tools, dir, None, store, every_address)
     }
 
     /// As [`ControlPlane::start`], set up for the lab cluster's kubelets.
@@ -507,7 +500,7 @@ impl ControlPlane {
     }
 
     /// Saves etcd's data directory to `to` (replacing what is there) for
-    /// [`ControlPlane::start_from_store`]: the API server and etcd stop (SIGTERM, so etcd's
+    /// [`ControlPlane::start_for_bench`]: the API server and etcd stop (SIGTERM, so etcd's
     /// files are whole), the directory is copied, and both start again on the same ports.
     pub(crate) fn save_store(&self, to: &Path) -> Result<()> {
         self.stop_apiserver()?;

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::cluster::{self, ControlPlane, Lab, SERVICE_CIDR};
-use crate::netns::{self, ip};
+use crate::netns;
 use crate::testimages::{self, Archive};
 use crate::tools::{self, ClusterTools, Tools};
 use crate::util::{self, secs};
@@ -164,42 +164,23 @@ fn netns_up(nodes: &[Node]) -> Result<()> {
              it): stop that lab or run `cargo xtask cluster down`"
         );
     }
-    util::run(ip().args(["netns", "add", NETNS]))?;
-    crate::reaper::at_exit(|| {
-        let _ = down();
-    });
-    let made = populate(nodes);
-    if made.is_err() {
-        let _ = down();
-    }
-    made
+    netns::up(
+        &netns::Bridged {
+            name: NETNS,
+            bridge: BRIDGE,
+            address: format!("{GATEWAY}/{PREFIX_LEN}"),
+            taps: nodes.iter().map(Node::tap).collect(),
+            routes: nodes.iter().map(|n| (n.pod_cidr(), n.address())).collect(),
+        },
+        || {
+            let _ = down();
+        },
+    )
 }
 
 /// Why this machine cannot run the lab, if it cannot: it needs root and the tun device.
 pub(crate) fn unavailable() -> Option<String> {
     netns::unavailable().map(|why| format!("the lab cannot run here: {why}"))
-}
-
-/// The namespace's loopback, bridge, taps and routes.
-fn populate(nodes: &[Node]) -> Result<()> {
-    let inside = |args: &[&str]| util::run(ip().args(["-n", NETNS]).args(args));
-    inside(&["link", "set", "lo", "up"])?;
-    inside(&["link", "add", BRIDGE, "type", "bridge"])?;
-    inside(&[
-        "addr",
-        "add",
-        &format!("{GATEWAY}/{PREFIX_LEN}"),
-        "dev",
-        BRIDGE,
-    ])?;
-    inside(&["link", "set", BRIDGE, "up"])?;
-    for node in nodes {
-        let tap = node.tap();
-        inside(&["tuntap", "add", &tap, "mode", "tap"])?;
-        inside(&["link", "set", &tap, "master", BRIDGE, "up"])?;
-        inside(&["route", "add", &node.pod_cidr(), "via", &node.address()])?;
-    }
-    Ok(())
 }
 
 /// Everything built on the host before entering the namespace (where the Go module proxy and

@@ -49,6 +49,44 @@ pub(crate) fn down(name: &str) -> Result<()> {
     util::run(ip().args(["netns", "del", name]))
 }
 
+/// A namespace of bridged tap devices for QEMU guests: the bridge holds the host side's address.
+pub(crate) struct Bridged<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) bridge: &'a str,
+    /// With prefix length, e.g. `10.88.0.1/24`.
+    pub(crate) address: String,
+    pub(crate) taps: Vec<String>,
+    /// Added after the taps: `(destination, via)`.
+    pub(crate) routes: Vec<(String, String)>,
+}
+
+/// Makes the namespace with its loopback, bridge, taps and routes. `cleanup` (which removes it)
+/// runs if a signal stops xtask; a failed step removes it at once. The caller has refused an
+/// existing namespace of that name, with its own advice.
+pub(crate) fn up(net: &Bridged<'_>, cleanup: fn()) -> Result<()> {
+    util::run(ip().args(["netns", "add", net.name]))?;
+    crate::reaper::at_exit(cleanup);
+    let inside = |args: &[&str]| util::run(ip().args(["-n", net.name]).args(args));
+    let made = (|| {
+        inside(&["link", "set", "lo", "up"])?;
+        inside(&["link", "add", net.bridge, "type", "bridge"])?;
+        inside(&["addr", "add", &net.address, "dev", net.bridge])?;
+        inside(&["link", "set", net.bridge, "up"])?;
+        for tap in &net.taps {
+            inside(&["tuntap", "add", tap, "mode", "tap"])?;
+            inside(&["link", "set", tap, "master", net.bridge, "up"])?;
+        }
+        for (destination, via) in &net.routes {
+            inside(&["route", "add", destination, "via", via])?;
+        }
+        Ok(())
+    })();
+    if made.is_err() {
+        cleanup();
+    }
+    made
+}
+
 /// Runs `cargo xtask ARGS...` again inside the namespace `name`, with `inside_env` set so the
 /// inner run knows it is there, and waits for it.
 pub(crate) fn run_inside(name: &str, inside_env: &str, args: &[String]) -> Result<()> {
