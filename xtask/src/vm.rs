@@ -114,6 +114,23 @@ for name in $names; do
     [ -d "/sys/module/${name//-/_}" ] || echo "vm: module $name did not load"
 done
 /usr/sbin/ip link set lo up
+# The kernel's one-time hash keys (conntrack's, NAT's, the TCP hashes') are taken on first use,
+# and each then turns a static key off, which rewrites kernel text with int3 while the other
+# vCPU may run it. QEMU 7.2's multi-threaded TCG can leave that vCPU on a stale translation
+# holding the int3, where it traps for ever (seen in conntrack's hash_conntrack_raw, a bench
+# guest's traffic stopped for good). Use them here, on a quiet guest: one TCP connection through
+# conntrack and the nat table (its null binding) on a throwaway namespace's loopback.
+/usr/sbin/ip netns add vm-warm-up
+/usr/sbin/ip -n vm-warm-up link set lo up
+/usr/sbin/ip netns exec vm-warm-up iptables -t nat -A POSTROUTING -o lo -m conntrack --ctstate NEW -j RETURN
+/usr/sbin/ip netns exec vm-warm-up timeout 10 socat -u TCP-LISTEN:9,bind=127.0.0.1 GOPEN:/dev/null &
+/usr/sbin/ip netns exec vm-warm-up timeout 10 \
+    socat -u GOPEN:/dev/null TCP:127.0.0.1:9,retry=100,interval=0.05 ||
+    echo "vm: the warm-up connection failed"
+wait
+[ "$(/usr/sbin/ip netns exec vm-warm-up cat /proc/sys/net/netfilter/nf_conntrack_count)" -gt 0 ] ||
+    echo "vm: conntrack did not see the warm-up connection"
+/usr/sbin/ip netns del vm-warm-up
 if [ -e /etc/vm/net ]; then
     # User-mode networking: reach forwarded host ports at 10.0.2.100; there is no default route.
     /usr/sbin/ip link set eth0 up && /usr/sbin/ip addr add 10.0.2.15/24 dev eth0
@@ -463,6 +480,15 @@ fn concat(parts: &[&Path], out: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The guest kernel's command line, with `extra` (`XTASK_KERNEL_ARGS`) at its end.
+fn kernel_command_line(extra: Option<&str>) -> String {
+    let base = "console=ttyS0 panic=-1 quiet rdinit=/init oops=panic";
+    match extra.map(str::trim) {
+        Some(extra) if !extra.is_empty() => format!("{base} {extra}"),
+        _ => base.to_owned(),
+    }
+}
+
 /// The QEMU command line. `-nographic` puts the serial console on stdio; `-no-reboot` with
 /// `panic=-1` turns both power-off and a kernel panic into QEMU exiting.
 fn qemu_command(job: &Job, kernel: &Kernel, initrd: &Path) -> Command {
@@ -482,8 +508,18 @@ fn qemu_command(job: &Job, kernel: &Kernel, initrd: &Path) -> Command {
     .arg(initrd)
     .args([
         "-append",
-        "console=ttyS0 panic=-1 quiet rdinit=/init oops=panic",
+        &kernel_command_line(std::env::var("XTASK_KERNEL_ARGS").ok().as_deref()),
     ]);
+    // For debugging a hung guest (xtask/README.md): a monitor to read its vCPUs' registers.
+    if let Ok(dir) = std::env::var("XTASK_QEMU_MONITOR") {
+        cmd.args([
+            "-monitor",
+            &format!(
+                "unix:{dir}/{}.sock,server,nowait",
+                job.name.replace(' ', "-")
+            ),
+        ]);
+    }
     if let Some(tap) = &job.tap {
         cmd.args([
             "-netdev",
@@ -842,5 +878,16 @@ mod tests {
         let net = util::display_cmd(&qemu_command(&job, &kernel, Path::new("/i")));
         assert!(net.contains("guestfwd=tcp:10.0.2.100:6443-cmd:socat - TCP:127.0.0.1:6443,guestfwd=tcp:10.0.2.100:8080-"));
         assert!(net.contains("restrict=on"));
+    }
+
+    #[test]
+    fn extra_kernel_arguments_go_last_and_blank_ones_add_nothing() {
+        let base = kernel_command_line(None);
+        assert!(base.ends_with("oops=panic"));
+        assert_eq!(kernel_command_line(Some("  ")), base);
+        assert_eq!(
+            kernel_command_line(Some("nokaslr loglevel=7")),
+            format!("{base} nokaslr loglevel=7")
+        );
     }
 }
