@@ -48,7 +48,7 @@ const USAGE: &str = "usage: cargo xtask bench e2e [--sizes 1000,5000,10000] [--u
      [--charts DIR] \
      [--agents kube-ipvs,kube-proxy-ipvs,kube-proxy-nftables,kube-proxy-iptables,kube-ipvs-routes] \
      [--update-budget SECS] [--settle-timeout SECS] [--converge-timeout SECS] [--mem MIB] \
-     [--store DIR] [--net user|tap] [--no-ipvs-rate-estimation]";
+     [--store DIR] [--net tap|user] [--no-ipvs-rate-estimation]";
 
 /// How the guests reach the API server on the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,7 +135,7 @@ impl Default for Options {
             memory_mib: 4096,
             no_estimation: false,
             store: None,
-            net: Net::User,
+            net: Net::Tap,
         }
     }
 }
@@ -1455,6 +1455,7 @@ mod tests {
         let o = parse_options(&args("--store /tmp/kept-50000"))?;
         assert_eq!(o.store, Some(PathBuf::from("/tmp/kept-50000")));
         assert_eq!(parse_options(&[])?.store, None);
+        assert_eq!(parse_options(&[])?.net, Net::Tap);
         assert_eq!(parse_options(&args("--net tap"))?.net, Net::Tap);
         assert_eq!(parse_options(&args("--net user"))?.net, Net::User);
         let err = parse_options(&args("--net bridge"))
