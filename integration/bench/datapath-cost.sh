@@ -27,7 +27,8 @@
 #               before, since the agent owns the table)
 # The emulated peers' rules only see traffic to their own ranges (10.98/16 and 10.99/16), so the
 # IPVS paths do not walk them; once the agent runs, every path walks its rules. Blocks: two
-# before the agent (direct, nftables, iptables, ipvs-alone), two with it running and two with it
+# before the agent (direct, nftables, iptables, ipvs-alone), two more with SIZE virtual servers
+# in IPVS alone's table (the table's size without the agent), two with it running and two with it
 # stopped (SIGSTOP: with --manifests it reads its files every second, and its reconcile reads
 # the kernel every 30 s), two with it stopped and the kernel's IPVS rate estimator off
 # (net.ipv4.vs.run_estimation=0); then, with perf in the guest, each path sampled once (the busiest
@@ -123,7 +124,15 @@ TARGETS=$DIRECT:$PORT,$NFT_VIP:80,$IPT_VIP:80,$RAW_VIP:80
 measure before-agent
 measure before-agent-again
 profile ipvs-alone $RAW_VIP:80
-ipvsadm -D -t $RAW_VIP:80 && $IP link del raw-ipvs0 && nft delete table ip raw-ipvs || fail "removing IPVS alone"
+# The same IPVS with SIZE - 1 more virtual servers (one real server each, never connected to),
+# as many as the agent's table holds below: what the table's size costs a new connection.
+awk -v n=$SIZE 'BEGIN{for(i=0;i<n;i++){if(i==10)continue; a=sprintf("%d.%d", int(i/256)%256, i%256);
+  printf "-A -t 10.100.%s:80 -s rr\n-a -t 10.100.%s:80 -r 10.245.%s:8080 -m\n", a, a, a}}' > /tmp/raw.ipvs
+ipvsadm -R < /tmp/raw.ipvs || fail "ipvsadm -R refused the extra virtual servers"
+echo "ipvs-alone-full: $(ipvsadm -Ln | grep -c '^TCP') virtual servers"
+measure ipvs-alone-full
+measure ipvs-alone-full-again
+ipvsadm -C && $IP link del raw-ipvs0 && nft delete table ip raw-ipvs || fail "removing IPVS alone"
 
 # kube-ipvs on SIZE Services; the first is the measured one.
 M=/tmp/manifests; mkdir -p $M
