@@ -121,14 +121,14 @@ done
 # guest's traffic stopped for good). Use them here, on a quiet guest: one TCP connection through
 # conntrack and the nat table (its null binding) on a throwaway namespace's loopback.
 /usr/sbin/ip netns add vm-warm-up
-/usr/sbin/ip -n vm-warm-up link set lo up
-/usr/sbin/ip netns exec vm-warm-up iptables -t nat -A POSTROUTING -o lo -m conntrack --ctstate NEW -j RETURN
-/usr/sbin/ip netns exec vm-warm-up timeout 10 socat -u TCP-LISTEN:9,bind=127.0.0.1 GOPEN:/dev/null &
-/usr/sbin/ip netns exec vm-warm-up timeout 10 \
-    socat -u GOPEN:/dev/null TCP:127.0.0.1:9,retry=100,interval=0.05 ||
+warm="/usr/sbin/ip netns exec vm-warm-up"
+$warm /usr/sbin/ip link set lo up
+$warm iptables -t nat -A POSTROUTING -o lo -m conntrack --ctstate NEW -j RETURN
+$warm timeout 10 socat -u TCP-LISTEN:9,bind=127.0.0.1 GOPEN:/dev/null &
+$warm timeout 10 socat -u GOPEN:/dev/null TCP:127.0.0.1:9,retry=100,interval=0.05 ||
     echo "vm: the warm-up connection failed"
 wait
-[ "$(/usr/sbin/ip netns exec vm-warm-up cat /proc/sys/net/netfilter/nf_conntrack_count)" -gt 0 ] ||
+[ "$($warm cat /proc/sys/net/netfilter/nf_conntrack_count)" -gt 0 ] ||
     echo "vm: conntrack did not see the warm-up connection"
 /usr/sbin/ip netns del vm-warm-up
 if [ -e /etc/vm/net ]; then
