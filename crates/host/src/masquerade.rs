@@ -441,8 +441,14 @@ pub fn missing_rules(bin_dir: Option<&Path>, family: Family) -> Result<Vec<Strin
         (&FILTER, &crate::filter::JUMPS),
         (&MANGLE, &MANGLE_JUMPS),
     ];
+    let legacy = legacy_tables(backend, family);
     for (table, jumps) in layout {
-        let save = run_tool(&save_tool, &["-t", table.name], None)?;
+        // A legacy table that does not exist holds nothing; reading it would create it.
+        let save = if may_hold(legacy.as_deref(), table.name) {
+            run_tool(&save_tool, &["-t", table.name], None)?
+        } else {
+            String::new()
+        };
         missing.extend(missing_in(&save, table, jumps));
     }
     Ok(missing)
@@ -565,14 +571,18 @@ pub fn sets_present() -> Vec<&'static str> {
 /// (tool, chains) for each tool that shows any.
 pub fn saved_chains() -> Vec<(String, Vec<String>)> {
     let mut out = Vec::new();
-    for tool in [
-        "iptables-legacy-save",
-        "iptables-nft-save",
-        "ip6tables-legacy-save",
-        "ip6tables-nft-save",
+    for (tool, backend, family) in [
+        ("iptables-legacy-save", Backend::Legacy, Family::V4),
+        ("iptables-nft-save", Backend::Nft, Family::V4),
+        ("ip6tables-legacy-save", Backend::Legacy, Family::V6),
+        ("ip6tables-nft-save", Backend::Nft, Family::V6),
     ] {
         let mut found = Vec::new();
+        let legacy = legacy_tables(backend, family);
         for table in [&NAT, &FILTER, &MANGLE] {
+            if !may_hold(legacy.as_deref(), table.name) {
+                continue;
+            }
             let Ok(o) = Command::new(tool)
                 .args(["-t", table.name])
                 .stdin(Stdio::null())
@@ -632,6 +642,42 @@ fn chains_in(save: &str, table: &Table) -> Vec<String> {
         .collect()
 }
 
+/// Where the kernel lists the legacy (x_tables) tables of the reader's network namespace.
+const LEGACY_TABLE_LISTS: [(Family, &str); 2] = [
+    (Family::V4, "/proc/net/ip_tables_names"),
+    (Family::V6, "/proc/net/ip6_tables_names"),
+];
+
+/// For the legacy backend, the x_tables tables that exist in this network namespace (`None`
+/// for the nf_tables backend, or when the list cannot be read for another reason than its
+/// absence). Asking `iptables-legacy-save -t nat` for a table that does not exist makes the
+/// kernel create it, and an x_tables table hooks into the path of every packet of the
+/// namespace for as long as the namespace lives: a scan for leftovers must not leave that
+/// behind. Reading the kernel's list creates nothing; without the `ip_tables` module there is
+/// no list and no table.
+fn legacy_tables(backend: Backend, family: Family) -> Option<Vec<String>> {
+    if backend != Backend::Legacy {
+        return None;
+    }
+    let (_, path) = LEGACY_TABLE_LISTS.into_iter().find(|(f, _)| *f == family)?;
+    table_list(std::fs::read_to_string(path))
+}
+
+/// The table names of a read of `/proc/net/ip_tables_names`: a missing file is no table, and
+/// another error leaves it unknown (`None`).
+fn table_list(read: std::io::Result<String>) -> Option<Vec<String>> {
+    match read {
+        Ok(text) => Some(text.split_whitespace().map(str::to_owned).collect()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(Vec::new()),
+        Err(_) => None,
+    }
+}
+
+/// Whether `table` may hold rules, given [`legacy_tables`]: always when the list is unknown.
+fn may_hold(legacy: Option<&[String]>, table: &str) -> bool {
+    legacy.is_none_or(|names| names.iter().any(|n| n == table))
+}
+
 fn cleanup_family(bin_dir: Option<&Path>, backend: Backend, family: Family) -> Result<Removed> {
     cleanup_tables(bin_dir, backend, family, &[&NAT, &FILTER, &MANGLE])
 }
@@ -653,7 +699,11 @@ pub(crate) fn cleanup_tables(
         tool: restore.display().to_string(),
         ..Removed::default()
     };
+    let legacy = legacy_tables(backend, family);
     for table in tables {
+        if !may_hold(legacy.as_deref(), table.name) {
+            continue;
+        }
         let save = run_tool(&save_tool, &["-t", table.name], None)?;
         let (text, r) = cleanup_input(&save, table);
         if r.jumps > 0 || !r.chains.is_empty() {
@@ -1610,5 +1660,23 @@ COMMIT
         );
         // The jump between our own chains goes with the flush, not as a jump of its own.
         assert!(!input.contains("-D KUBE-IPVS-INPUT"));
+    }
+    #[test]
+    fn only_legacy_tables_the_kernel_lists_are_read() {
+        use std::io::{Error, ErrorKind};
+        let listed = table_list(Ok("filter\nnat\n".to_owned()));
+        assert_eq!(listed, Some(vec!["filter".to_owned(), "nat".to_owned()]));
+        assert!(may_hold(listed.as_deref(), "nat"));
+        assert!(!may_hold(listed.as_deref(), "mangle"));
+        // Without the ip_tables module there is no list and no legacy table at all.
+        let absent = table_list(Err(Error::from(ErrorKind::NotFound)));
+        assert_eq!(absent, Some(Vec::new()));
+        assert!(!may_hold(absent.as_deref(), "filter"));
+        // A list that cannot be read says nothing: every table is read, as before.
+        let unknown = table_list(Err(Error::from(ErrorKind::PermissionDenied)));
+        assert_eq!(unknown, None);
+        assert!(may_hold(unknown.as_deref(), "filter"));
+        // The nf_tables backend is never filtered.
+        assert_eq!(legacy_tables(Backend::Nft, Family::V4), None);
     }
 }
