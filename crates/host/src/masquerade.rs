@@ -18,7 +18,8 @@
 //! hairpin rule. The chain marks such packets with the masquerade bit and the last rules of
 //! [`POSTROUTING_CHAIN`] clear the bit and `MASQUERADE` them, the way kube-proxy does; packets
 //! others marked with the same bit (kube-proxy's `KUBE-MARK-MASQ` convention) are masqueraded
-//! too.
+//! too. A packet that already carries the bit (the service sets mark in `PREROUTING`) skips
+//! [`MASQ_CHAIN`], whose rules only set it or return.
 //!
 //! What does grow with configuration: one rule per cluster CIDR, one per node IP, one per
 //! `(node IP, Local-policy NodePort)` pair and one per Local-policy external or load-balancer IP
@@ -876,7 +877,13 @@ pub fn restore_input(config: &Config, family: Family, add_jump: [bool; 3]) -> Re
         add_jump[2] && config.service_sets,
     ];
     let mut r = section_head("nat", NAT.chains, &NAT_JUMPS, &add_jump);
-    let _ = writeln!(r, "-A {POSTROUTING_CHAIN} {ipvs} -j {MASQ_CHAIN}");
+    // Every rule of MASQ_CHAIN only sets the bit or returns, so a packet that already carries
+    // it (marked in PREROUTING by the service sets, or by another component) skips the chain:
+    // the mark test, a native expression, spares it the ipvs match and the chain's set lookups.
+    let _ = writeln!(
+        r,
+        "-A {POSTROUTING_CHAIN} -m mark ! --mark {mark:#x}/{mark:#x} {ipvs} -j {MASQ_CHAIN}"
+    );
     let _ = writeln!(
         r,
         "-A {POSTROUTING_CHAIN} -m mark ! --mark {mark:#x}/{mark:#x} -j RETURN"
@@ -1242,7 +1249,7 @@ mod tests {
         assert_eq!(
             r,
             [
-                "-A KUBE-IPVS-POSTROUTING -m ipvs --vdir ORIGINAL --vmethod MASQ -j KUBE-IPVS-MASQ",
+                "-A KUBE-IPVS-POSTROUTING -m mark ! --mark 0x4000/0x4000 -m ipvs --vdir ORIGINAL --vmethod MASQ -j KUBE-IPVS-MASQ",
                 "-A KUBE-IPVS-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN",
                 "-A KUBE-IPVS-POSTROUTING -j MARK --xor-mark 0x4000",
                 "-A KUBE-IPVS-POSTROUTING -m comment --comment \"kube-ipvs masquerade\" -j MASQUERADE --random-fully",
@@ -1661,6 +1668,7 @@ COMMIT
         // The jump between our own chains goes with the flush, not as a jump of its own.
         assert!(!input.contains("-D KUBE-IPVS-INPUT"));
     }
+
     #[test]
     fn only_legacy_tables_the_kernel_lists_are_read() {
         use std::io::{Error, ErrorKind};

@@ -119,7 +119,7 @@ fn ensure_twice_is_idempotent_on(backend: Backend) {
     );
     assert!(first.contains("-A POSTROUTING -o lo -j RETURN"), "{first}");
     for want in [
-        "-A KUBE-IPVS-POSTROUTING -m ipvs --vdir ORIGINAL --vmethod MASQ -j KUBE-IPVS-MASQ",
+        "-A KUBE-IPVS-POSTROUTING -m mark ! --mark 0x4000/0x4000 -m ipvs --vdir ORIGINAL --vmethod MASQ -j KUBE-IPVS-MASQ",
         "-A KUBE-IPVS-MASQ -s 10.244.0.0/16 -j RETURN",
         "--vaddr 192.0.2.10",
         "-s 10.244.1.5/32 -d 10.244.1.5/32",
