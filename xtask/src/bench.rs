@@ -174,8 +174,8 @@ fn release_executable(package: &str, what: &[&str], name: &str) -> Result<PathBu
 }
 
 /// `bench datapath [--size N] [--count N] [--no-perf]`: a new connection through kube-ipvs's
-/// ClusterIP against kube-proxy-like nftables and iptables rules and IPVS alone, in one guest,
-/// connection by connection (`integration/bench/datapath-cost.sh` says how); prints the ratios
+/// ClusterIP against kube-proxy's nftables table, reduced nftables and iptables rules and IPVS
+/// alone, in one guest with a node namespace per proxy, connection by connection (`integration/bench/datapath-cost.sh` says how); prints the ratios
 /// of each block.
 fn datapath(args: &[String]) -> Result<()> {
     let (mut size, mut count, mut perf) = (10_000u32, 3_000u32, true);
@@ -360,7 +360,7 @@ fn datapath_summary(lines: &[&str]) -> Result<String> {
         let ipvs = ["kube-ipvs", "ipvs-alone"]
             .into_iter()
             .find_map(|n| m.get(n).map(|v| (n, v.0)));
-        for other in ["nftables", "iptables"] {
+        for other in ["nftables", "nftables-min", "iptables"] {
             if let (Some((n, k)), Some((o, _, _))) = (ipvs, m.get(other)) {
                 let _ = write!(out, "; {n}/{other} {:.2}", k as f64 / (*o).max(1) as f64);
             }
@@ -398,11 +398,13 @@ mod tests {
             "PATH kube-ipvs 10.96.0.10:80",
             "PATH nftables 10.98.39.15:80",
             "PATH iptables 10.99.39.15:80",
+            "PATH nftables-min 10.102.39.15:80",
             "noise from the guest",
             "STEP agent-running DATAPATH-TARGET target=10.244.0.10:8080 conns=3000 failed=0 p50_us=1000 p99_us=3000 rate=700.0",
             "STEP agent-running DATAPATH-TARGET target=10.96.0.10:80 conns=3000 failed=0 p50_us=1200 p99_us=4000 rate=600.0",
             "STEP agent-running DATAPATH-TARGET target=10.98.39.15:80 conns=3000 failed=0 p50_us=1000 p99_us=3500 rate=650.0",
             "STEP agent-running DATAPATH-TARGET target=10.99.39.15:80 conns=3000 failed=2 p50_us=4800 p99_us=9000 rate=200.0",
+            "STEP agent-running DATAPATH-TARGET target=10.102.39.15:80 conns=3000 failed=0 p50_us=960 p99_us=3000 rate=660.0",
             "PATH ipvs-alone 10.100.0.10:80",
             "STEP before DATAPATH-TARGET target=10.100.0.10:80 conns=10 failed=0 p50_us=1100 p99_us=2000 rate=600.0",
             "STEP before DATAPATH-TARGET target=10.98.39.15:80 conns=10 failed=0 p50_us=1000 p99_us=2000 rate=600.0",
@@ -410,7 +412,7 @@ mod tests {
         assert_eq!(
             out.lines().nth(1),
             Some(
-                "agent-running: direct 1.00 (3.0) iptables 4.80 (9.0) [2 failed] kube-ipvs 1.20 (4.0) nftables 1.00 (3.5); kube-ipvs/nftables 1.20; kube-ipvs/iptables 0.25"
+                "agent-running: direct 1.00 (3.0) iptables 4.80 (9.0) [2 failed] kube-ipvs 1.20 (4.0) nftables 1.00 (3.5) nftables-min 0.96 (3.0); kube-ipvs/nftables 1.20; kube-ipvs/nftables-min 1.25; kube-ipvs/iptables 0.25"
             )
         );
         assert_eq!(
