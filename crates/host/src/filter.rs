@@ -11,14 +11,11 @@
 //! `0.0.0.0` (sshd, the kubelet) answers on every ClusterIP (kubernetes issue 72236). So
 //! [`INPUT_CHAIN`], jumped to first from `INPUT`:
 //!
-//! 1. sends new connections (conntrack state `NEW`, as every kube-proxy mode's firewall) to a
-//!    load-balancer address and port with `loadBalancerSourceRanges`
+//! 1. sends packets to a load-balancer address and port with `loadBalancerSourceRanges`
 //!    ([`crate::sets::ServiceSet::LbFirewall`]) through [`SOURCE_RANGES_CHAIN`], which lets through sources in
 //!    a range ([`crate::sets::ServiceSet::LbSources`], `dst,dst,src`) and the node itself (`--src-type LOCAL`,
 //!    kube-proxy's rule that a node may always reach its own load-balancer addresses) and drops
-//!    the rest; the state test comes first because it is a native `nf_tables` expression under
-//!    iptables-nft and the set match is not, so the packets of established connections, which
-//!    every packet after a connection's first is, skip the lookup;
+//!    the rest;
 //! 2. accepts packets to a virtual server, NodePorts included ([`crate::sets::ServiceSet::Services`],
 //!    `dst,dst`), so a host whose `INPUT` policy is `DROP` still serves its Services;
 //! 3. accepts TCP to a `healthCheckNodePort` on a local address ([`crate::sets::ServiceSet::HealthCheckPorts`]);
@@ -66,7 +63,7 @@ pub fn restore_section(family: Family, mark: u32, add_jump: [bool; 2]) -> String
     let set = |s: ServiceSet| s.name(family);
     let rules = [
         format!(
-            "-A {INPUT_CHAIN} -m conntrack --ctstate NEW -m set --match-set {} dst,dst -j {SOURCE_RANGES_CHAIN}",
+            "-A {INPUT_CHAIN} -m set --match-set {} dst,dst -j {SOURCE_RANGES_CHAIN}",
             set(ServiceSet::LbFirewall)
         ),
         format!(
@@ -123,7 +120,7 @@ mod tests {
                 ":KUBE-IPVS-FORWARD - [0:0]",
                 ":KUBE-IPVS-SOURCE-RANGES - [0:0]",
                 "-I INPUT -m comment --comment \"kube-ipvs service filter\" -j KUBE-IPVS-INPUT",
-                "-A KUBE-IPVS-INPUT -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-LB-FW dst,dst -j KUBE-IPVS-SOURCE-RANGES",
+                "-A KUBE-IPVS-INPUT -m set --match-set KUBE-IPVS-LB-FW dst,dst -j KUBE-IPVS-SOURCE-RANGES",
                 "-A KUBE-IPVS-INPUT -m set --match-set KUBE-IPVS-SERVICES dst,dst -m comment --comment \"service port\" -j ACCEPT",
                 "-A KUBE-IPVS-INPUT -p tcp -m addrtype --dst-type LOCAL -m set --match-set KUBE-IPVS-HC-PORTS dst -m comment --comment \"health check node port\" -j ACCEPT",
                 "-A KUBE-IPVS-INPUT -m set --match-set KUBE-IPVS-ADDRS dst -m conntrack --ctstate NEW -m comment --comment \"no service on this port\" -j REJECT",
