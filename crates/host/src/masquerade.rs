@@ -879,7 +879,8 @@ pub fn restore_input(config: &Config, family: Family, add_jump: [bool; 3]) -> Re
     let mut r = section_head("nat", NAT.chains, &NAT_JUMPS, &add_jump);
     // Every rule of MASQ_CHAIN only sets the bit or returns, so a packet that already carries
     // it (marked in PREROUTING by the service sets, or by another component) skips the chain:
-    // the mark test, a native expression, spares it the ipvs match and the chain's set lookups.
+    // the mark test (a native nf_tables expression under iptables-nft 1.8.8 and later, a
+    // trivial xtables match before) spares it the ipvs match and the chain's set lookups.
     let _ = writeln!(
         r,
         "-A {POSTROUTING_CHAIN} -m mark ! --mark {mark:#x}/{mark:#x} {ipvs} -j {MASQ_CHAIN}"

@@ -63,15 +63,23 @@ fn converges_an_empty_kernel_and_serves_health_and_metrics() {
     let mut agent = Agent::start(&dir, &[]);
     agent.wait_healthy();
     assert!(in_sync(&dir, &[]), "in sync after the first sync");
-    // On the nf_tables backend nothing of the agent's, its scan for kube-proxy's leftovers in
-    // both backends included, makes an x_tables table in this fresh namespace: one would hook
-    // into the path of every packet here (the kernel makes a legacy table on first read).
-    let legacy = std::fs::read_to_string("/proc/net/ip_tables_names").unwrap_or_default();
-    assert_eq!(
-        legacy.trim(),
-        "",
-        "legacy tables made in the agent's namespace"
+    // On the nf_tables backend (the guest's `iptables`) nothing of the agent's, its scan for
+    // kube-proxy's leftovers in both backends included, makes an x_tables table in this fresh
+    // namespace: one would hook into the path of every packet here (the kernel makes a legacy
+    // table on first read).
+    let version = stdout(&run("iptables", &["--version"]));
+    assert!(
+        version.contains("nf_tables"),
+        "the guest's iptables: {version}"
     );
+    for list in ["/proc/net/ip_tables_names", "/proc/net/ip6_tables_names"] {
+        let legacy = std::fs::read_to_string(list).unwrap_or_default();
+        assert_eq!(
+            legacy.trim(),
+            "",
+            "legacy tables made in the agent's namespace ({list})"
+        );
+    }
     assert_eq!(startup_ops(), Some(EMPTY_KERNEL_OPS as f64));
     assert_eq!(metric("kube_ipvs_services"), Some(8.0));
     assert_eq!(metric("kube_ipvs_real_servers"), Some(15.0));
