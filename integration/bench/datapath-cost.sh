@@ -18,7 +18,8 @@
 #   node-r   the reductions of the earlier runs: one nftables map lookup and DNAT (nftables-min)
 #            and kube-proxy's iptables mode reduced to one rule per Service walked in order
 # The server holds every endpoint address and answers each connection with one byte. Paths:
-#   direct-k, direct-n, direct-r  an endpoint through each node, through nothing of any proxy's
+#   direct-k, direct-n, direct-r  an endpoint through each node, not through a Service (it still
+#               passes that node's own rules)
 #   ipvs-alone  (node-k, before the agent) IPVS with kube-ipvs's sysctls, one masquerading virtual
 #               server on a dummy interface, masqueraded by one nftables rule
 #   kube-ipvs   (node-k) a ClusterIP of the agent (`run --manifests`, as `cargo xtask demo` runs
