@@ -175,8 +175,8 @@ fn release_executable(package: &str, what: &[&str], name: &str) -> Result<PathBu
 
 /// `bench datapath [--size N] [--count N] [--no-perf]`: a new connection through kube-ipvs's
 /// ClusterIP against kube-proxy's nftables table, reduced nftables and iptables rules and IPVS
-/// alone, in one guest with a node namespace per proxy, connection by connection (`integration/bench/datapath-cost.sh` says how); prints the ratios
-/// of each block.
+/// alone, in one guest with a node namespace per proxy, connection by connection
+/// (`integration/bench/datapath-cost.sh` says how); prints the ratios of each block.
 fn datapath(args: &[String]) -> Result<()> {
     let (mut size, mut count, mut perf) = (10_000u32, 3_000u32, true);
     let mut it = args.iter();

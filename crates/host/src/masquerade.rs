@@ -435,21 +435,14 @@ type Jump = (&'static str, &'static str, &'static str);
 /// The rules inside our chains depend on `run`'s flags and are not compared.
 pub fn missing_rules(bin_dir: Option<&Path>, family: Family) -> Result<Vec<String>> {
     let backend = detect_backend(bin_dir)?;
-    let save_tool = tool_path(bin_dir, backend, family, "-save");
     let mut missing = Vec::new();
     let layout: [(&Table, &[Jump]); 3] = [
         (&NAT, &NAT_JUMPS),
         (&FILTER, &crate::filter::JUMPS),
         (&MANGLE, &MANGLE_JUMPS),
     ];
-    let legacy = legacy_tables(backend, family);
     for (table, jumps) in layout {
-        // A legacy table that does not exist holds nothing; reading it would create it.
-        let save = if may_hold(legacy.as_deref(), table.name) {
-            run_tool(&save_tool, &["-t", table.name], None)?
-        } else {
-            String::new()
-        };
+        let save = save_table(bin_dir, backend, family, table)?.unwrap_or_default();
         missing.extend(missing_in(&save, table, jumps));
     }
     Ok(missing)
@@ -572,31 +565,19 @@ pub fn sets_present() -> Vec<&'static str> {
 /// (tool, chains) for each tool that shows any.
 pub fn saved_chains() -> Vec<(String, Vec<String>)> {
     let mut out = Vec::new();
-    for (tool, backend, family) in [
-        ("iptables-legacy-save", Backend::Legacy, Family::V4),
-        ("iptables-nft-save", Backend::Nft, Family::V4),
-        ("ip6tables-legacy-save", Backend::Legacy, Family::V6),
-        ("ip6tables-nft-save", Backend::Nft, Family::V6),
-    ] {
-        let mut found = Vec::new();
-        let legacy = legacy_tables(backend, family);
-        for table in [&NAT, &FILTER, &MANGLE] {
-            if !may_hold(legacy.as_deref(), table.name) {
-                continue;
+    for family in [Family::V4, Family::V6] {
+        for backend in [Backend::Legacy, Backend::Nft] {
+            let mut found = Vec::new();
+            for table in [&NAT, &FILTER, &MANGLE] {
+                // A tool that is missing or fails shows nothing.
+                if let Ok(Some(text)) = save_table(None, backend, family, table) {
+                    found.extend(chains_in(&text, table));
+                }
             }
-            let Ok(o) = Command::new(tool)
-                .args(["-t", table.name])
-                .stdin(Stdio::null())
-                .stderr(Stdio::null())
-                .output()
-            else {
-                continue;
-            };
-            let text = String::from_utf8_lossy(&o.stdout);
-            found.extend(chains_in(&text, table));
-        }
-        if !found.is_empty() {
-            out.push((tool.to_owned(), found));
+            if !found.is_empty() {
+                let tool = tool_path(None, backend, family, "-save");
+                out.push((tool.display().to_string(), found));
+            }
         }
     }
     out
@@ -679,6 +660,22 @@ fn may_hold(legacy: Option<&[String]>, table: &str) -> bool {
     legacy.is_none_or(|names| names.iter().any(|n| n == table))
 }
 
+/// One backend's and family's `-save -t TABLE` output, for the scans (`check`, `cleanup`, the
+/// removal of kube-proxy's leftovers); `None` for a legacy table the kernel does not list,
+/// which holds nothing and which reading would create.
+fn save_table(
+    bin_dir: Option<&Path>,
+    backend: Backend,
+    family: Family,
+    table: &Table,
+) -> Result<Option<String>> {
+    if !may_hold(legacy_tables(backend, family).as_deref(), table.name) {
+        return Ok(None);
+    }
+    let tool = tool_path(bin_dir, backend, family, "-save");
+    run_tool(&tool, &["-t", table.name], None).map(Some)
+}
+
 fn cleanup_family(bin_dir: Option<&Path>, backend: Backend, family: Family) -> Result<Removed> {
     cleanup_tables(bin_dir, backend, family, &[&NAT, &FILTER, &MANGLE])
 }
@@ -692,7 +689,6 @@ pub(crate) fn cleanup_tables(
     family: Family,
     tables: &[&Table],
 ) -> Result<Removed> {
-    let save_tool = tool_path(bin_dir, backend, family, "-save");
     let restore = tool_path(bin_dir, backend, family, "-restore");
     let mut input = String::new();
     let mut removed = Removed {
@@ -700,12 +696,10 @@ pub(crate) fn cleanup_tables(
         tool: restore.display().to_string(),
         ..Removed::default()
     };
-    let legacy = legacy_tables(backend, family);
     for table in tables {
-        if !may_hold(legacy.as_deref(), table.name) {
+        let Some(save) = save_table(bin_dir, backend, family, table)? else {
             continue;
-        }
-        let save = run_tool(&save_tool, &["-t", table.name], None)?;
+        };
         let (text, r) = cleanup_input(&save, table);
         if r.jumps > 0 || !r.chains.is_empty() {
             input.push_str(&text);
