@@ -6,10 +6,11 @@
 # perf, and sums up each block's ratios), or by hand:
 #   cargo build --release -p kube-ipvs --bin kube-ipvs -p kube-ipvs-integration --example e2e-bench
 #   cargo xtask vm-run --timeout 3600 --mem 3072 --exe target/release/examples/e2e-bench \
-#     --exe target/release/kube-ipvs --exe /usr/bin/perf "$(cat integration/bench/datapath-cost.sh)"
+#     --exe target/release/kube-ipvs --exe /usr/bin/perf \
+#     "$(cat integration/bench/nodes.sh integration/bench/datapath-cost.sh)"
 #
 # Three nodes, each a network namespace of its own between one client namespace and one server
-# namespace (a veth to each node), so that no path walks another proxy's rules, as on real nodes:
+# namespace (nodes.sh's make_nodes), so that no path walks another proxy's rules, as on real nodes:
 #   node-k   kube-ipvs's node: first IPVS alone, then the agent
 #   node-n   kube-proxy's nftables mode: its table as kube-proxy v1.37 writes it for SIZE ClusterIP
 #            Services of one endpoint each (the same chains, sets, maps and rules: filter-hook
@@ -54,23 +55,7 @@ echo "PATH direct-k $DIRECT_K:$PORT"; echo "PATH direct-n $DIRECT_N:$PORT"; echo
 echo "PATH kube-ipvs $IPVS_VIP:80"; echo "PATH ipvs-alone $RAW_VIP:80"; echo "PATH nftables $NFT_VIP:80"
 echo "PATH nftables-min $MIN_VIP:80"; echo "PATH iptables $IPT_VIP:80"
 echo -1 > /proc/sys/kernel/perf_event_paranoid; echo 0 > /proc/sys/kernel/kptr_restrict
-for ns in dp-client dp-server node-k node-n node-r; do
-  $IP netns add $ns && $IP -n $ns link set lo up || fail "namespace $ns"
-done
-# Node i: the client's link 10.250.i.0/24 and the server's 10.251.i.0/24, the node .1 on both.
-i=0
-for node in node-k node-n node-r; do
-  $IP -n $node link add c$i type veth peer name n$i netns dp-client &&
-  $IP -n $node link add s$i type veth peer name n$i netns dp-server &&
-  $IP -n $node addr add 10.250.$i.1/24 dev c$i && $IP -n $node link set c$i up &&
-  $IP -n $node addr add 10.251.$i.1/24 dev s$i && $IP -n $node link set s$i up &&
-  $IP -n dp-client addr add 10.250.$i.2/24 dev n$i && $IP -n dp-client link set n$i up &&
-  $IP -n dp-server addr add 10.251.$i.2/24 dev n$i && $IP -n dp-server link set n$i up &&
-  $IP -n dp-server route add 10.250.$i.0/24 via 10.251.$i.1 &&
-  $IP -n $node route add 10.244.0.0/16 via 10.251.$i.2 &&
-  $IP netns exec $node sh -c 'echo 1 > /proc/sys/net/ipv4/ip_forward' || fail "$node's links"
-  i=$((i + 1))
-done
+make_nodes
 for a in $DIRECT_K $DIRECT_N $DIRECT_R $IPVS_EP $NFT_EP $IPT_EP $RAW_EP $MIN_EP; do
   $IP -n dp-server addr add $a/32 dev lo || fail "endpoint $a"
 done

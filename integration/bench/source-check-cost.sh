@@ -1,6 +1,7 @@
 # What the kernel's check of each packet's source costs when a node makes many addresses local,
 # run in the guest: cargo xtask vm-run --timeout 1200 --mem 3072 --exe
-# target/release/examples/e2e-bench "$(cat integration/bench/source-check-cost.sh)".
+# target/release/examples/e2e-bench
+# "$(cat integration/bench/nodes.sh integration/bench/source-check-cost.sh)".
 # With rp_filter off, the routing of a packet in (forwarded or delivered) checks only that its
 # source is not a local address of the namespace: one lookup in the IPv4 address hash, which
 # before the kernel's per-namespace table (Debian 12's 6.1 included) is one 256-bucket hash for
@@ -8,33 +9,22 @@
 # `--service-address-binding=route` does) the kernel sets the namespace's
 # fib_has_custom_local_routes and does the full reverse-path lookup for every such packet
 # instead, as it does for every packet when rp_filter is 1 or 2.
-# Three node namespaces between one client namespace and one server namespace (the layout of
-# datapath-cost.sh, without any proxy), and one client connecting through each node in turn.
+# Three node namespaces between one client namespace and one server namespace (nodes.sh's
+# make_nodes, as in datapath-cost.sh, without any proxy), and one client connecting through each
+# node in turn.
 # Blocks: the base; one local route of ours in node-r, then 10,000; 10,000 /32 addresses on a
 # dummy in node-k (what address binding does); rp_filter=2 in node-n, then in every namespace;
 # the addresses removed; rp_filter back to 0 everywhere. docs/benchmarks.md has the figures.
 IP=/usr/sbin/ip; E=/usr/local/bin/e2e-bench; PORT=8080; COUNT=${COUNT:-3000}
 fail() { echo "source-check-cost: $*"; exit 1; }
 uname -r
-for ns in dp-client dp-server node-k node-n node-r; do
-  $IP netns add $ns && $IP -n $ns link set lo up || fail "namespace $ns"
-done
-# Node i: the client's link 10.250.i.0/24 and the server's 10.251.i.0/24, the node .1 on both;
-# the endpoint 10.244.0.(10i+10) on the server, reached through node i.
+make_nodes
+# The endpoint 10.244.0.(10i+10) on the server, reached through node i.
 i=0
 for node in node-k node-n node-r; do
   ep=10.244.0.$((10 * i + 10))
-  $IP -n $node link add c$i type veth peer name n$i netns dp-client &&
-  $IP -n $node link add s$i type veth peer name n$i netns dp-server &&
-  $IP -n $node addr add 10.250.$i.1/24 dev c$i && $IP -n $node link set c$i up &&
-  $IP -n $node addr add 10.251.$i.1/24 dev s$i && $IP -n $node link set s$i up &&
-  $IP -n dp-client addr add 10.250.$i.2/24 dev n$i && $IP -n dp-client link set n$i up &&
-  $IP -n dp-server addr add 10.251.$i.2/24 dev n$i && $IP -n dp-server link set n$i up &&
-  $IP -n dp-server route add 10.250.$i.0/24 via 10.251.$i.1 &&
-  $IP -n $node route add 10.244.0.0/16 via 10.251.$i.2 &&
-  $IP netns exec $node sh -c 'echo 1 > /proc/sys/net/ipv4/ip_forward' &&
   $IP -n dp-server addr add $ep/32 dev lo && $IP -n dp-client route add $ep/32 via 10.250.$i.1 ||
-    fail "$node's links"
+    fail "the endpoint through $node"
   echo "PATH direct-$(echo $node | cut -c6) $ep:$PORT"
   i=$((i + 1))
 done

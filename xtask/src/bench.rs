@@ -23,6 +23,8 @@ const NETLINK_EXAMPLE: &str = "ipvs-bench";
 const NETLINK_DEFAULT_ARGS: &[&str] = &["--services", "10000", "--dests", "10"];
 const DUMP_PACKAGE: &str = "kube-ipvs";
 const DUMP_EXAMPLE: &str = "dump-bench";
+/// The data-path scripts' namespaces (`make_nodes`), put before `DATAPATH_SCRIPT`.
+const NODES_SCRIPT: &str = include_str!("../../integration/bench/nodes.sh");
 const DATAPATH_SCRIPT: &str = include_str!("../../integration/bench/datapath-cost.sh");
 const ESTIMATOR_SCRIPT: &str = include_str!("../../integration/bench/estimator-cost.sh");
 const BINDING_SCRIPT: &str = include_str!("../../integration/bench/binding-startup.sh");
@@ -200,7 +202,7 @@ fn datapath(args: &[String]) -> Result<()> {
         &["--example", "e2e-bench"],
         "e2e-bench",
     )?;
-    let script = format!("SIZE={size}\nCOUNT={count}\n{DATAPATH_SCRIPT}");
+    let script = format!("SIZE={size}\nCOUNT={count}\n{NODES_SCRIPT}\n{DATAPATH_SCRIPT}");
     let mut programs = vec![(agent, "kube-ipvs"), (client, "e2e-bench")];
     match util::which("perf") {
         Some(host) if perf => programs.push((host, "perf")),
