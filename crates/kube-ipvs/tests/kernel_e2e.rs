@@ -64,10 +64,12 @@ const ECHO: &str = "SYSTEM:echo $SOCAT_SOCKADDR $SOCAT_PEERADDR; exec cat";
 
 /// The same for UDP, where socat does not set `SOCAT_SOCKADDR`: the pod's address comes from
 /// the environment the test gives the server (`E2E_POD`), so it still never enters the script.
-/// The datagram itself goes to a `cat` that discards it: with nothing reading, socat's write
-/// of the datagram could fail with EPIPE once `echo` had exited, and socat then quit without
-/// sending the answer (seen as a lost datagram).
-const UDP_ANSWER: &str = "SYSTEM:cat >/dev/null & echo $E2E_POD $SOCAT_PEERADDR";
+/// The shell reads the datagram's line (the clients send `ping\n`) into a variable it never
+/// uses before it answers: if it exited first, socat's write of the datagram failed with EPIPE
+/// and socat quit without sending the answer (seen as a lost datagram). An earlier form handed
+/// the datagram to a background `cat`, but a non-interactive shell gives a background command
+/// `/dev/null` as its input, so nothing read it and the race stayed (CI lost one of four).
+const UDP_ANSWER: &str = "SYSTEM:read -r _datagram; echo $E2E_POD $SOCAT_PEERADDR";
 
 fn kube_ipvs_bin() -> String {
     std::env::var("KUBE_IPVS_BIN").unwrap_or_else(|_| "/usr/local/bin/kube-ipvs".into())
