@@ -9,7 +9,7 @@
 //! the same k8s-openapi types, but keep of the metadata only what translation and the watcher
 //! use ([`LeanMeta`]); the rest (`managedFields`, `ownerReferences`, `finalizers`,
 //! `creationTimestamp`, `deletionGracePeriodSeconds`, `generateName`, `selfLink`) is skipped
-//! unread.
+//! unread, as are each endpoint's `targetRef`, `hostname` and `deprecatedTopology`.
 //!
 //! It owns nothing but the decode: the wrapped objects go to [`translate`](crate::translate)
 //! as plain k8s-openapi objects. Absent and `null` fields decode as k8s-openapi decodes them;
@@ -19,7 +19,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Service, ServiceSpec, ServiceStatus};
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
+use k8s_openapi::api::discovery::v1::{
+    Endpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::Deserialize;
 
@@ -80,9 +82,44 @@ struct SliceWire {
     #[serde(default)]
     address_type: Option<String>,
     #[serde(default)]
-    endpoints: Option<Vec<Endpoint>>,
+    endpoints: Option<Vec<LeanEndpoint>>,
     #[serde(default)]
     ports: Option<Vec<EndpointPort>>,
+}
+
+/// An endpoint without what translation never reads: `targetRef` (the Pod: four strings, about
+/// a third of an endpoint's bytes as the EndpointSlice controller writes it), `hostname` and
+/// `deprecatedTopology`. `addresses` absent or `null` is empty, as with k8s-openapi.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct EndpointWire {
+    #[serde(default)]
+    addresses: Option<Vec<String>>,
+    #[serde(default)]
+    conditions: Option<EndpointConditions>,
+    #[serde(default)]
+    hints: Option<EndpointHints>,
+    #[serde(default)]
+    node_name: Option<String>,
+    #[serde(default)]
+    zone: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(from = "EndpointWire")]
+struct LeanEndpoint(Endpoint);
+
+impl From<EndpointWire> for LeanEndpoint {
+    fn from(w: EndpointWire) -> Self {
+        LeanEndpoint(Endpoint {
+            addresses: w.addresses.unwrap_or_default(),
+            conditions: w.conditions,
+            hints: w.hints,
+            node_name: w.node_name,
+            zone: w.zone,
+            ..Endpoint::default()
+        })
+    }
 }
 
 /// A [`Service`] decoded with [`LeanMeta`]'s metadata.
@@ -110,7 +147,12 @@ impl From<SliceWire> for LeanSlice {
         LeanSlice(EndpointSlice {
             metadata: w.metadata,
             address_type: w.address_type.unwrap_or_default(),
-            endpoints: w.endpoints.unwrap_or_default(),
+            endpoints: w
+                .endpoints
+                .unwrap_or_default()
+                .into_iter()
+                .map(|e| e.0)
+                .collect(),
             ports: w.ports,
         })
     }
@@ -192,7 +234,11 @@ mod tests {
         },
         "addressType": "IPv4",
         "endpoints": [{"addresses": ["10.244.0.11"], "conditions": {"ready": true},
-            "nodeName": "node-56", "zone": "a", "hints": {"forZones": [{"name": "a"}]}}],
+            "nodeName": "node-56", "zone": "a", "hints": {"forZones": [{"name": "a"}]},
+            "hostname": "web-0", "deprecatedTopology": {"kubernetes.io/hostname": "node-56"},
+            "targetRef": {"kind": "Pod", "namespace": "shop", "name": "web-0", "uid": "8c1e"}},
+            {"addresses": null, "conditions": {"serving": true, "terminating": true}},
+            {}],
         "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]
     }"#;
 
@@ -222,10 +268,24 @@ mod tests {
     fn a_lean_slice_is_the_full_decode_without_the_metadata_the_proxy_does_not_read() {
         let full: EndpointSlice = serde_json::from_str(SLICE).expect("k8s-openapi decodes it");
         let lean: LeanSlice = serde_json::from_str(SLICE).expect("the lean decode too");
+        assert!(
+            full.endpoints[0].target_ref.is_some() && full.endpoints[0].hostname.is_some(),
+            "the fixture has them"
+        );
+        let endpoints: Vec<Endpoint> = full
+            .endpoints
+            .into_iter()
+            .map(|e| Endpoint {
+                target_ref: None,
+                hostname: None,
+                deprecated_topology: None,
+                ..e
+            })
+            .collect();
         assert_eq!(lean.0.metadata, without_skipped(full.metadata.clone()));
         assert_eq!(
             (lean.0.address_type, lean.0.endpoints, lean.0.ports),
-            (full.address_type, full.endpoints, full.ports)
+            (full.address_type, endpoints, full.ports)
         );
     }
 
@@ -252,6 +312,9 @@ mod tests {
     #[test]
     fn a_malformed_object_is_an_error_as_with_k8s_openapi() {
         let bad = r#"{"metadata": {"name": 7}, "endpoints": []}"#;
+        assert!(serde_json::from_str::<EndpointSlice>(bad).is_err());
+        assert!(serde_json::from_str::<LeanSlice>(bad).is_err());
+        let bad = r#"{"endpoints": [{"addresses": "10.244.0.11"}]}"#;
         assert!(serde_json::from_str::<EndpointSlice>(bad).is_err());
         assert!(serde_json::from_str::<LeanSlice>(bad).is_err());
         let bad = r#"{"spec": {"ports": "80"}}"#;
