@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube_ipvs_integration::rules;
@@ -351,14 +351,23 @@ fn node_of(addr: Ipv4Addr, nodes: usize) -> String {
     node_name(1 + u32::from(addr) as usize % nodes.max(1))
 }
 
+/// The endpoints at `addrs`, each as the EndpointSlice controller writes a ready Pod's: its
+/// three conditions, its Node and a `targetRef` to the Pod (named as a Deployment's Pods are).
 fn endpoints_json(addrs: &[Ipv4Addr], nodes: usize) -> serde_json::Value {
     let list: Vec<serde_json::Value> = addrs
         .iter()
         .map(|a| {
+            let n = u32::from(*a);
             serde_json::json!({
                 "addresses": [a.to_string()],
-                "conditions": {"ready": true},
+                "conditions": {"ready": true, "serving": true, "terminating": false},
                 "nodeName": node_of(*a, nodes),
+                "targetRef": {
+                    "kind": "Pod",
+                    "namespace": NAMESPACE,
+                    "name": format!("backend-7d4b9c8f6-{n:08x}"),
+                    "uid": format!("{n:08x}-5f3c-4b7a-9c1f-0e6a{n:08x}"),
+                },
             })
         })
         .collect();
@@ -519,17 +528,11 @@ fn populate(opts: &Options) -> Result<()> {
             else {
                 continue;
             };
-            let want = initial_addrs(i, opts.endpoints);
-            let held: Vec<(String, Option<String>)> = slice
-                .endpoints
-                .iter()
-                .map(|e| (e.addresses.join(","), e.node_name.clone()))
-                .collect();
-            let wanted: Vec<(String, Option<String>)> = want
-                .iter()
-                .map(|a| (a.to_string(), Some(node_of(*a, opts.nodes))))
-                .collect();
-            if held != wanted {
+            let wanted: Vec<Endpoint> = serde_json::from_value(endpoints_json(
+                &initial_addrs(i, opts.endpoints),
+                opts.nodes,
+            ))?;
+            if slice.endpoints != wanted {
                 stale.push(i);
             }
         }
