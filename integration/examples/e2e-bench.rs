@@ -69,7 +69,7 @@ fn usage() -> &'static str {
      e2e-bench guest --agent kube-ipvs|kube-ipvs-routes|kube-proxy-ipvs|kube-proxy-nftables|kube-proxy-iptables --services-file PATH --kubeconfig PATH \
      [--endpoints E] [--nodes N] [--updates U] [--update-budget SECS] [--converge-timeout SECS] \
      [--flush-repair] [--soak-seconds S [--churn-rate R] [--sample-seconds S]] [--datapath N] \
-     [--churn-seconds S [--churn-rate R]] [--no-ipvs-rate-estimation]\n       \
+     [--churn-seconds S [--churn-rate R]] [--no-ipvs-rate-estimation] [--agent-env NAME=VALUE]...\n       \
      e2e-bench serve --port P                      (the data path's server, run by guest)\n       \
      e2e-bench connect --targets IP:P,... --count N (the data path's client, run by guest)\n       \
      e2e-bench ipvs-probe --count N                 (N real server adds and deletes, each timed)"
@@ -195,6 +195,8 @@ struct Options {
     churn: Duration,
     /// `--no-ipvs-rate-estimation`: `net.ipv4.vs.run_estimation` set to 0 before the agent starts.
     no_estimation: bool,
+    /// `--agent-env NAME=VALUE`: set in the agent's environment.
+    agent_env: Vec<(String, String)>,
 }
 
 impl Options {
@@ -219,6 +221,7 @@ impl Options {
             datapath: 0,
             churn: Duration::ZERO,
             no_estimation: false,
+            agent_env: Vec::new(),
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -251,6 +254,7 @@ impl Options {
                 }
                 "--flush-repair" => o.flush_repair = true,
                 "--no-ipvs-rate-estimation" => o.no_estimation = true,
+                "--agent-env" => o.agent_env.push(env_setting(value()?)?),
                 "--datapath" => o.datapath = number(value()?)?,
                 "--churn-seconds" => o.churn = Duration::from_secs(number(value()?)? as u64),
                 "--soak-seconds" => o.soak = Duration::from_secs(number(value()?)? as u64),
@@ -284,6 +288,22 @@ impl Options {
             .as_deref()
             .with_context(|| format!("--kubeconfig is required\n{}", usage()))
     }
+}
+
+/// `NAME=VALUE` for the agent's environment: a shell-style name, a value without NUL.
+fn env_setting(v: &str) -> Result<(String, String)> {
+    let (name, value) = v
+        .split_once('=')
+        .with_context(|| format!("--agent-env {v:?}: NAME=VALUE"))?;
+    let valid_name = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid_name || value.contains('\0') {
+        bail!("--agent-env {v:?}: NAME is letters, digits and _, not starting with a digit");
+    }
+    Ok((name.to_owned(), value.to_owned()))
 }
 
 fn service_name(i: usize) -> String {
@@ -704,7 +724,7 @@ struct Agent {
 }
 
 impl Agent {
-    fn start(name: &str) -> Result<Agent> {
+    fn start(name: &str, env: &[(String, String)]) -> Result<Agent> {
         let mut cmd = match name {
             "kube-ipvs" | "kube-ipvs-routes" => {
                 let mut c = Command::new("/usr/local/bin/kube-ipvs");
@@ -742,6 +762,7 @@ impl Agent {
                 "unknown agent {other:?}: kube-ipvs, kube-ipvs-routes, kube-proxy-ipvs, kube-proxy-nftables or kube-proxy-iptables"
             ),
         };
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
         let log = PathBuf::from(format!("/tmp/{name}.log"));
         let file =
             std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
@@ -1807,7 +1828,13 @@ fn guest(opts: &Options) -> Result<()> {
             .map_or_else(|e| format!("unreadable ({e})"), |v| v.trim().to_owned())
     );
     let started = Instant::now();
-    let mut agent = Agent::start(agent_name)?;
+    if !opts.agent_env.is_empty() {
+        eprintln!(
+            "e2e-bench: the agent's environment adds {:?}",
+            opts.agent_env
+        );
+    }
+    let mut agent = Agent::start(agent_name, &opts.agent_env)?;
     let run = (|| -> Result<String> {
         let conv = converge(
             &mut plane,

@@ -48,7 +48,7 @@ const USAGE: &str = "usage: cargo xtask bench e2e [--sizes 1000,5000,10000] [--u
      [--charts DIR] \
      [--agents kube-ipvs,kube-proxy-ipvs,kube-proxy-nftables,kube-proxy-iptables,kube-ipvs-routes] \
      [--update-budget SECS] [--settle-timeout SECS] [--converge-timeout SECS] [--mem MIB] \
-     [--store DIR] [--net tap|user] [--no-ipvs-rate-estimation]";
+     [--store DIR] [--net tap|user] [--no-ipvs-rate-estimation] [--agent-env NAME=VALUE]...";
 
 /// How the guests reach the API server on the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,6 +111,8 @@ struct Options {
     /// A populated API server kept across runs (see [`KeptStore`]).
     store: Option<PathBuf>,
     net: Net,
+    /// `NAME=VALUE` settings for every agent's environment (the driver checks them).
+    agent_env: Vec<String>,
 }
 
 impl Default for Options {
@@ -136,6 +138,7 @@ impl Default for Options {
             no_estimation: false,
             store: None,
             net: Net::Tap,
+            agent_env: Vec::new(),
         }
     }
 }
@@ -166,6 +169,7 @@ fn parse_options(args: &[String]) -> Result<Options> {
             "--datapath" => o.datapath = number(value)?,
             "--charts" => o.charts = Some(PathBuf::from(value)),
             "--store" => o.store = Some(PathBuf::from(value)),
+            "--agent-env" => o.agent_env.push(value.clone()),
             "--net" => {
                 o.net = match value.as_str() {
                     "user" => Net::User,
@@ -1111,6 +1115,9 @@ fn run_agent(
     if opts.no_estimation {
         args.push("--no-ipvs-rate-estimation".into());
     }
+    for e in &opts.agent_env {
+        args.extend(["--agent-env".into(), e.clone()]);
+    }
     if updates > 0 && opts.churn_seconds > 0 {
         args.extend([
             "--churn-seconds".into(),
@@ -1462,6 +1469,11 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("--net \"bridge\": user or tap"), "{err}");
+        let o = parse_options(&args(
+            "--agent-env KUBE_FEATURE_WatchListClient=false --agent-env A=1",
+        ))?;
+        assert_eq!(o.agent_env, ["KUBE_FEATURE_WatchListClient=false", "A=1"]);
+        assert!(parse_options(&[])?.agent_env.is_empty());
         Ok(())
     }
 }
