@@ -161,10 +161,6 @@ struct State {
     latency: Duration,
     next_uid: u64,
     requests: u64,
-    /// How many list requests (pages included) the server has answered.
-    lists: u64,
-    /// Answer a watch with `sendInitialEvents` 422, as a server with the WatchList gate off.
-    refuse_watch_lists: bool,
 }
 
 /// The resourceVersion of a paginated list and the items its later pages will serve.
@@ -215,8 +211,6 @@ impl TestApiServer {
             latency: Duration::ZERO,
             next_uid: 0,
             requests: 0,
-            lists: 0,
-            refuse_watch_lists: false,
         }));
         let accept_state = state.clone();
         let accept = tokio::spawn(async move {
@@ -419,17 +413,6 @@ impl TestApiServer {
     /// How many HTTP requests the server has answered (including failed ones).
     pub fn requests(&self) -> u64 {
         lock(&self.state).requests
-    }
-
-    /// How many list requests (each page one) the server has answered.
-    pub fn lists(&self) -> u64 {
-        lock(&self.state).lists
-    }
-
-    /// From now on answers a watch that asks for the initial events (`sendInitialEvents`, a
-    /// streaming list) with 422, as an API server with the WatchList feature gate off does.
-    pub fn refuse_watch_lists(&self) {
-        lock(&self.state).refuse_watch_lists = true;
     }
 
     /// Cuts every open watch connection mid-stream, as a load balancer or a restarting
@@ -965,7 +948,6 @@ fn list(
     q: &HashMap<String, String>,
 ) -> Response<Body> {
     let mut st = lock(state);
-    st.lists += 1;
     let limit = q
         .get("limit")
         .and_then(|l| l.parse::<usize>().ok())
@@ -1052,14 +1034,6 @@ fn watch(
         .map(|r| r.parse::<u64>());
     {
         let mut st = lock(state);
-        if initial_events && st.refuse_watch_lists {
-            return status_response(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "Invalid",
-                "ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: \
-                 sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
-            );
-        }
         let send = |t: &str, o: &Value| {
             let _ = tx.send(WatchMsg::Line(event_line(t, o)));
         };

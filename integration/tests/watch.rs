@@ -37,19 +37,7 @@ fn ip(s: &str) -> IpAddr {
 
 /// Starts a watch and returns it with the initial change set.
 async fn start(url: &str) -> (ClusterWatch, kube_ipvs_watch::ChangeSet) {
-    start_with(url, true).await
-}
-
-/// [`start`], listing through streaming watches or in pages.
-async fn start_with(
-    url: &str,
-    streaming_lists: bool,
-) -> (ClusterWatch, kube_ipvs_watch::ChangeSet) {
-    let cfg = WatchConfig {
-        streaming_lists,
-        ..config()
-    };
-    let mut w = cluster::spawn(client(url), cfg);
+    let mut w = cluster::spawn(client(url), config());
     let first = next(&mut w.changes).await;
     assert!(first.initial);
     (w, first)
@@ -226,15 +214,6 @@ async fn dropped_watch_loses_and_repeats_nothing() {
 
 #[tokio::test]
 async fn gone_410_relists_without_losing_or_repeating_a_change() {
-    gone_410_relists(true).await;
-}
-
-#[tokio::test]
-async fn gone_410_relists_in_pages_without_losing_or_repeating_a_change() {
-    gone_410_relists(false).await;
-}
-
-async fn gone_410_relists(streaming_lists: bool) {
     let (server, url) = TestApiServer::start().await.expect("server");
     server
         .create(&service("default", "a", "10.96.0.1", 80))
@@ -242,8 +221,7 @@ async fn gone_410_relists(streaming_lists: bool) {
     server
         .create(&service("default", "keep", "10.96.0.9", 80))
         .expect("create");
-    let (mut w, _) = start_with(&url, streaming_lists).await;
-    let lists = server.lists();
+    let (mut w, _) = start(&url).await;
     let relists = w.stats.borrow().relists;
     // Compaction: history is gone and open watches are cut; their resume gets 410.
     server.expire_history();
@@ -268,11 +246,6 @@ async fn gone_410_relists(streaming_lists: bool) {
     assert!(
         w.stats.borrow().relists > relists,
         "the 410 caused a relist"
-    );
-    assert_eq!(
-        server.lists() > lists,
-        !streaming_lists,
-        "the relist is a list request only when listing in pages"
     );
 }
 
@@ -375,15 +348,6 @@ async fn without_bookmarks_the_same_churn_forces_a_relist() {
 
 #[tokio::test]
 async fn outage_keeps_the_last_state_and_resumes_afterwards() {
-    outage_keeps_the_last_state(true).await;
-}
-
-#[tokio::test]
-async fn outage_keeps_the_last_state_and_resumes_afterwards_listing_in_pages() {
-    outage_keeps_the_last_state(false).await;
-}
-
-async fn outage_keeps_the_last_state(streaming_lists: bool) {
     let (server, url) = TestApiServer::start().await.expect("server");
     server
         .create(&service("default", "a", "10.96.0.1", 80))
@@ -391,7 +355,7 @@ async fn outage_keeps_the_last_state(streaming_lists: bool) {
     server
         .create(&slice("default", "a-1", "a", &[("10.0.0.1", true)]))
         .expect("create");
-    let (mut w, first) = start_with(&url, streaming_lists).await;
+    let (mut w, first) = start(&url).await;
     let mut inputs = Inputs::new(NodeContext::new("node-a")).expect("node");
     first.apply_to(&mut inputs);
     let errors = w.stats.borrow().watch_errors;
@@ -420,65 +384,6 @@ async fn outage_keeps_the_last_state(streaming_lists: bool) {
     );
     cs.apply_to(&mut inputs);
     assert_eq!(inputs.len(), 2);
-}
-
-/// The first listing is streamed (`sendInitialEvents`): every object, and no list request.
-/// Listing in pages, the same objects come in list requests.
-#[tokio::test]
-async fn the_listing_streams_without_a_list_request_or_goes_in_pages() {
-    for streaming_lists in [true, false] {
-        let (server, url) = TestApiServer::start().await.expect("server");
-        server
-            .create(&service("default", "a", "10.96.0.1", 80))
-            .expect("create");
-        server
-            .create(&slice("default", "a-1", "a", &[("10.0.0.1", true)]))
-            .expect("create");
-        server
-            .create(&node("node-a", "zone-a", "192.168.0.10"))
-            .expect("create");
-        let (_w, first) = start_with(&url, streaming_lists).await;
-        assert_eq!(
-            first.services[&name("a")].endpoints.len(),
-            1,
-            "streaming {streaming_lists}"
-        );
-        assert_eq!(
-            server.lists() == 0,
-            streaming_lists,
-            "streaming {streaming_lists}: {} list requests",
-            server.lists()
-        );
-    }
-}
-
-/// A server with the WatchList gate off refuses the streaming list with 422 (1.33's default):
-/// each watch then lists in pages, without counting the refusal as a watch error, and later
-/// changes arrive as watch events as usual.
-#[tokio::test]
-async fn a_server_refusing_streaming_lists_is_listed_in_pages() {
-    let (server, url) = TestApiServer::start().await.expect("server");
-    server.refuse_watch_lists();
-    server
-        .create(&service("default", "a", "10.96.0.1", 80))
-        .expect("create");
-    server
-        .create(&slice("default", "a-1", "a", &[("10.0.0.1", true)]))
-        .expect("create");
-    let (mut w, first) = start(&url).await;
-    assert_eq!(first.services[&name("a")].endpoints.len(), 1);
-    assert!(
-        server.lists() >= 3,
-        "Services, slices and the Node listed in pages: {} list requests",
-        server.lists()
-    );
-    assert_eq!(w.stats.borrow().watch_errors, 0, "a refusal is no error");
-    server.wait_watches(3).await;
-    server
-        .create(&service("default", "b", "10.96.0.2", 80))
-        .expect("create");
-    let cs = next(&mut w.changes).await;
-    assert_eq!(cs.services.keys().collect::<Vec<_>>(), [&name("b")]);
 }
 
 #[tokio::test]

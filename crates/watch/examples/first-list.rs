@@ -3,9 +3,7 @@
 //! startup's listing without the guest. Used for before/after figures of the watch's listing
 //! (`docs/benchmarks.md`).
 //!
-//!     cargo run --release -p kube-ipvs-watch --example first-list -- KUBECONFIG [RUNS] [streaming|paged]
-//!
-//! `paged` lists in pages of 500 instead of through streaming watches (the default).
+//!     cargo run --release -p kube-ipvs-watch --example first-list -- KUBECONFIG [RUNS]
 
 #![allow(
     clippy::print_stdout,
@@ -18,15 +16,8 @@ use kube_ipvs_watch::{WatchConfig, cluster};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let kubeconfig = args
-        .next()
-        .ok_or("usage: first-list KUBECONFIG [RUNS] [streaming|paged]")?;
+    let kubeconfig = args.next().ok_or("usage: first-list KUBECONFIG [RUNS]")?;
     let runs: usize = args.next().map_or(Ok(3), |r| r.parse())?;
-    let streaming_lists = match args.next().as_deref() {
-        None | Some("streaming") => true,
-        Some("paged") => false,
-        Some(other) => return Err(format!("streaming or paged, not {other:?}").into()),
-    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -44,7 +35,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 client,
                 WatchConfig {
                     min_interval: Duration::ZERO,
-                    streaming_lists,
                     ..WatchConfig::default()
                 },
             );

@@ -35,14 +35,8 @@ pub struct WatchConfig {
     pub backoff_min: Duration,
     /// The longest retry delay.
     pub backoff_max: Duration,
-    /// List page size (paged lists only).
+    /// List page size.
     pub page_size: u32,
-    /// List through a watch that starts with the current objects (`sendInitialEvents`, the
-    /// API server's WatchList, on by default since 1.34), as client-go does since 1.35 unless
-    /// `KUBE_FEATURE_WatchListClient=false`: one stream the server writes while the agent
-    /// decodes, instead of a request per page. When the server refuses it (400 or 422: the
-    /// WatchList gate off, as in 1.33), that watch lists in pages from then on.
-    pub streaming_lists: bool,
     /// How long the first change set waits for this node's Node object (with `node_name`),
     /// so the first sync already knows the node's zone, addresses and eligibility (kube-proxy
     /// waits 30 s for the Node's addresses before it starts).
@@ -59,7 +53,6 @@ impl Default for WatchConfig {
             backoff_min: Duration::from_millis(800),
             backoff_max: Duration::from_secs(30),
             page_size: 500,
-            streaming_lists: true,
             node_wait: Duration::from_secs(30),
         }
     }
@@ -181,13 +174,7 @@ where
     K::DynamicType: Default,
 {
     let (backoff, gone) = GoneAwareBackoff::new(ExpBackoff::new(cfg.backoff_min, cfg.backoff_max));
-    let wc = wc.page_size(cfg.page_size);
-    let items = if cfg.streaming_lists {
-        futures::future::Either::Left(streaming_or_paged(api, wc))
-    } else {
-        futures::future::Either::Right(watcher(api, wc))
-    };
-    items
+    watcher(api, wc.page_size(cfg.page_size))
         .inspect(move |item| {
             if let Err(e) = item
                 && is_gone(e)
@@ -196,54 +183,6 @@ where
             }
         })
         .backoff(backoff)
-}
-
-/// Whether a watcher error is the API server refusing a streaming list: its answer to the
-/// watch request with `sendInitialEvents` is 422 (the WatchList gate off) or 400. Errors without
-/// an answer (the server unreachable) are not: the watch retries them as it is.
-pub fn refuses_streaming_lists(e: &watcher::Error) -> bool {
-    matches!(e, watcher::Error::WatchStartFailed(kube::Error::Api(status))
-        if status.code == 422 || status.code == 400)
-}
-
-/// A watcher that lists through a streaming watch until the server refuses one
-/// ([`refuses_streaming_lists`]), then a paged one for the rest of the stream's life: the
-/// refusal is logged, not passed on, and the paged watcher's items follow at once.
-fn streaming_or_paged<K>(
-    api: Api<K>,
-    wc: watcher::Config,
-) -> impl Stream<Item = WatchItem<K>> + Send + use<K>
-where
-    K: kube::Resource
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-    K::DynamicType: Default,
-{
-    let streaming = watcher(api.clone(), wc.clone().streaming_lists()).boxed();
-    futures::stream::unfold(
-        (streaming, Some((api, wc))),
-        |(mut items, mut paged)| async move {
-            loop {
-                let item = items.next().await?;
-                if let Err(e) = &item
-                    && refuses_streaming_lists(e)
-                    && let Some((api, wc)) = paged.take()
-                {
-                    tracing::warn!(
-                        "the API server refused a streaming list of {} ({e}); listing in pages",
-                        K::plural(&K::DynamicType::default())
-                    );
-                    items = watcher(api, wc).boxed();
-                    continue;
-                }
-                return Some((item, (items, paged)));
-            }
-        },
-    )
 }
 
 /// An event of a lean watch as the event of the object it wraps.

@@ -162,26 +162,6 @@ fn probe_iptables() -> (kube_ipvs_host::masquerade::Backend, bool) {
 /// Completes on SIGTERM or SIGINT. The handlers are installed when this is called, not when the
 /// future is first polled: a SIGTERM that came before the agent's loop first polled it used to
 /// find no handler and kill the process with the signal (exit status 143 instead of 0).
-/// client-go's switch for streaming lists, honoured as kube-proxy honours it.
-const WATCH_LIST_CLIENT: &str = "KUBE_FEATURE_WatchListClient";
-
-/// Whether to list through streaming watches, from [`WATCH_LIST_CLIENT`]'s value: on unless it
-/// is a false boolean as Go's `strconv.ParseBool` reads one; a value that is no boolean is
-/// logged and leaves the default, as client-go does.
-fn watch_list_client(value: Option<&str>) -> bool {
-    match value {
-        None => true,
-        Some("1" | "t" | "T" | "true" | "TRUE" | "True") => true,
-        Some("0" | "f" | "F" | "false" | "FALSE" | "False") => false,
-        Some(other) => {
-            tracing::warn!(
-                "{WATCH_LIST_CLIENT}={other:?} is not a boolean; streaming lists stay on"
-            );
-            true
-        }
-    }
-}
-
 fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
     let term = signal(SignalKind::terminate());
@@ -263,9 +243,6 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
                     node_name,
                     translate,
                     min_interval: settings.min_sync_period,
-                    streaming_lists: watch_list_client(
-                        std::env::var(WATCH_LIST_CLIENT).ok().as_deref(),
-                    ),
                     ..Default::default()
                 },
             )
@@ -390,17 +367,6 @@ async fn serve(settings: Settings, kernel: RealKernel) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn streaming_lists_are_on_unless_the_client_go_switch_says_false() {
-        assert!(watch_list_client(None));
-        for off in ["false", "0", "f", "F", "FALSE", "False"] {
-            assert!(!watch_list_client(Some(off)), "{off}");
-        }
-        for on in ["true", "1", "t", "TRUE", "no", "", " false"] {
-            assert!(watch_list_client(Some(on)), "{on:?}");
-        }
-    }
 
     /// A SIGTERM that arrives after `shutdown_signal()` is called but before its future is
     /// first polled is caught, not fatal: with the handler installed at the first poll, as
