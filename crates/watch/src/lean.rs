@@ -88,7 +88,7 @@ struct SliceWire {
 }
 
 /// An endpoint without what translation never reads: `targetRef` (the Pod: four strings, about
-/// a third of an endpoint's bytes as the EndpointSlice controller writes it), `hostname` and
+/// half of an endpoint's bytes as the EndpointSlice controller writes it), `hostname` and
 /// `deprecatedTopology`. `addresses` absent or `null` is empty, as with k8s-openapi.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
