@@ -111,7 +111,8 @@ struct Options {
     /// A populated API server kept across runs (see [`KeptStore`]).
     store: Option<PathBuf>,
     net: Net,
-    /// `NAME=VALUE` settings for every agent's environment (the driver checks them).
+    /// `NAME=VALUE` settings for every agent's environment, checked by [`env_setting`] before
+    /// anything starts (a bad one would otherwise fail in the guest, after the populate).
     agent_env: Vec<String>,
 }
 
@@ -143,6 +144,25 @@ impl Default for Options {
     }
 }
 
+/// `v` if it is `NAME=VALUE` with a shell-style name and a value without NUL.
+fn env_setting(v: &str) -> Result<String> {
+    let (name, value) = v
+        .split_once('=')
+        .with_context(|| format!("bench e2e: --agent-env {v:?}: NAME=VALUE"))?;
+    let valid_name = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid_name || value.contains('\0') {
+        bail!(
+            "bench e2e: --agent-env {v:?}: NAME is letters, digits and _, not starting with a \
+             digit, and VALUE has no NUL"
+        );
+    }
+    Ok(v.to_owned())
+}
+
 fn parse_options(args: &[String]) -> Result<Options> {
     let mut o = Options::default();
     let mut it = args.iter();
@@ -169,7 +189,7 @@ fn parse_options(args: &[String]) -> Result<Options> {
             "--datapath" => o.datapath = number(value)?,
             "--charts" => o.charts = Some(PathBuf::from(value)),
             "--store" => o.store = Some(PathBuf::from(value)),
-            "--agent-env" => o.agent_env.push(value.clone()),
+            "--agent-env" => o.agent_env.push(env_setting(value)?),
             "--net" => {
                 o.net = match value.as_str() {
                     "user" => Net::User,
@@ -1474,6 +1494,12 @@ mod tests {
         ))?;
         assert_eq!(o.agent_env, ["KUBE_FEATURE_WatchListClient=false", "A=1"]);
         assert!(parse_options(&[])?.agent_env.is_empty());
+        for bad in ["NOEQUALS", "=v", "1A=v", "A-B=v", "A=\0"] {
+            let err = parse_options(&["--agent-env".into(), bad.into()])
+                .expect_err(bad)
+                .to_string();
+            assert!(err.contains("--agent-env"), "{bad}: {err}");
+        }
         Ok(())
     }
 }
