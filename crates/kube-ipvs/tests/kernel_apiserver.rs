@@ -11,7 +11,8 @@
 //!
 //! Proved here: the agent converges on what exists before it starts, follows creates, endpoint
 //! updates and deletes, and rides out an API server restart (SIGTERM, same store) without a
-//! single change to the IPVS table, then follows changes made after it.
+//! single change to the IPVS table, then follows changes made after it; and the API server takes
+//! the TLS cipher suite the agent offers first for this CPU.
 //!
 //! Tests run one after another against one API server, so each uses a namespace of its own and
 //! deletes its objects when it ends (there is no namespace controller to do it).
@@ -881,4 +882,58 @@ fn kube_proxy_is_replaced_with_open_connections_kept_and_rolled_back_clean() {
     let _ = proxy.terminate();
     drop(address);
     drop(cluster);
+}
+
+/// On a CPU without AES instructions the agent's TLS offers ChaCha20-Poly1305 first, and the API
+/// server (Go's crypto/tls) takes it; with them, AES-GCM stays first (`kube_ipvs_watch::tls`).
+/// This guest's CPU, TCG's `qemu64`, has none, so a vm-test run proves the first case, which the
+/// agent's cost of reading the API rests on under emulation (every list page and watch event is
+/// decrypted in software). The handshake is made here with the agent's provider as it is.
+#[test]
+fn the_api_server_takes_the_cipher_suite_the_agent_offers_first() {
+    use rustls::CipherSuite;
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, ServerName};
+
+    let ports = common::apiserver::ports();
+    let _forwards = common::apiserver::Forwards::start(&[ports.apiserver]);
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(format!("{DIR}/ca.crt")).expect("reading ca.crt") {
+        roots
+            .add(cert.expect("a certificate in ca.crt"))
+            .expect("the test CA");
+    }
+    let config =
+        rustls::ClientConfig::builder_with_provider(Arc::new(kube_ipvs_watch::tls::provider()))
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    let name = ServerName::try_from("127.0.0.1").expect("server name");
+    let mut tls = rustls::ClientConnection::new(Arc::new(config), name).expect("TLS client");
+    let mut sock =
+        std::net::TcpStream::connect(("127.0.0.1", ports.apiserver)).expect("connect to the relay");
+    while tls.is_handshaking() {
+        tls.complete_io(&mut sock)
+            .expect("TLS handshake with the API server");
+    }
+    let got = tls
+        .negotiated_cipher_suite()
+        .expect("a negotiated cipher suite")
+        .suite();
+    if kube_ipvs_watch::tls::aes_hardware() {
+        assert!(
+            matches!(
+                got,
+                CipherSuite::TLS13_AES_128_GCM_SHA256 | CipherSuite::TLS13_AES_256_GCM_SHA384
+            ),
+            "this CPU has AES instructions, yet the API server chose {got:?}"
+        );
+    } else {
+        assert_eq!(
+            got,
+            CipherSuite::TLS13_CHACHA20_POLY1305_SHA256,
+            "this CPU has no AES instructions, yet the API server chose {got:?}"
+        );
+    }
 }

@@ -10,7 +10,8 @@
 //!   EndpointSlices were both listed;
 //! - [`lean`] decodes Services and EndpointSlices without the metadata nothing here reads;
 //! - [`tracker`] holds the translated state and computes change sets;
-//! - [`translate`] is the pure translation of k8s-openapi objects into the model.
+//! - [`translate`] is the pure translation of k8s-openapi objects into the model;
+//! - [`tls`] picks the TLS cipher order the API client uses, as Go's crypto/tls does.
 //!
 //! This crate never talks to the kernel. An API outage leaves the last good state in place:
 //! nothing here removes a Service unless the API said it is gone.
@@ -20,6 +21,7 @@ pub mod driver;
 pub mod error;
 pub mod lean;
 pub mod manifest;
+pub mod tls;
 pub mod tracker;
 pub mod translate;
 

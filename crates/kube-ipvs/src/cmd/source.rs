@@ -460,6 +460,7 @@ impl SourceArgs {
                 .parse::<hyper::Uri>()
                 .map_err(|e| config_err(format!("--master {master:?}"))(Box::new(e)))?;
         }
+        kube_ipvs_watch::tls::install_default_provider();
         kube::Client::try_from(config)
             .map_err(|e| config_err("create the API client".to_owned())(Box::new(e)))
     }
