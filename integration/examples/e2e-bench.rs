@@ -413,6 +413,8 @@ async fn client(kubeconfig: &Path) -> Result<kube::Client> {
     let config = kube::Config::from_custom_kubeconfig(config, &KubeConfigOptions::default())
         .await
         .with_context(|| format!("kubeconfig {}", kubeconfig.display()))?;
+    // The TLS cipher order a Go client (the EndpointSlice controller's) would pick here.
+    kube_ipvs_watch::tls::install_default_provider();
     kube::Client::try_from(config).context("building the kube client")
 }
 
