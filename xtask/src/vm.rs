@@ -501,15 +501,18 @@ fn qemu_command(job: &Job, kernel: &Kernel, initrd: &Path) -> Command {
         "-no-user-config",
     ])
     .args(["-m", &job.memory_mib.to_string()])
-    .args(["-smp", &job.cpus.to_string()])
-    .arg("-kernel")
-    .arg(&kernel.vmlinuz)
-    .arg("-initrd")
-    .arg(initrd)
-    .args([
-        "-append",
-        &kernel_command_line(std::env::var("XTASK_KERNEL_ARGS").ok().as_deref()),
-    ]);
+    .args(["-smp", &job.cpus.to_string()]);
+    if let Ok(cpu) = std::env::var("XTASK_QEMU_CPU") {
+        cmd.args(["-cpu", &cpu]);
+    }
+    cmd.arg("-kernel")
+        .arg(&kernel.vmlinuz)
+        .arg("-initrd")
+        .arg(initrd)
+        .args([
+            "-append",
+            &kernel_command_line(std::env::var("XTASK_KERNEL_ARGS").ok().as_deref()),
+        ]);
     // For debugging a hung guest (xtask/README.md): a monitor to read its vCPUs' registers.
     if let Ok(dir) = std::env::var("XTASK_QEMU_MONITOR") {
         cmd.args([
