@@ -11,8 +11,8 @@
 //!
 //! Proved here: the agent converges on what exists before it starts, follows creates, endpoint
 //! updates and deletes, and rides out an API server restart (SIGTERM, same store) without a
-//! single change to the IPVS table, then follows changes made after it; and the API server takes
-//! the TLS cipher suite the agent offers first for this CPU.
+//! single change to the IPVS table, then follows changes made after it; and on a CPU without AES
+//! instructions (this guest's) the API server takes ChaCha20-Poly1305 from the agent's TLS.
 //!
 //! Tests run one after another against one API server, so each uses a namespace of its own and
 //! deletes its objects when it ends (there is no namespace controller to do it).
@@ -885,12 +885,13 @@ fn kube_proxy_is_replaced_with_open_connections_kept_and_rolled_back_clean() {
 }
 
 /// On a CPU without AES instructions the agent's TLS offers ChaCha20-Poly1305 first, and the API
-/// server (Go's crypto/tls) takes it; with them, AES-GCM stays first (`kube_ipvs_watch::tls`).
-/// This guest's CPU, TCG's `qemu64`, has none, so a vm-test run proves the first case, which the
-/// agent's cost of reading the API rests on under emulation (every list page and watch event is
-/// decrypted in software). The handshake is made here with the agent's provider as it is.
+/// server (Go's crypto/tls) takes it; with them, AES-GCM stays first and the server picks an
+/// AES-GCM suite (`kube_ipvs_watch::tls`). This guest's CPU, TCG's `qemu64`, has none, so a
+/// vm-test run proves the first case, which the agent's cost of reading the API rests on under
+/// emulation (every list page and watch event is decrypted in software). The handshake is made
+/// here with the agent's provider as it is.
 #[test]
-fn the_api_server_takes_the_cipher_suite_the_agent_offers_first() {
+fn the_api_server_takes_chacha20_from_the_agent_when_the_cpu_has_no_aes() {
     use rustls::CipherSuite;
     use rustls::pki_types::pem::PemObject as _;
     use rustls::pki_types::{CertificateDer, ServerName};

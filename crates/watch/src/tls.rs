@@ -2,10 +2,10 @@
 //!
 //! rustls's *ring* provider offers AES-GCM first whatever the CPU. Without AES and carry-less
 //! multiply instructions, AES-GCM runs in constant-time software, several times slower than
-//! ChaCha20-Poly1305; Go's crypto/tls (kube-proxy's, the API server's) then offers
-//! ChaCha20-Poly1305 first, and a Go server takes the client's first choice when it is
-//! ChaCha20. The agent decrypts every list page and watch event it reads, so on such a CPU
-//! (an emulated one included) the order decides much of what reading the API costs.
+//! ChaCha20-Poly1305; a Go client (kube-proxy's) then offers ChaCha20-Poly1305 first, and a Go
+//! server (the API server) takes ChaCha20-Poly1305 when it is the client's first choice. The
+//! agent decrypts every list page and watch event it reads, so on such a CPU (an emulated one
+//! included) the order decides much of what reading the API costs.
 
 use rustls::CipherSuite;
 use rustls::crypto::CryptoProvider;
@@ -48,7 +48,8 @@ fn is_chacha20(suite: CipherSuite) -> bool {
 
 /// Whether AES-GCM runs in hardware here, by the test Go's crypto/tls makes (its
 /// `hasAESGCMHardwareSupport`): AES-NI, PCLMULQDQ, SSE4.1 and SSSE3 on x86-64, AES and PMULL on
-/// arm64, and no on the other architectures this builds for.
+/// arm64. Elsewhere this says no (Go also says yes on s390x and ppc64, which offer ChaCha20
+/// first here).
 pub fn aes_hardware() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
