@@ -19,7 +19,8 @@ pub fn install_default_provider() {
     }
 }
 
-/// *ring* with its suites in [`cipher_order`] for this CPU.
+/// *ring* with its suites in the order for this CPU: ChaCha20-Poly1305 first without AES
+/// hardware ([`aes_hardware`]), *ring*'s own order with it.
 pub fn provider() -> CryptoProvider {
     let mut provider = rustls::crypto::ring::default_provider();
     cipher_order(&mut provider, aes_hardware());
@@ -28,7 +29,7 @@ pub fn provider() -> CryptoProvider {
 
 /// Puts the ChaCha20-Poly1305 suites first when the CPU has no AES hardware; otherwise keeps
 /// the provider's order. The order among the other suites is kept either way.
-pub fn cipher_order(provider: &mut CryptoProvider, aes_hardware: bool) {
+fn cipher_order(provider: &mut CryptoProvider, aes_hardware: bool) {
     if !aes_hardware {
         // A stable sort: ChaCha20 suites first, each group in the provider's order.
         provider
