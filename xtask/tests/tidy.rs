@@ -41,6 +41,10 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
         "malloc_trim, which the libc crate declares unsafe like every C function",
     ),
     (
+        "crates/host/src/thread.rs",
+        "setpriority and gettid, which the libc crate declares unsafe like every C function",
+    ),
+    (
         "crates/diff/benches/diff.rs",
         "the benchmark's counting allocator: GlobalAlloc is an unsafe trait",
     ),

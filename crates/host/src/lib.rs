@@ -1,7 +1,8 @@
 //! The node's kernel interfaces that are not netlink: the masquerade rules through the iptables tools
 //! ([`masquerade`]: rule text as data, backend choice, the `iptables-restore` runner), the removal of
 //! kube-proxy's leftovers ([`kube_proxy`]), kernel modules, sysctls and the hostname ([`setup`]),
-//! and the allocator's free pages handed back to the kernel ([`memory`]).
+//! the allocator's free pages handed back to the kernel ([`memory`]), and the background threads'
+//! CPU priority ([`thread`]).
 //!
 //! With `kube-ipvs-netlink` this is one of the two kernel-facing crates: nothing else in the workspace spawns a
 //! kernel tool, opens a socket or touches `/proc` (the tidy test, `xtask/tests/tidy.rs`, checks it). It is a
@@ -19,3 +20,4 @@ pub mod masquerade;
 pub mod memory;
 pub mod sets;
 pub mod setup;
+pub mod thread;

@@ -196,7 +196,8 @@ enum Answer {
     Services(RereadResult),
 }
 
-/// The thread that reads the kernel for reconciles, with a kernel handle of its own.
+/// The thread that reads the kernel for reconciles, with a kernel handle of its own, at nice
+/// [`kube_ipvs_host::thread::BACKGROUND_NICE`].
 struct Reader {
     requests: std::sync::mpsc::Sender<Ask>,
     results: mpsc::Receiver<Answer>,
@@ -209,6 +210,16 @@ impl Reader {
         std::thread::Builder::new()
             .name("kernel-reader".to_owned())
             .spawn(move || {
+                // The loop's changes are waited for and this read is not: under churn at 10,000
+                // Services on two emulated CPUs, the read at nice 0 doubled the loop's median
+                // time per update while it ran (`docs/benchmarks.md`, twentieth session).
+                use kube_ipvs_host::thread::{BACKGROUND_NICE, set_this_threads_nice};
+                match set_this_threads_nice(BACKGROUND_NICE) {
+                    Ok(()) => tracing::debug!("kernel reader: at nice {BACKGROUND_NICE}"),
+                    Err(e) => tracing::warn!(
+                        "kernel reader: could not lower its CPU priority (nice {BACKGROUND_NICE}): {e}"
+                    ),
+                }
                 while let Ok(ask) = asked.recv() {
                     let read = match ask {
                         Ask::Whole(owned, sets) => {
