@@ -49,6 +49,8 @@ pub(crate) struct ControlPlane {
     apiserver_bin: PathBuf,
     kubectl: PathBuf,
     apiserver_args: Vec<String>,
+    /// Added to kube-apiserver's environment (`bench e2e --apiserver-memory-limit`).
+    apiserver_env: Vec<(String, String)>,
     etcd_bin: PathBuf,
     etcd_args: Vec<String>,
     processes: Arc<Mutex<Processes>>,
@@ -221,10 +223,21 @@ fn log_tail(path: &Path) -> String {
 
 /// Starts a long-running child, registered with the reaper until [`terminate`] stops it.
 pub(crate) fn spawn_logged(bin: &Path, args: &[String], log: &Path) -> Result<Child> {
+    spawn_logged_with(bin, args, &[], log)
+}
+
+/// As [`spawn_logged`], with `env` added to the inherited environment.
+fn spawn_logged_with(
+    bin: &Path,
+    args: &[String],
+    env: &[(String, String)],
+    log: &Path,
+) -> Result<Child> {
     let file = fs::File::create(log)?;
     let err = file.try_clone()?;
     let child = Command::new(bin)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(file)
         .stderr(err)
@@ -260,7 +273,7 @@ fn terminate_untracked(child: &mut Child) {
 impl ControlPlane {
     /// Starts etcd and kube-apiserver in a fresh `dir` and waits until the API server is ready.
     pub(crate) fn start(tools: &Tools, dir: &Path) -> Result<ControlPlane> {
-        Self::start_with(tools, dir, None, None, false)
+        Self::start_with(tools, dir, None, None, false, Vec::new())
     }
 
     /// As [`ControlPlane::start`], for `bench e2e`: etcd on a copy of `store` if given (a data
@@ -268,19 +281,20 @@ impl ControlPlane {
     /// there from the start; with `every_address` (only inside a network namespace of xtask's own
     /// whose bridge holds [`HOST_ALIAS`]) kube-apiserver listens on every address there, so
     /// guests on the bridge reach it at `HOST_ALIAS` as they would through QEMU's user
-    /// networking.
+    /// networking. `apiserver_env` goes into kube-apiserver's environment.
     pub(crate) fn start_for_bench(
         tools: &Tools,
         dir: &Path,
         store: Option<&Path>,
         every_address: bool,
+        apiserver_env: Vec<(String, String)>,
     ) -> Result<ControlPlane> {
-        Self::start_with(tools, dir, None, store, every_address)
+        Self::start_with(tools, dir, None, store, every_address, apiserver_env)
     }
 
     /// As [`ControlPlane::start`], set up for the lab cluster's kubelets.
     pub(crate) fn start_lab(tools: &Tools, dir: &Path, lab: &Lab) -> Result<ControlPlane> {
-        Self::start_with(tools, dir, Some(lab), None, true)
+        Self::start_with(tools, dir, Some(lab), None, true, Vec::new())
     }
 
     fn start_with(
@@ -290,6 +304,7 @@ impl ControlPlane {
         store: Option<&Path>,
         // Only inside a network namespace of xtask's own, which holds nothing else.
         every_address: bool,
+        apiserver_env: Vec<(String, String)>,
     ) -> Result<ControlPlane> {
         let started = Instant::now();
         let _ = fs::remove_dir_all(dir);
@@ -411,6 +426,7 @@ impl ControlPlane {
             apiserver_bin: tools.kube_apiserver.clone(),
             kubectl: tools.kubectl.clone(),
             apiserver_args,
+            apiserver_env,
             etcd_bin: tools.etcd.clone(),
             etcd_args,
             processes: Arc::new(Mutex::new(Processes {
@@ -448,7 +464,12 @@ impl ControlPlane {
                 .as_mut()
                 .is_some_and(|c| matches!(c.try_wait(), Ok(None)));
             if !running {
-                let child = spawn_logged(&self.apiserver_bin, &self.apiserver_args, &log)?;
+                let child = spawn_logged_with(
+                    &self.apiserver_bin,
+                    &self.apiserver_args,
+                    &self.apiserver_env,
+                    &log,
+                )?;
                 processes.apiserver = Some(child);
             }
         }
