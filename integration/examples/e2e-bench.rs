@@ -805,6 +805,24 @@ impl Agent {
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
 
+    /// kube-ipvs's incremental syncs that took over [`SLOW_SYNC_MS`], the last 40, each with the
+    /// line before it (what the sync waited on, when the log is at debug level): under churn,
+    /// which slow updates the agent's loop made and which it did not.
+    fn slow_syncs(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let slow: Vec<String> = lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| sync_ms(l).is_some_and(|ms| ms > SLOW_SYNC_MS))
+            .map(|(i, l)| match i.checked_sub(1) {
+                Some(before) => format!("{}\n{l}", lines[before]),
+                None => (*l).to_owned(),
+            })
+            .collect();
+        slow[slow.len().saturating_sub(40)..].join("\n")
+    }
+
     /// The first lines of the agent's log: where its startup's time went (kube-ipvs logs the
     /// list, the startup sync and its apply with timestamps).
     fn head(&self) -> String {
@@ -870,6 +888,19 @@ impl Drop for Agent {
 }
 
 /// Command lines of the processes whose parent is `pid` (what an agent is waiting on).
+/// See [`Agent::slow_syncs`].
+const SLOW_SYNC_MS: f64 = 20.0;
+
+/// The duration of kube-ipvs's `incremental sync: applied N of M operations in X ms` line.
+fn sync_ms(line: &str) -> Option<f64> {
+    let rest = line.split_once("incremental sync: applied ")?.1;
+    rest.strip_suffix(" ms")?
+        .rsplit_once(" in ")?
+        .1
+        .parse()
+        .ok()
+}
+
 fn children(pid: u32) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -1933,6 +1964,10 @@ fn guest(opts: &Options) -> Result<()> {
             "--- {agent_name} log, reconciles ---\n{}\n---",
             agent.reconciles()
         );
+        eprintln!(
+            "--- {agent_name} log, incremental syncs over {SLOW_SYNC_MS} ms ---\n{}\n---",
+            agent.slow_syncs()
+        );
         Ok(format!(
             "E2E-RESULT agent={agent_name} services={} endpoints={} converge_ms={} converge_err_ms={} full_read_ms={} cpu_converge_s={cpu_converged:.2} settle_ms={} settled={settled} updates_requested={} update_timeouts={} warmup_us={} updates_us={} patch_us={} cpu_s={cpu:.2} rss_kib={rss}",
             ips.len(),
@@ -1978,6 +2013,25 @@ mod tests {
             .and_then(|l| l.trim().strip_prefix("value: "))
             .expect("a value line after the name");
         assert_eq!(value, KUBE_IPVS_GLIBC_TUNABLES);
+    }
+
+    #[test]
+    fn an_incremental_syncs_duration_is_read_from_its_line() {
+        let line = "2026-12-07T01:29:35.166829Z  INFO kube_ipvs::agent::sync: incremental sync: \
+                    applied 3 of 3 operations in 23.8 ms";
+        assert_eq!(sync_ms(line), Some(23.8));
+        assert_eq!(
+            sync_ms("... incremental sync: applied 1 of 1 operation in 0.4 ms"),
+            Some(0.4)
+        );
+        assert_eq!(
+            sync_ms("... reconcile sync: applied 0 operations in 0.2 ms"),
+            None
+        );
+        assert_eq!(
+            sync_ms("... incremental sync: 3 operations ready to apply after 1.3 ms"),
+            None
+        );
     }
 
     #[test]
