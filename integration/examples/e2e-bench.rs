@@ -806,8 +806,8 @@ impl Agent {
     }
 
     /// kube-ipvs's incremental syncs that took over [`SLOW_SYNC_MS`], the last 40, each with the
-    /// line before it (what the sync waited on, when the log is at debug level): under churn,
-    /// which slow updates the agent's loop made and which it did not.
+    /// two lines before it (at debug level, its diff's and its apply's time): under churn, which
+    /// slow updates the agent's loop made and which it did not.
     fn slow_syncs(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
@@ -815,10 +815,7 @@ impl Agent {
             .iter()
             .enumerate()
             .filter(|(_, l)| sync_ms(l).is_some_and(|ms| ms > SLOW_SYNC_MS))
-            .map(|(i, l)| match i.checked_sub(1) {
-                Some(before) => format!("{}\n{l}", lines[before]),
-                None => (*l).to_owned(),
-            })
+            .map(|(i, _)| lines[i.saturating_sub(2)..=i].join("\n"))
             .collect();
         slow[slow.len().saturating_sub(40)..].join("\n")
     }
