@@ -211,8 +211,9 @@ impl Reader {
             .name("kernel-reader".to_owned())
             .spawn(move || {
                 // The loop's changes are waited for and this read is not: under churn at 10,000
-                // Services on two emulated CPUs, the read at nice 0 doubled the loop's median
-                // time per update while it ran (`docs/benchmarks.md`, twentieth session).
+                // Services on two emulated CPUs, while the read ran at nice 0 an update's median
+                // time from the API server's answer to the kernel went from 5-7 ms to 7-12 ms
+                // (`docs/benchmarks.md`, twentieth session).
                 use kube_ipvs_host::thread::{BACKGROUND_NICE, set_this_threads_nice};
                 match set_this_threads_nice(BACKGROUND_NICE) {
                     Ok(()) => tracing::debug!("kernel reader: at nice {BACKGROUND_NICE}"),
