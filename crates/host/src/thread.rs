@@ -19,7 +19,6 @@ pub const BACKGROUND_NICE: i32 = 19;
 /// # Errors
 ///
 /// The `setpriority` error, e.g. `EACCES` when lowering it without the capability.
-#[cfg(target_os = "linux")]
 pub fn set_this_threads_nice(nice: i32) -> std::io::Result<()> {
     // SAFETY: gettid takes nothing and always succeeds; setpriority takes plain integers and
     // touches no memory of ours.
@@ -34,7 +33,7 @@ pub fn set_this_threads_nice(nice: i32) -> std::io::Result<()> {
     }
 }
 
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(test)]
 mod tests {
     use super::*;
 
