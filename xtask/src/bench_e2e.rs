@@ -120,8 +120,8 @@ struct Options {
     /// conditions: the control plane shares this host's two cores with the guest under test,
     /// and with Go's default the API server collected every 12 s under churn at 10,000
     /// Services, 0.6 s of two threads' marking each time, while the guest stalled with it; but
-    /// a heap left to grow costs fresh pages instead, and at 50,000 the API server answered
-    /// PATCHes twice as slowly with `6GiB` (twentieth session, `docs/benchmarks.md`).
+    /// at 50,000 the API server answered PATCHes about twice as slowly with `6GiB` (likely the
+    /// fresh pages a growing heap takes; not measured; twentieth session, `docs/benchmarks.md`).
     apiserver_memory_limit: Option<String>,
 }
 
