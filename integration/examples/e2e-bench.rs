@@ -159,8 +159,44 @@ fn main() -> Result<()> {
     let opts = Options::parse(rest)?;
     match mode.as_str() {
         "populate" => populate(&opts),
-        "guest" => guest(&opts),
+        "guest" => {
+            raise_open_files_limit();
+            guest(&opts)
+        }
         other => bail!("unknown mode {other:?}\n{}", usage()),
+    }
+}
+
+/// Open files the guest mode asks for: the open-loop churn keeps one connection per PATCH in
+/// flight (HTTP/1.1), and against an agent that starves the guest's CPUs thousands are in
+/// flight at once (50/s for 60 s is 3,000). Under the guest's default of 1,024 the driver's
+/// `nft` then failed with EMFILE and the run with it (kube-proxy's nftables mode, 2026-12-07).
+const OPEN_FILES: u64 = 65_536;
+
+/// Raises this process's open-file limit to [`OPEN_FILES`] (the hard limit too: the driver
+/// runs as root), or as far as it may, and says so when it cannot. The agents it starts
+/// inherit it, every agent alike (kube-ipvs keeps a few dozen files open; kube-proxy, in Go,
+/// raises its own soft limit to the hard one at startup anyway).
+fn raise_open_files_limit() {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let now = getrlimit(Resource::Nofile);
+    if now.current.is_none_or(|c| c >= OPEN_FILES) {
+        return;
+    }
+    let want = Rlimit {
+        current: Some(OPEN_FILES),
+        // `None` is no limit, which stays.
+        maximum: now.maximum.map(|m| m.max(OPEN_FILES)),
+    };
+    if let Err(e) = setrlimit(Resource::Nofile, want) {
+        let fallback = Rlimit {
+            current: now.maximum,
+            maximum: now.maximum,
+        };
+        let kept = setrlimit(Resource::Nofile, fallback).map_or(now.current, |()| now.maximum);
+        eprintln!(
+            "e2e-bench: open files limited to {kept:?} (asked for {OPEN_FILES}: {e}); a churn with more PATCHes in flight fails"
+        );
     }
 }
 
@@ -1390,6 +1426,10 @@ struct OpenLoop {
     /// slow API server or connection, not the agent; the whole time when the kernel served
     /// the update before the driver saw the answer).
     patch_us: Vec<u64>,
+    /// Of each update in `kernel_us`, when it was sent, from the churn's start (whose time on
+    /// the guest's clock the driver prints): places each update against the agent's log and
+    /// against what else the guest or the host did meanwhile.
+    sent_us: Vec<u64>,
     /// Not in the kernel within [`UPDATE_TIMEOUT`].
     timeouts: usize,
     /// Replaced by a later update to the same Service before the kernel showed them.
@@ -1418,6 +1458,15 @@ fn open_loop(
     let mut churn = Churn::new(opts, WARM_CONNECTIONS)?.starting_after(sent_before);
     let period = Duration::from_secs_f64(1.0 / opts.churn_rate);
     let start = Instant::now();
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    // On the agent's log clock (the same guest), as the series' updates.
+    eprintln!(
+        "e2e-bench: churn started at {}.{:06} (Unix s)",
+        at.as_secs(),
+        at.subsec_micros()
+    );
     let mut next = start;
     let mut pending: Vec<Pending> = Vec::new();
     let mut out = OpenLoop::default();
@@ -1509,6 +1558,8 @@ fn open_loop(
                 let us = p.sent.elapsed().as_micros() as u64;
                 out.kernel_us.push(us);
                 out.patch_us.push(p.answered_us.unwrap_or(us));
+                out.sent_us
+                    .push(p.sent.saturating_duration_since(start).as_micros() as u64);
                 pending.swap_remove(k);
             } else if p.sent.elapsed() > UPDATE_TIMEOUT {
                 out.timeouts += 1;
@@ -1932,7 +1983,7 @@ fn guest(opts: &Options) -> Result<()> {
             let c = open_loop(opts, &mut plane, &mut agent, &ips, sent_before)?;
             sent_before += c.sent;
             println!(
-                "E2E-CHURN agent={agent_name} services={} rate={} seconds={} sent={} timeouts={} superseded={} errors={} check_us={} max_pending={} updates_us={} patch_us={}",
+                "E2E-CHURN agent={agent_name} services={} rate={} seconds={} sent={} timeouts={} superseded={} errors={} check_us={} max_pending={} updates_us={} patch_us={} sent_us={}",
                 ips.len(),
                 opts.churn_rate,
                 opts.churn.as_secs(),
@@ -1943,7 +1994,8 @@ fn guest(opts: &Options) -> Result<()> {
                 c.check_time.as_micros() / c.checks.max(1) as u128,
                 c.max_pending,
                 list(&c.kernel_us),
-                list(&c.patch_us)
+                list(&c.patch_us),
+                list(&c.sent_us)
             );
         }
         if !opts.soak.is_zero() {
