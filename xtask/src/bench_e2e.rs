@@ -327,6 +327,8 @@ struct RunResult {
     datapath: Vec<Datapath>,
     /// The open-loop churn (`E2E-CHURN`), at the largest size.
     churn: Option<ChurnRun>,
+    /// How long the guest waited for the host's CPUs during the churn (measured on the host).
+    host_waits: Option<HostWaits>,
 }
 
 /// One `E2E-CHURN` line: updates sent at a fixed rate, each timed to the kernel.
@@ -377,6 +379,95 @@ fn parse_churn_line(line: &str) -> Result<ChurnRun> {
         },
         updates_us,
         patch_us,
+    })
+}
+
+/// How long the guest's vCPUs waited for one of the host's CPUs during the open-loop churn:
+/// QEMU's threads as the host's scheduler counts them ([`vm::Job::sample_threads`]), each
+/// churned update placed on the host's clock by the console line that starts the churn and
+/// its send time (`sent_us`). On this project's two-core machine the API server and etcd
+/// share the cores the guest runs on, and the churn's slow updates were found to be those
+/// during which the guest waited (`docs/benchmarks.md`, twenty-first session).
+#[derive(Debug, Clone, PartialEq)]
+struct HostWaits {
+    /// The two QEMU threads that ran most during the churn (the guest's vCPUs): nanoseconds
+    /// run and waited, each.
+    run_ns: [u64; 2],
+    wait_ns: [u64; 2],
+    /// The updates over [`SLOW_UPDATE_US`], and the two threads' waits while each update was
+    /// in flight, summed, per unit of the updates' own time: for those and for the others
+    /// (`None` without any).
+    slow: usize,
+    slow_rate: Option<f64>,
+    other_rate: Option<f64>,
+}
+
+/// An update of the churn slower than this is counted apart in [`HostWaits`].
+const SLOW_UPDATE_US: u64 = 50_000;
+
+/// What the driver prints when the open-loop churn starts (`e2e-bench.rs`).
+const CHURN_STARTED: &str = "e2e-bench: churn started at ";
+
+/// [`HostWaits`] from a guest's timed console lines and its QEMU threads' samples; `None`
+/// without a churn, without the send times (a driver from before them) or without samples.
+fn churn_host_waits(lines: &[(Duration, String)], taken: &[vm::ThreadSample]) -> Option<HostWaits> {
+    let start = lines.iter().find(|(_, l)| l.contains(CHURN_STARTED))?.0;
+    let churn = lines
+        .iter()
+        .find_map(|(_, l)| l.find(CHURN_PREFIX).map(|at| &l[at..]))?;
+    let f = fields(churn, CHURN_PREFIX).ok()?;
+    let took = samples("updates_us", f.get("updates_us")?).ok()?;
+    let sent = samples("sent_us", f.get("sent_us")?).ok()?;
+    if took.is_empty() || took.len() != sent.len() || taken.is_empty() {
+        return None;
+    }
+    // The last sample at or before `t` (the first, before any).
+    let at = |t: Duration| &taken[taken.partition_point(|s| s.at <= t).saturating_sub(1)];
+    let of = |s: &vm::ThreadSample, tid: u32| {
+        s.threads
+            .iter()
+            .find(|t| t.0 == tid)
+            .map_or((0, 0), |t| (t.1, t.2))
+    };
+    let end = start + Duration::from_micros(sent.iter().zip(&took).map(|(s, t)| s + t).max()?);
+    let (first, last) = (at(start), at(end));
+    let mut ran: Vec<(u64, u32)> = last
+        .threads
+        .iter()
+        .map(|&(tid, run, _)| (run.saturating_sub(of(first, tid).0), tid))
+        .collect();
+    ran.sort_unstable_by(|a, b| b.cmp(a));
+    let vcpus: Vec<u32> = ran.iter().take(2).map(|r| r.1).collect();
+    let waited = |from: Duration, to: Duration| -> u64 {
+        let (a, b) = (at(from), at(to));
+        vcpus
+            .iter()
+            .map(|&v| of(b, v).1.saturating_sub(of(a, v).1))
+            .sum()
+    };
+    // (waited ns, in flight ns) of the slow updates and of the others.
+    let (mut slow, mut other) = ((0u64, 0u64, 0usize), (0u64, 0u64));
+    for (&s, &t) in sent.iter().zip(&took) {
+        let from = start + Duration::from_micros(s);
+        let w = waited(from, from + Duration::from_micros(t));
+        if t > SLOW_UPDATE_US {
+            slow = (slow.0 + w, slow.1 + t * 1000, slow.2 + 1);
+        } else {
+            other = (other.0 + w, other.1 + t * 1000);
+        }
+    }
+    let rate = |w: u64, d: u64| (d > 0).then(|| w as f64 / d as f64);
+    let each = |i: usize, pick: fn((u64, u64)) -> u64| {
+        vcpus
+            .get(i)
+            .map_or(0, |&v| pick(of(last, v)).saturating_sub(pick(of(first, v))))
+    };
+    Some(HostWaits {
+        run_ns: [each(0, |x| x.0), each(1, |x| x.0)],
+        wait_ns: [each(0, |x| x.1), each(1, |x| x.1)],
+        slow: slow.2,
+        slow_rate: rate(slow.0, slow.1),
+        other_rate: rate(other.0, other.1),
     })
 }
 
@@ -475,6 +566,7 @@ fn parse_result_line(line: &str) -> Result<RunResult> {
         rss_kib: num("rss_kib", get("rss_kib")?)?,
         datapath: Vec::new(),
         churn: None,
+        host_waits: None,
     })
 }
 
@@ -681,6 +773,27 @@ fn table(results: &[RunResult]) -> String {
                 Some((
                     format!("{} ({})", ms(c.check_us), c.max_pending),
                     c.check_us as f64,
+                ))
+            }),
+        ),
+        (
+            "churn: guest's vCPUs waiting for a host CPU: run / waited; waits per ms of updates over 50 ms / of the others",
+            Box::new(|r| {
+                let h = r.host_waits.as_ref()?;
+                let s = |ns: u64| format!("{:.1}", ns as f64 / 1e9);
+                let rate = |r: Option<f64>| r.map_or_else(|| "-".to_owned(), |r| format!("{r:.2}"));
+                Some((
+                    format!(
+                        "{} + {} s / {} + {} s; {} ({}) / {}",
+                        s(h.run_ns[0]),
+                        s(h.run_ns[1]),
+                        s(h.wait_ns[0]),
+                        s(h.wait_ns[1]),
+                        rate(h.slow_rate),
+                        h.slow,
+                        rate(h.other_rate)
+                    ),
+                    NO_RATIO,
                 ))
             }),
         ),
@@ -1212,8 +1325,10 @@ fn run_agent(
     // The driver's own limits (convergence, settling, the update budget) plus boot.
     let timeout =
         Duration::from_secs(converge_timeout + opts.settle_timeout + opts.update_budget + 600);
-    let lines = guest.run(&format!("bench e2e {agent} {size}"), &args, timeout)?;
+    let (lines, host_waits) =
+        guest.run_with_host_waits(&format!("bench e2e {agent} {size}"), &args, timeout)?;
     let mut result = parse_result_line(result_line(&lines, RESULT_PREFIX)?)?;
+    result.host_waits = host_waits;
     for line in &lines {
         if let Some(at) = line.find(DATAPATH_PREFIX) {
             result.datapath.push(parse_datapath_line(&line[at..])?);
@@ -1252,6 +1367,30 @@ impl GuestRun<'_> {
         extra: &[String],
         timeout: Duration,
     ) -> Result<Vec<String>> {
+        let outcome = self.boot(name, extra, timeout, false)?;
+        Ok(outcome.lines.into_iter().map(|(_, l)| l).collect())
+    }
+
+    /// [`GuestRun::run`], with QEMU's threads sampled on the host: how long the guest waited
+    /// for a host CPU during the churn, if the driver churned.
+    fn run_with_host_waits(
+        &self,
+        name: &str,
+        extra: &[String],
+        timeout: Duration,
+    ) -> Result<(Vec<String>, Option<HostWaits>)> {
+        let outcome = self.boot(name, extra, timeout, true)?;
+        let waits = churn_host_waits(&outcome.lines, &outcome.thread_samples);
+        Ok((outcome.lines.into_iter().map(|(_, l)| l).collect(), waits))
+    }
+
+    fn boot(
+        &self,
+        name: &str,
+        extra: &[String],
+        timeout: Duration,
+        sample_threads: bool,
+    ) -> Result<vm::Outcome> {
         let mut args: Vec<String> = vec![
             "guest".into(),
             "--agent".into(),
@@ -1294,6 +1433,7 @@ impl GuestRun<'_> {
         }
         job.memory_mib = self.memory_mib;
         job.timeout = timeout;
+        job.sample_threads = sample_threads;
         let outcome = vm::run(&job)?;
         eprintln!(
             "xtask: {} took {} (console log {})",
@@ -1307,7 +1447,7 @@ impl GuestRun<'_> {
         if outcome.guest_rc != Some(0) {
             bail!("the driver exited with {:?}", outcome.guest_rc);
         }
-        Ok(outcome.lines.into_iter().map(|(_, l)| l).collect())
+        Ok(outcome)
     }
 }
 
@@ -1427,6 +1567,63 @@ mod tests {
             (churn.sent, churn.timeouts, churn.updates_us.len()),
             (3000, 1, 3)
         );
+        Ok(())
+    }
+
+    /// QEMU's threads every 10 ms for 2 s: two vCPUs running 8 ms in each 10, and each waiting
+    /// 5 ms in each 10 from 1.0 s to 1.2 s; a third thread that barely runs.
+    fn waiting_guest() -> Vec<vm::ThreadSample> {
+        (0..=200u64)
+            .map(|k| {
+                let waited = k.clamp(100, 120) - 100;
+                let vcpu = |tid| (tid, k * 8_000_000, waited * 5_000_000);
+                vm::ThreadSample {
+                    at: Duration::from_millis(k * 10),
+                    threads: vec![vcpu(1), vcpu(2), (3, k * 10_000, 0)],
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn host_waits_fall_on_the_updates_in_flight_while_the_guest_waited() -> Result<()> {
+        // The churn starts at 0.5 s: the slow update is in flight from 1.0 to 1.1 s, while
+        // both vCPUs wait half the time; the others, at 0.5 s and 1.7 s, while none do.
+        let lines = vec![
+            (
+                Duration::from_millis(500),
+                format!("{CHURN_STARTED}1796620662.376907 (Unix s)"),
+            ),
+            (
+                Duration::from_millis(2500),
+                "E2E-CHURN agent=kube-ipvs services=10 rate=50 seconds=2 sent=3 timeouts=0 \
+                 superseded=0 errors=0 check_us=700 max_pending=2 updates_us=100000,10000,10000 \
+                 patch_us=9000,9000,9000 sent_us=500000,0,1200000"
+                    .to_owned(),
+            ),
+        ];
+        let h = churn_host_waits(&lines, &waiting_guest()).context("no waits")?;
+        assert_eq!(h.slow, 1);
+        // 50 ms each of the two vCPUs during its 100 ms.
+        assert!(
+            (h.slow_rate.context("no slow rate")? - 1.0).abs() < 1e-9,
+            "{h:?}"
+        );
+        assert_eq!(h.other_rate, Some(0.0));
+        // The vCPUs, not the third thread, over the churn (0.5 s to 1.71 s): 121 periods.
+        assert_eq!(h.run_ns, [121 * 8_000_000, 121 * 8_000_000]);
+        assert_eq!(h.wait_ns, [20 * 5_000_000, 20 * 5_000_000]);
+        // A driver from before the send times, or no samples: nothing to say.
+        let old = vec![
+            lines[0].clone(),
+            (
+                lines[1].0,
+                lines[1].1.replace(" sent_us=500000,0,1200000", ""),
+            ),
+        ];
+        assert_eq!(churn_host_waits(&old, &waiting_guest()), None);
+        assert_eq!(churn_host_waits(&lines, &[]), None);
+        assert_eq!(churn_host_waits(&lines[1..], &waiting_guest()), None);
         Ok(())
     }
 

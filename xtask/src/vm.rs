@@ -214,6 +214,23 @@ pub(crate) struct Job {
     /// Set by the owner to power the guest off (QEMU is killed) before the job ends: the lab's
     /// nodes run until the lab stops.
     pub(crate) stop: Option<Arc<AtomicBool>>,
+    /// Read the host scheduler's statistics of every QEMU thread every
+    /// [`THREAD_SAMPLE_PERIOD`] while the guest runs ([`Outcome::thread_samples`]): how long
+    /// the guest's vCPUs waited for a host CPU (`bench e2e`).
+    pub(crate) sample_threads: bool,
+}
+
+/// How often [`Job::sample_threads`] reads QEMU's threads.
+pub(crate) const THREAD_SAMPLE_PERIOD: Duration = Duration::from_millis(10);
+
+/// The host scheduler's statistics of QEMU's threads at one moment.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ThreadSample {
+    /// The time since QEMU started, on the clock of [`Outcome::lines`].
+    pub(crate) at: Duration,
+    /// Each thread's id, time run and time waited runnable for a CPU, in nanoseconds
+    /// (`/proc/PID/task/TID/schedstat`).
+    pub(crate) threads: Vec<(u32, u64, u64)>,
 }
 
 impl Job {
@@ -234,6 +251,7 @@ impl Job {
             log: None,
             echo: true,
             stop: None,
+            sample_threads: false,
         }
     }
 }
@@ -250,6 +268,8 @@ pub(crate) struct Outcome {
     pub(crate) ready_after: Option<Duration>,
     pub(crate) elapsed: Duration,
     pub(crate) log: PathBuf,
+    /// With [`Job::sample_threads`]: QEMU's threads every [`THREAD_SAMPLE_PERIOD`].
+    pub(crate) thread_samples: Vec<ThreadSample>,
 }
 
 impl Outcome {
@@ -561,6 +581,7 @@ fn boot(job: &Job, kernel: &Kernel, initrd: &Path, log_path: &Path) -> Result<Ou
             ready_after: None,
             elapsed: started.elapsed(),
             log: log_path.to_path_buf(),
+            thread_samples: Vec::new(),
         });
     }
     cmd.stdin(Stdio::null())
@@ -575,6 +596,9 @@ fn boot(job: &Job, kernel: &Kernel, initrd: &Path, log_path: &Path) -> Result<Ou
     let started = Instant::now();
     let mut child = cmd.spawn().context("starting qemu-system-x86_64")?;
     let _registered = crate::reaper::register(child.id());
+    let sampler = job
+        .sample_threads
+        .then(|| ThreadSampler::start(child.id(), started));
     let mut log = io::BufWriter::new(
         fs::File::create(log_path).with_context(|| format!("creating {}", log_path.display()))?,
     );
@@ -673,6 +697,7 @@ fn boot(job: &Job, kernel: &Kernel, initrd: &Path, log_path: &Path) -> Result<Ou
     for reader in readers {
         let _ = reader.join();
     }
+    let thread_samples = sampler.map(ThreadSampler::finish).unwrap_or_default();
     log.flush()?;
     let elapsed = started.elapsed();
 
@@ -700,8 +725,70 @@ fn boot(job: &Job, kernel: &Kernel, initrd: &Path, log_path: &Path) -> Result<Ou
         kernel_panic,
         elapsed,
         log: log_path.to_path_buf(),
+        thread_samples,
     };
     Ok(outcome)
+}
+
+/// A thread reading QEMU's threads' scheduler statistics until [`ThreadSampler::finish`].
+struct ThreadSampler {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<ThreadSample>>,
+}
+
+impl ThreadSampler {
+    fn start(pid: u32, started: Instant) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            let tasks = PathBuf::from(format!("/proc/{pid}/task"));
+            while !stopping.load(Ordering::SeqCst) {
+                let at = started.elapsed();
+                if let Some(threads) = read_schedstats(&tasks) {
+                    samples.push(ThreadSample { at, threads });
+                }
+                let next = at + THREAD_SAMPLE_PERIOD;
+                std::thread::sleep(next.saturating_sub(started.elapsed()));
+            }
+            samples
+        });
+        Self { stop, thread }
+    }
+
+    fn finish(self) -> Vec<ThreadSample> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+/// Each thread's id, time run and time waited for a CPU under `tasks` (`/proc/PID/task`);
+/// `None` once the process is gone.
+fn read_schedstats(tasks: &Path) -> Option<Vec<(u32, u64, u64)>> {
+    let mut threads = Vec::new();
+    for entry in fs::read_dir(tasks).ok()?.flatten() {
+        let Some(tid) = entry.file_name().to_str().and_then(|t| t.parse().ok()) else {
+            continue;
+        };
+        // A thread may end between the listing and the read.
+        let Ok(stat) = fs::read_to_string(entry.path().join("schedstat")) else {
+            continue;
+        };
+        if let Some((run, wait)) = parse_schedstat(&stat) {
+            threads.push((tid, run, wait));
+        }
+    }
+    threads.sort_unstable();
+    Some(threads)
+}
+
+/// `/proc/PID/task/TID/schedstat`: nanoseconds run, nanoseconds waited on a run queue, and
+/// time slices.
+fn parse_schedstat(text: &str) -> Option<(u64, u64)> {
+    let mut words = text.split_whitespace();
+    let run = words.next()?.parse().ok()?;
+    let wait = words.next()?.parse().ok()?;
+    Some((run, wait))
 }
 
 fn spawn_reader(
@@ -836,7 +923,61 @@ mod tests {
             ready_after: None,
             elapsed: Duration::ZERO,
             log: PathBuf::new(),
+            thread_samples: Vec::new(),
         }
+    }
+
+    #[test]
+    fn schedstat_gives_time_run_and_time_waited() {
+        assert_eq!(
+            parse_schedstat("15364352693 6221637458 91234\n"),
+            Some((15_364_352_693, 6_221_637_458))
+        );
+        assert_eq!(parse_schedstat("15364352693"), None);
+        assert_eq!(parse_schedstat("x 1 2"), None);
+    }
+
+    /// The sampler reads this very process's threads: a thread that spins while it samples
+    /// shows the time it ran, and the samples come in time order.
+    #[test]
+    fn the_sampler_reads_every_thread_of_a_live_process() -> Result<()> {
+        let sampler = ThreadSampler::start(std::process::id(), Instant::now());
+        let (spun, release) = (mpsc::channel::<()>(), mpsc::channel::<()>());
+        let (spun_tx, release_rx) = (spun.0, release.1);
+        let spinner = std::thread::spawn(move || {
+            let end = Instant::now() + Duration::from_millis(60);
+            let mut n = 0u64;
+            while Instant::now() < end {
+                n = n.wrapping_add(1);
+            }
+            let _ = spun_tx.send(());
+            // Alive until the sampler is done, so the last sample still lists it.
+            let _ = release_rx.recv();
+            n
+        });
+        spun.1.recv()?;
+        std::thread::sleep(THREAD_SAMPLE_PERIOD * 3);
+        let samples = sampler.finish();
+        let _ = release.0.send(());
+        let _ = spinner.join();
+        assert!(samples.windows(2).all(|w| w[0].at <= w[1].at));
+        let (first, last) = (
+            samples.first().context("no sample")?,
+            samples.last().context("no sample")?,
+        );
+        // The most any thread ran between the first sample and the last (from nothing for one
+        // that was not there yet): the spinner's 60 ms, less what another process took.
+        let ran = last
+            .threads
+            .iter()
+            .map(|&(tid, run, _)| {
+                let before = first.threads.iter().find(|t| t.0 == tid).map_or(0, |t| t.1);
+                run.saturating_sub(before)
+            })
+            .max()
+            .context("no thread")?;
+        assert!(ran >= 20_000_000, "{ran} ns; {first:?} {last:?}");
+        Ok(())
     }
 
     #[test]
