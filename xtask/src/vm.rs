@@ -745,9 +745,12 @@ impl ThreadSampler {
             let tasks = PathBuf::from(format!("/proc/{pid}/task"));
             while !stopping.load(Ordering::SeqCst) {
                 let at = started.elapsed();
-                if let Some(threads) = read_schedstats(&tasks) {
-                    samples.push(ThreadSample { at, threads });
-                }
+                // Once QEMU is gone (reaped, or on an error path that never stops this
+                // thread) there is nothing left to read.
+                let Some(threads) = read_schedstats(&tasks) else {
+                    break;
+                };
+                samples.push(ThreadSample { at, threads });
                 let next = at + THREAD_SAMPLE_PERIOD;
                 std::thread::sleep(next.saturating_sub(started.elapsed()));
             }
