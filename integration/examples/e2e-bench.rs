@@ -1458,15 +1458,8 @@ fn open_loop(
     let mut churn = Churn::new(opts, WARM_CONNECTIONS)?.starting_after(sent_before);
     let period = Duration::from_secs_f64(1.0 / opts.churn_rate);
     let start = Instant::now();
-    let at = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
     // On the agent's log clock (the same guest), as the series' updates.
-    eprintln!(
-        "e2e-bench: churn started at {}.{:06} (Unix s)",
-        at.as_secs(),
-        at.subsec_micros()
-    );
+    eprintln!("e2e-bench: churn started at {} (Unix s)", unix_now());
     let mut next = start;
     let mut pending: Vec<Pending> = Vec::new();
     let mut out = OpenLoop::default();
@@ -1582,6 +1575,15 @@ fn open_loop(
     }
 }
 
+/// The wall-clock time now as Unix seconds with microseconds, as the agent's log gives it (the
+/// driver's lines then fall between the agent's).
+fn unix_now() -> String {
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!("{}.{:06}", at.as_secs(), at.subsec_micros())
+}
+
 /// Updates sent and timed before the series, not in it (see [`Updates::warmup_us`]).
 const WARMUP_UPDATES: usize = 2;
 
@@ -1646,15 +1648,11 @@ fn updates(
             break;
         }
         agent.check_running()?;
-        let at = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
+        let at = unix_now();
         let timed = churn.update(plane, ips)?;
         // On the agent's log clock (the same guest), to place its own lines between the two.
         eprintln!(
-            "e2e-bench: update {u} sent at {}.{:06} (Unix s): PATCH answered +{} us, kernel +{} us",
-            at.as_secs(),
-            at.subsec_micros(),
+            "e2e-bench: update {u} sent at {at} (Unix s): PATCH answered +{} us, kernel +{} us",
             timed.patch_us,
             timed
                 .kernel_us
