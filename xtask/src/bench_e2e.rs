@@ -346,6 +346,8 @@ struct ChurnRun {
     updates_us: Vec<u64>,
     /// Until the driver saw each PATCH answered (absent from the first churn lines).
     patch_us: Vec<u64>,
+    /// When each update was sent, from the churn's start (absent before 4322ea2).
+    sent_us: Vec<u64>,
 }
 
 const CHURN_PREFIX: &str = "E2E-CHURN ";
@@ -359,6 +361,8 @@ fn parse_churn_line(line: &str) -> Result<ChurnRun> {
     )?;
     // (Absent from the first churn lines.)
     let patch_us = samples("patch_us", f.get("patch_us").copied().unwrap_or("-"))?;
+    // (Absent before the driver gave each update's send time.)
+    let sent_us = samples("sent_us", f.get("sent_us").copied().unwrap_or("-"))?;
     Ok(ChurnRun {
         rate: number(&f, "rate")?,
         seconds: number(&f, "seconds")?,
@@ -379,6 +383,7 @@ fn parse_churn_line(line: &str) -> Result<ChurnRun> {
         },
         updates_us,
         patch_us,
+        sent_us,
     })
 }
 
@@ -408,16 +413,16 @@ const SLOW_UPDATE_US: u64 = 50_000;
 /// What the driver prints when the open-loop churn starts (`e2e-bench.rs`).
 const CHURN_STARTED: &str = "e2e-bench: churn started at ";
 
-/// [`HostWaits`] from a guest's timed console lines and its QEMU threads' samples; `None`
-/// without a churn, without the send times (a driver from before them) or without samples.
-fn churn_host_waits(lines: &[(Duration, String)], taken: &[vm::ThreadSample]) -> Option<HostWaits> {
-    let start = lines.iter().find(|(_, l)| l.contains(CHURN_STARTED))?.0;
-    let churn = lines
-        .iter()
-        .find_map(|(_, l)| l.find(CHURN_PREFIX).map(|at| &l[at..]))?;
-    let f = fields(churn, CHURN_PREFIX).ok()?;
-    let took = samples("updates_us", f.get("updates_us")?).ok()?;
-    let sent = samples("sent_us", f.get("sent_us")?).ok()?;
+/// [`HostWaits`] of `churn`, which started `start` after QEMU (the console line
+/// [`CHURN_STARTED`], on the clock of `taken`, QEMU's threads' samples); `None` without
+/// updates in the kernel, without their send times (a driver from before them) or without
+/// samples.
+fn churn_host_waits(
+    start: Duration,
+    churn: &ChurnRun,
+    taken: &[vm::ThreadSample],
+) -> Option<HostWaits> {
+    let (took, sent) = (&churn.updates_us, &churn.sent_us);
     if took.is_empty() || took.len() != sent.len() || taken.is_empty() {
         return None;
     }
@@ -429,7 +434,7 @@ fn churn_host_waits(lines: &[(Duration, String)], taken: &[vm::ThreadSample]) ->
             .find(|t| t.0 == tid)
             .map_or((0, 0), |t| (t.1, t.2))
     };
-    let end = start + Duration::from_micros(sent.iter().zip(&took).map(|(s, t)| s + t).max()?);
+    let end = start + Duration::from_micros(sent.iter().zip(took).map(|(s, t)| s + t).max()?);
     let (first, last) = (at(start), at(end));
     let mut ran: Vec<(u64, u32)> = last
         .threads
@@ -447,7 +452,7 @@ fn churn_host_waits(lines: &[(Duration, String)], taken: &[vm::ThreadSample]) ->
     };
     // (waited ns, in flight ns) of the slow updates and of the others.
     let (mut slow, mut other) = ((0u64, 0u64, 0usize), (0u64, 0u64));
-    for (&s, &t) in sent.iter().zip(&took) {
+    for (&s, &t) in sent.iter().zip(took) {
         let from = start + Duration::from_micros(s);
         let w = waited(from, from + Duration::from_micros(t));
         if t > SLOW_UPDATE_US {
@@ -457,14 +462,17 @@ fn churn_host_waits(lines: &[(Duration, String)], taken: &[vm::ThreadSample]) ->
         }
     }
     let rate = |w: u64, d: u64| (d > 0).then(|| w as f64 / d as f64);
-    let each = |i: usize, pick: fn((u64, u64)) -> u64| {
-        vcpus
-            .get(i)
-            .map_or(0, |&v| pick(of(last, v)).saturating_sub(pick(of(first, v))))
+    // Each vCPU's time run and waited over the whole churn.
+    let over_churn = |i: usize| {
+        vcpus.get(i).map_or((0, 0), |&v| {
+            let (a, b) = (of(first, v), of(last, v));
+            (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1))
+        })
     };
+    let (v0, v1) = (over_churn(0), over_churn(1));
     Some(HostWaits {
-        run_ns: [each(0, |x| x.0), each(1, |x| x.0)],
-        wait_ns: [each(0, |x| x.1), each(1, |x| x.1)],
+        run_ns: [v0.0, v1.0],
+        wait_ns: [v0.1, v1.1],
         slow: slow.2,
         slow_rate: rate(slow.0, slow.1),
         other_rate: rate(other.0, other.1),
@@ -1325,10 +1333,9 @@ fn run_agent(
     // The driver's own limits (convergence, settling, the update budget) plus boot.
     let timeout =
         Duration::from_secs(converge_timeout + opts.settle_timeout + opts.update_budget + 600);
-    let (lines, host_waits) =
-        guest.run_with_host_waits(&format!("bench e2e {agent} {size}"), &args, timeout)?;
+    let (lines, churn_started, threads) =
+        guest.run_sampled(&format!("bench e2e {agent} {size}"), &args, timeout)?;
     let mut result = parse_result_line(result_line(&lines, RESULT_PREFIX)?)?;
-    result.host_waits = host_waits;
     for line in &lines {
         if let Some(at) = line.find(DATAPATH_PREFIX) {
             result.datapath.push(parse_datapath_line(&line[at..])?);
@@ -1340,6 +1347,9 @@ fn run_agent(
     if opts.datapath > 0 && result.datapath.is_empty() {
         bail!("the driver printed no {DATAPATH_PREFIX}line");
     }
+    result.host_waits = churn_started
+        .zip(result.churn.as_ref())
+        .and_then(|(start, churn)| churn_host_waits(start, churn, &threads));
     Ok(result)
 }
 
@@ -1371,17 +1381,18 @@ impl GuestRun<'_> {
         Ok(outcome.lines.into_iter().map(|(_, l)| l).collect())
     }
 
-    /// [`GuestRun::run`], with QEMU's threads sampled on the host: how long the guest waited
-    /// for a host CPU during the churn, if the driver churned.
-    fn run_with_host_waits(
+    /// [`GuestRun::run`], with QEMU's threads sampled on the host ([`vm::Job::sample_threads`])
+    /// and, on their clock, when the driver's churn started, if it churned.
+    fn run_sampled(
         &self,
         name: &str,
         extra: &[String],
         timeout: Duration,
-    ) -> Result<(Vec<String>, Option<HostWaits>)> {
+    ) -> Result<(Vec<String>, Option<Duration>, Vec<vm::ThreadSample>)> {
         let outcome = self.boot(name, extra, timeout, true)?;
-        let waits = churn_host_waits(&outcome.lines, &outcome.thread_samples);
-        Ok((outcome.lines.into_iter().map(|(_, l)| l).collect(), waits))
+        let started = outcome.first(CHURN_STARTED);
+        let lines = outcome.lines.into_iter().map(|(_, l)| l).collect();
+        Ok((lines, started, outcome.thread_samples))
     }
 
     fn boot(
@@ -1567,6 +1578,8 @@ mod tests {
             (churn.sent, churn.timeouts, churn.updates_us.len()),
             (3000, 1, 3)
         );
+        // A line from before the send times has none.
+        assert!(churn.sent_us.is_empty());
         Ok(())
     }
 
@@ -1589,20 +1602,13 @@ mod tests {
     fn host_waits_fall_on_the_updates_in_flight_while_the_guest_waited() -> Result<()> {
         // The churn starts at 0.5 s: the slow update is in flight from 1.0 to 1.1 s, while
         // both vCPUs wait half the time; the others, at 0.5 s and 1.7 s, while none do.
-        let lines = vec![
-            (
-                Duration::from_millis(500),
-                format!("{CHURN_STARTED}1796620662.376907 (Unix s)"),
-            ),
-            (
-                Duration::from_millis(2500),
-                "E2E-CHURN agent=kube-ipvs services=10 rate=50 seconds=2 sent=3 timeouts=0 \
-                 superseded=0 errors=0 check_us=700 max_pending=2 updates_us=100000,10000,10000 \
-                 patch_us=9000,9000,9000 sent_us=500000,0,1200000"
-                    .to_owned(),
-            ),
-        ];
-        let h = churn_host_waits(&lines, &waiting_guest()).context("no waits")?;
+        let churn = parse_churn_line(
+            "E2E-CHURN agent=kube-ipvs services=10 rate=50 seconds=2 sent=3 timeouts=0 \
+             superseded=0 errors=0 check_us=700 max_pending=2 updates_us=100000,10000,10000 \
+             patch_us=9000,9000,9000 sent_us=500000,0,1200000",
+        )?;
+        let start = Duration::from_millis(500);
+        let h = churn_host_waits(start, &churn, &waiting_guest()).context("no waits")?;
         assert_eq!(h.slow, 1);
         // 50 ms each of the two vCPUs during its 100 ms.
         assert!(
@@ -1614,16 +1620,12 @@ mod tests {
         assert_eq!(h.run_ns, [121 * 8_000_000, 121 * 8_000_000]);
         assert_eq!(h.wait_ns, [20 * 5_000_000, 20 * 5_000_000]);
         // A driver from before the send times, or no samples: nothing to say.
-        let old = vec![
-            lines[0].clone(),
-            (
-                lines[1].0,
-                lines[1].1.replace(" sent_us=500000,0,1200000", ""),
-            ),
-        ];
-        assert_eq!(churn_host_waits(&old, &waiting_guest()), None);
-        assert_eq!(churn_host_waits(&lines, &[]), None);
-        assert_eq!(churn_host_waits(&lines[1..], &waiting_guest()), None);
+        let old = ChurnRun {
+            sent_us: Vec::new(),
+            ..churn.clone()
+        };
+        assert_eq!(churn_host_waits(start, &old, &waiting_guest()), None);
+        assert_eq!(churn_host_waits(start, &churn, &[]), None);
         Ok(())
     }
 
