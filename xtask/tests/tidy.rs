@@ -18,7 +18,13 @@ const KERNEL_FACING: &[&str] = &["netlink", "host"];
 
 /// Dependencies only the kernel-facing crates may have in `[dependencies]`; a trailing `*`
 /// matches any suffix.
-const KERNEL_DEPS: &[&str] = &["libc", "netlink-sys", "netlink-packet-*", "rtnetlink"];
+const KERNEL_DEPS: &[&str] = &[
+    "libc",
+    "rustix",
+    "netlink-sys",
+    "netlink-packet-*",
+    "rtnetlink",
+];
 
 /// Everything `kube-ipvs-diff` may depend on. A new entry is a deliberate decision: the engine is
 /// pure (no tokio, no kube client, no netlink socket, no clock), so only plain data-structure and
